@@ -1,0 +1,53 @@
+"""`loom check CONFIG [overrides]`: build, handshake, and print the pipeline table."""
+
+from __future__ import annotations
+
+import argparse
+
+from torchloom.cli.table import format_table
+from torchloom.core.component import Component
+from torchloom.core.streams import StreamSpec
+from torchloom.engine.assemble import Assembled, assemble
+
+
+def _streams(component: Component, specs: dict[str, StreamSpec]) -> str:
+    return ", ".join(f"{component.stream_name(k)} {s.shape_text()}" for k, s in specs.items())
+
+
+def pipeline_table(assembled: Assembled) -> str:
+    pipeline = assembled.pipeline
+    lines = [f"pipeline '{assembled.name}' ({assembled.config.path})", ""]
+    task_rows = [
+        [f"{section}.task", type(task).__name__, "", _streams(task, task.output_specs())]
+        for section, task in pipeline.tasks.items()
+    ]
+    if task_rows:
+        lines.append(format_table(["section", "type", "", "outputs"], task_rows))
+        lines.append("")
+    rows = []
+    for component in pipeline.components.values():
+        trainable, frozen = component.parameter_counts()
+        inputs = _streams(component, component.input_specs()) or "-"
+        outputs = _streams(component, component.output_specs()) or "-"
+        state = "frozen" if component.frozen else ("trainable" if trainable else "-")
+        rows.append([component.name, type(component).__name__, f"{inputs} -> {outputs}",
+                     f"{trainable + frozen:,}", state])
+    lines.append(format_table(["component", "type", "inputs -> outputs", "params", "state"],
+                              rows, align_right={3}))
+    total_trainable = sum(c.parameter_counts()[0] for c in pipeline.components.values())
+    total_frozen = sum(c.parameter_counts()[1] for c in pipeline.components.values())
+    lines.append("")
+    lines.append(f"parameters: {total_trainable:,} trainable, {total_frozen:,} frozen")
+    shown = [f"{k}={v.value!r}" for k, v in pipeline.globals.items()
+             if not isinstance(v.value, (dict, list)) or len(v.value) <= 4]
+    lines.append("globals: " + (", ".join(shown) or "none"))
+    sections = ", ".join(pipeline.tasks) or "no sections with a task"
+    lines.append(f"handshake: ok ({sections})")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    disable = [name.strip() for name in args.disable.split(",") if name.strip()]
+    assembled = assemble(args.config, args.overrides, disable)
+    print(pipeline_table(assembled))
+    return 0

@@ -1,0 +1,127 @@
+"""Typed schemas of the config's sections. Unknown keys are errors with a suggestion.
+
+Component entries (`task`, `pipeline.*`) are validated by each component's own `Params`
+when the pipeline is built; this module checks everything around them. It imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from torchloom.errors import ConfigError, Problem, did_you_mean
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataLoaderConfig(_Strict):
+    """Arguments of the section's torch DataLoader."""
+
+    batch_size: int = Field(64, gt=0, description="samples per batch")
+    shuffle: bool | None = Field(None, description="reshuffle each epoch (default: training only)")
+    num_workers: int = Field(0, ge=0, description="loader worker processes")
+    pin_memory: bool = Field(False, description="page-locked host memory for faster GPU copies")
+    persistent_workers: bool = Field(False, description="keep workers alive between epochs")
+    drop_last: bool = Field(False, description="drop the last incomplete batch")
+
+
+class OptimizerConfig(BaseModel):
+    """`type` names a torch.optim class; every other key is passed to it (checked there)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = Field("Adam", description="torch.optim class name, e.g. Adam, SGD, AdamW")
+
+
+class EarlyStoppingConfig(_Strict):
+    monitor: str = Field(description="statistic to watch, e.g. validation.accuracy")
+    mode: Literal["min", "max"] = Field("min", description="whether lower or higher is better")
+    patience: int = Field(3, ge=0, description="epochs without improvement before stopping")
+    min_delta: float = Field(0.0, ge=0, description="smallest change that counts as better")
+
+
+class TerminalConditions(_Strict):
+    epoch_limit: int | None = Field(None, gt=0, description="stop after this many epochs")
+    episode_limit: int | None = Field(None, gt=0, description="stop after this many batches")
+    loss_stop_threshold: float | None = Field(None, description="stop once the validation loss "
+                                              "falls below this (converged)")
+    early_stopping: EarlyStoppingConfig | None = None
+
+
+class SectionConfig(_Strict):
+    task: dict[str, Any] = Field(description="the data source: a Task component entry")
+    dataloader: DataLoaderConfig = Field(default_factory=DataLoaderConfig)
+
+
+class TrainingConfig(SectionConfig):
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    terminal_conditions: TerminalConditions = Field(default_factory=TerminalConditions)
+    seed: int | None = Field(None, ge=0, description="seed of every random generator")
+
+
+TOP_LEVEL_KEYS: dict[str, type[BaseModel] | None] = {
+    "name": None,
+    "training": TrainingConfig,
+    "validation": SectionConfig,
+    "test": SectionConfig,
+    "pipeline": None,
+}
+
+
+def _problems_of(error: ValidationError, section: str, where: Callable[..., str],
+                 model: type[BaseModel]) -> list[Problem]:
+    problems = []
+    for item in error.errors():
+        loc = tuple(str(p) for p in item["loc"])
+        path = ".".join((section, *loc))
+        if item["type"] == "extra_forbidden":
+            parent: Any = model
+            for part in loc[:-1]:
+                field = parent.model_fields.get(part) if isinstance(parent, type) else None
+                annotation = getattr(field, "annotation", None)
+                parent = annotation if isinstance(annotation, type) else None
+            known = list(parent.model_fields) if isinstance(parent, type) and issubclass(
+                parent, BaseModel) else []
+            problems.append(Problem(where(section, *loc[:-1]), f"key '{path}'",
+                                    "unknown key", did_you_mean(loc[-1], known) or
+                                    (f"known keys: {', '.join(known)}" if known else "")))
+        elif item["type"] == "missing":
+            problems.append(Problem(where(section), f"key '{path}'", "is required"))
+        else:
+            problems.append(Problem(where(section, *loc), f"key '{path}'",
+                                    f"{item['msg']} (got {item.get('input')!r})"))
+    return problems
+
+
+def validate_sections(data: Mapping[str, Any], where: Callable[..., str]) -> dict[str, BaseModel]:
+    """Check the top-level keys and every section; return the typed sections by name."""
+    problems: list[Problem] = []
+    sections: dict[str, BaseModel] = {}
+    for key, value in data.items():
+        if key not in TOP_LEVEL_KEYS:
+            problems.append(Problem(where(key), f"key '{key}'", "unknown top-level section",
+                                    did_you_mean(key, TOP_LEVEL_KEYS) or
+                                    f"sections: {', '.join(TOP_LEVEL_KEYS)}"))
+            continue
+        model = TOP_LEVEL_KEYS[key]
+        if model is None:
+            continue
+        if not isinstance(value, Mapping):
+            problems.append(Problem(where(key), f"section '{key}'", "must be a mapping"))
+            continue
+        try:
+            sections[key] = model.model_validate(dict(value))
+        except ValidationError as error:
+            problems += _problems_of(error, key, where, model)
+    name = data.get("name")
+    if name is not None and not (isinstance(name, str) and name.strip()):
+        problems.append(Problem(where("name"), "key 'name'", "must be a non-empty string"))
+    if "pipeline" in data and not isinstance(data["pipeline"], Mapping):
+        problems.append(Problem(where("pipeline"), "section 'pipeline'",
+                                "must be a mapping of component names to their configs"))
+    if problems:
+        raise ConfigError(problems)
+    return sections

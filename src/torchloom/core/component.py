@@ -1,0 +1,205 @@
+"""Component base classes: the units a pipeline is made of.
+
+A component is an `nn.Module` that reads named input streams and returns named output
+streams; it never calls another component. It declares
+
+- `Params`: a pydantic model; the field descriptions are its documentation;
+- `input_specs()` / `output_specs()`: a `StreamSpec` per stream, under the component's own
+  (default) stream names; a config's `streams:` mapping renames them, and the pipeline does
+  the renaming so that `forward` only ever sees default names;
+- `NEEDS_GLOBALS` / `PUBLISHES_GLOBALS`: the globals it reads and writes at build time, also
+  under default names that a config's `globals:` mapping renames.
+
+Families: `Task` (a data source), `Model` (trainable weights), `Loss`, `Statistic`, and plain
+components (tokenizers, reshapers, viewers, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+
+from torchloom.core.globals_store import GlobalsStore
+from torchloom.core.streams import StreamSpec
+
+Batch = dict[str, Any]
+
+
+class ComponentParams(BaseModel):
+    """Base of every component's parameter schema: unknown keys are errors, never ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class BuildContext:
+    """What a component sees while it is built: its renames, the globals, where it was declared.
+
+    Built by the pipeline builder; `standalone()` makes one for use outside a config (tests,
+    notebooks): `LeNet5.create(dropout=0.1, globals={"prediction_size": 10})`.
+    """
+
+    name: str
+    stream_names: Mapping[str, str] = field(default_factory=dict)
+    global_names: Mapping[str, str] = field(default_factory=dict)
+    store: GlobalsStore = field(default_factory=GlobalsStore)
+    where: Callable[..., str] = field(default=lambda *keys: "")
+    label: str = ""  # e.g. "component 'image_classifier' (LeNet5)"
+
+
+class Component(nn.Module):
+    """Base of all components. Subclasses set `Params` and override the spec methods."""
+
+    family: ClassVar[str] = "component"
+    Params: ClassVar[type[ComponentParams]] = ComponentParams
+    NEEDS_GLOBALS: ClassVar[Mapping[str, str]] = {}  # default name -> description
+    PUBLISHES_GLOBALS: ClassVar[Mapping[str, str]] = {}  # default name -> description
+    # Globals that documentation (`loom components NAME`) builds an example instance with,
+    # so it can show concrete stream shapes. Never used by a pipeline.
+    EXAMPLE_GLOBALS: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(self, params: ComponentParams, context: BuildContext) -> None:
+        super().__init__()
+        self.name = context.name
+        self.params = params
+        self._context = context
+        self.frozen = False
+
+    # ---- construction helpers -------------------------------------------------------------
+    @classmethod
+    def create(cls, *, name: str | None = None, globals: Mapping[str, Any] | None = None,
+               **params: Any) -> Component:
+        """Build a component outside a pipeline, with the given globals already published."""
+        store = GlobalsStore()
+        for key, value in (globals or {}).items():
+            store.publish(key, value, "create()")
+        context = BuildContext(name=name or cls.__name__.lower(), store=store)
+        return cls(cls.Params(**params), context)
+
+    @classmethod
+    def needed_globals(cls, params: ComponentParams) -> Mapping[str, str]:
+        """Globals read at build time (default names); override when they depend on params."""
+        return cls.NEEDS_GLOBALS
+
+    @classmethod
+    def published_globals(cls, params: ComponentParams) -> Mapping[str, str]:
+        """Globals written at build time (default names); override when they depend on params."""
+        return cls.PUBLISHES_GLOBALS
+
+    def global_value(self, key: str) -> Any:
+        """The value of a needed global, by its default name (renames applied)."""
+        actual = self._context.global_names.get(key, key)
+        return self._context.store.get(actual, self.label, self._context.where("globals"))
+
+    def publish_global(self, key: str, value: Any) -> None:
+        actual = self._context.global_names.get(key, key)
+        self._context.store.publish(actual, value, self.label, self._context.where())
+
+    # ---- naming ---------------------------------------------------------------------------
+    @property
+    def label(self) -> str:
+        return self._context.label or f"component '{self.name}' ({type(self).__name__})"
+
+    def stream_name(self, key: str) -> str:
+        """The pipeline-wide name of one of this component's default stream names."""
+        return self._context.stream_names.get(key, key)
+
+    # ---- the contract -----------------------------------------------------------------------
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {}
+
+    def output_specs(self) -> dict[str, StreamSpec]:
+        return {}
+
+    def forward(self, inputs: Batch) -> Batch:  # default stream names in, default names out
+        raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
+
+    # ---- freezing ---------------------------------------------------------------------------
+    def freeze(self) -> None:
+        """Stop training this component: no gradients, and eval mode kept for good (BatchNorm
+        statistics and Dropout are frozen too)."""
+        self.frozen = True
+        for parameter in self.parameters():
+            parameter.requires_grad_(False)
+        super().train(False)
+
+    def train(self, mode: bool = True) -> Component:
+        super().train(mode and not self.frozen)
+        return self
+
+    def parameter_counts(self) -> tuple[int, int]:
+        """(trainable, frozen) parameter counts."""
+        trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in self.parameters())
+        return trainable, total - trainable
+
+
+class Model(Component):
+    """A component with trainable weights."""
+
+    family = "model"
+
+
+class Loss(Component):
+    """Reads predictions and targets, writes a scalar `loss` stream that training minimises."""
+
+    family = "loss"
+
+    def output_specs(self) -> dict[str, StreamSpec]:
+        return {"loss": StreamSpec((), (torch.float32, torch.float64), "scalar loss of the batch")}
+
+
+class Statistic(Component):
+    """Collects per-batch values and aggregates them over a whole set.
+
+    `update` is called on every batch (that is what `forward` does), `compute` returns the
+    set-level values by name, `reset` starts a new set. Aggregates come from global counts,
+    never from means of per-batch values.
+    """
+
+    family = "statistic"
+
+    def forward(self, inputs: Batch) -> Batch:
+        self.update(inputs)
+        return {}
+
+    def update(self, inputs: Batch) -> None:
+        raise NotImplementedError
+
+    def compute(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+
+class Task(Component):
+    """A data source: a dataset of samples (dicts of default stream names) plus a collate.
+
+    `prepare()` reads the data; it is called by workers before iterating, never by the
+    handshake, so `loom check` reads no data. Output specs describe *batches*.
+    """
+
+    family = "task"
+
+    def prepare(self) -> None:
+        """Locate, verify and load the data. Idempotent."""
+
+    def dimension_sizes(self) -> dict[str, int]:
+        """Sizes of symbolic dimensions the task knows (e.g. {'classes': 10}), which the
+        handshake holds every other component to."""
+        return {}
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> Batch:
+        raise NotImplementedError
+
+    def collate(self, samples: list[Batch]) -> Batch:
+        return dict(torch.utils.data.default_collate(samples))

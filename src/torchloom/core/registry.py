@@ -1,0 +1,98 @@
+"""Finding component classes by the `type:` a config names.
+
+Built-in components register through the `torchloom.components` entry-point group, exactly as
+third-party packages do, so the zoo proves the plugin API. A config may also name
+`type: package.module:Class`. Either way only a `Component` subclass is ever returned: a name
+that resolves to anything else (`os:system`, `builtins:eval`) is refused before it is called.
+Nothing is ever `eval`-ed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+
+from torchloom.core.component import Component
+from torchloom.errors import ComponentError, Problem, did_you_mean
+
+ENTRY_POINT_GROUP = "torchloom.components"
+
+
+@cache
+def registered_entry_points() -> dict[str, EntryPoint]:
+    """Entry points by component name. Cached: installed packages do not change in a run."""
+    found: dict[str, EntryPoint] = {}
+    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
+        # The first distribution to claim a name keeps it; a plugin cannot shadow a built-in.
+        found.setdefault(entry_point.name, entry_point)
+    return found
+
+
+def registered_names() -> list[str]:
+    return sorted(registered_entry_points())
+
+
+def _refuse(type_name: str, where: str, message: str, suggestion: str = "") -> ComponentError:
+    return ComponentError([Problem(where, f"type '{type_name}'", message, suggestion)])
+
+
+def _check_component_class(obj: object, type_name: str, where: str) -> type[Component]:
+    if not (inspect.isclass(obj) and issubclass(obj, Component)):
+        kind = "a class" if inspect.isclass(obj) else type(obj).__name__
+        raise _refuse(
+            type_name,
+            where,
+            f"is {kind}, not a torchloom Component subclass; only Component subclasses can be "
+            "built from a config",
+        )
+    return obj
+
+
+def _import_dotted(type_name: str, where: str) -> type[Component]:
+    module_name, _, attribute = type_name.partition(":")
+    if not module_name or not attribute or ":" in attribute:
+        raise _refuse(type_name, where, "expected the form 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise _refuse(
+            type_name, where, f"cannot import module '{module_name}': {error}",
+            "is the package that provides it installed?",
+        ) from error
+    obj = module
+    for part in attribute.split("."):
+        if not hasattr(obj, part):
+            raise _refuse(type_name, where, f"module '{module_name}' has no attribute '{attribute}'")
+        obj = getattr(obj, part)
+    return _check_component_class(obj, type_name, where)
+
+
+def resolve(type_name: object, where: str = "") -> type[Component]:
+    """The Component class a config's `type:` names, or a ComponentError saying why not."""
+    if not isinstance(type_name, str) or not type_name:
+        raise _refuse(str(type_name), where, "a component type must be a non-empty string")
+    if ":" in type_name:
+        return _import_dotted(type_name, where)
+    entry_point = registered_entry_points().get(type_name)
+    if entry_point is None:
+        raise _refuse(
+            type_name,
+            where,
+            "is not a registered component",
+            did_you_mean(type_name, registered_entry_points())
+            or "run `loom components` for the list, or name a class as 'package.module:Class'",
+        )
+    try:
+        loaded = entry_point.load()
+    except Exception as error:  # a broken plugin is reported, not a crash of the whole run
+        raise _refuse(
+            type_name, where, f"its entry point '{entry_point.value}' failed to load: {error}"
+        ) from error
+    return _check_component_class(loaded, type_name, where)
+
+
+def all_components() -> dict[str, type[Component]]:
+    """Every registered component class by name (loads every entry point)."""
+    return {name: resolve(name) for name in registered_names()}

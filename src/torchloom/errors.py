@@ -1,0 +1,94 @@
+"""The one exception hierarchy for user errors.
+
+A `LoomError` is the user's to fix (a config, a file, a value): the CLI prints it plainly and
+exits with status 2. Anything else that escapes is an internal bug: exit 1 with a traceback.
+This module imports nothing heavy so that config, core and the CLI can all depend on it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """A ' did you mean 'x'?' suffix for a misspelt name, or '' when nothing is close."""
+    close = difflib.get_close_matches(word, sorted(set(candidates)), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    quoted = " or ".join(f"'{c}'" for c in close)
+    return f"did you mean {quoted}?"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a config or a pipeline, with enough context to find and fix it.
+
+    where:      the config file (and line, when known) the culprit comes from.
+    subject:    what is wrong: a component, a key path, a stream (e.g. "component 'model'").
+    message:    what is wrong, expected versus received where that applies.
+    suggestion: how to fix it ("did you mean ...?"), or ''.
+    """
+
+    where: str
+    subject: str
+    message: str
+    suggestion: str = ""
+
+    def format(self) -> str:
+        text = f"{self.where}: {self.subject}: {self.message}" if self.where else (
+            f"{self.subject}: {self.message}"
+        )
+        if self.suggestion:
+            text += f" ({self.suggestion})"
+        return text
+
+
+class LoomError(Exception):
+    """Base of every error the user can fix. The CLI exits 2 on these."""
+
+    headline = "error"
+
+    def __init__(self, problems: list[Problem] | str) -> None:
+        if isinstance(problems, str):
+            problems = [Problem("", "error", problems)]
+        self.problems: list[Problem] = list(problems)
+        super().__init__(self.format())
+
+    def format(self) -> str:
+        if len(self.problems) == 1:
+            return f"{self.headline}: {self.problems[0].format()}"
+        lines = [f"{self.headline}: {len(self.problems)} problems"]
+        lines += [f"  {i}. {p.format()}" for i, p in enumerate(self.problems, 1)]
+        return "\n".join(lines)
+
+
+class ConfigError(LoomError):
+    """The YAML, its nesting, an override or a section key is wrong."""
+
+    headline = "config error"
+
+
+class ComponentError(LoomError):
+    """A component cannot be found or built from its config (type, parameters, globals)."""
+
+    headline = "pipeline error"
+
+
+class HandshakeError(LoomError):
+    """Streams, shapes, dtypes or globals of the pipeline graph do not fit together."""
+
+    headline = "handshake failed"
+
+
+class DataError(LoomError):
+    """A data source is missing, malformed, or fails its checksum."""
+
+    headline = "data error"
+
+
+class WeightsError(LoomError):
+    """Pretrained weights named by `load:` cannot be read or do not fit the model."""
+
+    headline = "weights error"

@@ -1,0 +1,56 @@
+"""The registry: entry points, `module:Class`, and refusing anything that is not a Component."""
+
+from __future__ import annotations
+
+import builtins
+import os
+
+import pytest
+
+import toy_components
+from torchloom.core.component import Component
+from torchloom.core.registry import registered_names, resolve
+from torchloom.errors import ComponentError
+
+
+def test_builtins_are_registered_through_entry_points() -> None:
+    names = registered_names()
+    for expected in ("MNIST", "LeNet5", "NLLLoss", "AccuracyStatistics"):
+        assert expected in names
+    assert issubclass(resolve("LeNet5"), Component)
+
+
+def test_unknown_type_suggests_close_names() -> None:
+    with pytest.raises(ComponentError, match="did you mean 'LeNet5'"):
+        resolve("LeNet", "cfg.yml:3")
+
+
+def test_module_class_form_resolves_a_component() -> None:
+    assert resolve("toy_components:ToyLinear") is toy_components.ToyLinear
+
+
+@pytest.mark.parametrize("name", ["os:system", "builtins:eval", "builtins:exec",
+                                  "subprocess:run", "toy_components:NotAComponent"])
+def test_non_components_are_refused_without_being_called(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[object] = []
+    monkeypatch.setattr(os, "system", lambda *a: calls.append(a))
+    monkeypatch.setattr(builtins, "eval", lambda *a: calls.append(a))
+    with pytest.raises(ComponentError, match="not a torchloom Component subclass"):
+        resolve(name, "cfg.yml:1")
+    assert calls == []
+    assert toy_components.NotAComponent.built is False
+
+
+def test_missing_module_and_attribute() -> None:
+    with pytest.raises(ComponentError, match="cannot import module 'no_such_pkg.mod'"):
+        resolve("no_such_pkg.mod:Thing")
+    with pytest.raises(ComponentError, match="has no attribute 'Missing'"):
+        resolve("toy_components:Missing")
+
+
+@pytest.mark.parametrize("bad", ["", None, 3, ":Class", "module:"])
+def test_malformed_types(bad: object) -> None:
+    with pytest.raises(ComponentError):
+        resolve(bad)
