@@ -53,8 +53,11 @@ class ToyTask(Task):
         return self.params.size
 
     def __getitem__(self, index: int) -> Batch:
-        return {"inputs": self.inputs[index], "targets": self.targets[index],
-                "labels": str(int(self.targets[index]))}
+        return {
+            "inputs": self.inputs[index],
+            "targets": self.targets[index],
+            "labels": str(int(self.targets[index])),
+        }
 
 
 class ToyLinear(Model):
@@ -77,8 +80,11 @@ class ToyLinear(Model):
         return {"inputs": StreamSpec(("batch", self.width), FLOATING, "vectors")}
 
     def output_specs(self) -> dict[str, StreamSpec]:
-        return {"predictions": StreamSpec(("batch", Dim("classes", self.classes)), FLOATING,
-                                          "log-probabilities")}
+        return {
+            "predictions": StreamSpec(
+                ("batch", Dim("classes", self.classes)), FLOATING, "log-probabilities"
+            )
+        }
 
     def forward(self, inputs: Batch) -> Batch:
         return {"predictions": F.log_softmax(self.dropout(self.linear(inputs["inputs"])), -1)}
@@ -88,8 +94,10 @@ class ToyLoss(Loss):
     """Negative log-likelihood."""
 
     def input_specs(self) -> dict[str, StreamSpec]:
-        return {"predictions": StreamSpec(("batch", "classes"), FLOATING, "log-probs"),
-                "targets": StreamSpec(("batch",), torch.int64, "targets")}
+        return {
+            "predictions": StreamSpec(("batch", "classes"), FLOATING, "log-probs"),
+            "targets": StreamSpec(("batch",), torch.int64, "targets"),
+        }
 
     def forward(self, inputs: Batch) -> Batch:
         return {"loss": F.nll_loss(inputs["predictions"], inputs["targets"])}

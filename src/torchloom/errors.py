@@ -37,8 +37,10 @@ class Problem:
     suggestion: str = ""
 
     def format(self) -> str:
-        text = f"{self.where}: {self.subject}: {self.message}" if self.where else (
-            f"{self.subject}: {self.message}"
+        text = (
+            f"{self.where}: {self.subject}: {self.message}"
+            if self.where
+            else (f"{self.subject}: {self.message}")
         )
         if self.suggestion:
             text += f" ({self.suggestion})"

@@ -45,15 +45,17 @@ def test_missing_input_stream_is_named_with_a_suggestion() -> None:
 
 
 def test_symbolic_dimension_bound_by_the_task_is_enforced() -> None:
-    cfg = config({**GOOD, "loss": {"type": "toy_components:ToyLoss",
-                                   "streams": {"predictions": "inputs"}}})
+    cfg = config(
+        {**GOOD, "loss": {"type": "toy_components:ToyLoss", "streams": {"predictions": "inputs"}}}
+    )
     (problem,) = problems_of(cfg)
     assert "stream 'inputs': dimension 1 ('classes') expected 3, received 4" in problem
 
 
 def test_rank_mismatch_on_targets() -> None:
-    cfg = config({**GOOD, "loss": {"type": "toy_components:ToyLoss",
-                                   "streams": {"targets": "inputs"}}})
+    cfg = config(
+        {**GOOD, "loss": {"type": "toy_components:ToyLoss", "streams": {"targets": "inputs"}}}
+    )
     found = problems_of(cfg)
     assert any("stream 'inputs': expected rank 1" in p and "received rank 2" in p for p in found)
 
@@ -63,10 +65,15 @@ def test_fixed_size_mismatch() -> None:
     # a second task's output: simplest is a model whose global is renamed to another value.
     cfg = config(GOOD, width=4)
     cfg["pipeline"] = {
-        "writer": {"type": "toy_components:GlobalWriter", "value": 6,
-                   "globals": {"value": "other_width"}},
-        "model": {**GOOD["model"], "globals": {"prediction_size": "num_classes",
-                                               "input_size": "other_width"}},
+        "writer": {
+            "type": "toy_components:GlobalWriter",
+            "value": 6,
+            "globals": {"value": "other_width"},
+        },
+        "model": {
+            **GOOD["model"],
+            "globals": {"prediction_size": "num_classes", "input_size": "other_width"},
+        },
         "loss": GOOD["loss"],
     }
     (problem,) = problems_of(cfg)
@@ -93,15 +100,20 @@ def test_dtype_mismatch() -> None:
 
 
 def test_python_type_stream_into_a_tensor_input() -> None:
-    cfg = config({**GOOD, "loss": {"type": "toy_components:ToyLoss",
-                                   "streams": {"targets": "labels"}}})
+    cfg = config(
+        {**GOOD, "loss": {"type": "toy_components:ToyLoss", "streams": {"targets": "labels"}}}
+    )
     (problem,) = problems_of(cfg)
     assert "expected element type int64, received str" in problem
 
 
 def test_stream_produced_twice() -> None:
-    cfg = config({**GOOD, "copy": {"type": "toy_components:Echo",
-                                   "streams": {"x": "inputs", "y": "targets"}}})
+    cfg = config(
+        {
+            **GOOD,
+            "copy": {"type": "toy_components:Echo", "streams": {"x": "inputs", "y": "targets"}},
+        }
+    )
     (problem,) = problems_of(cfg)
     assert "writes stream 'targets', already produced by training.task (ToyTask)" in problem
 
@@ -112,8 +124,12 @@ def test_training_needs_a_loss() -> None:
 
 
 def test_something_must_be_trainable_unless_all_frozen() -> None:
-    cfg = config({"loss": GOOD["loss"], "copy": {"type": "toy_components:Echo",
-                                                 "streams": {"x": "inputs", "y": "predictions"}}})
+    cfg = config(
+        {
+            "loss": GOOD["loss"],
+            "copy": {"type": "toy_components:Echo", "streams": {"x": "inputs", "y": "predictions"}},
+        }
+    )
     cfg["pipeline"]["loss"] = {"type": "toy_components:ToyLoss"}
     found = problems_of(cfg)
     assert any("no component has trainable parameters" in p for p in found)
@@ -122,11 +138,14 @@ def test_something_must_be_trainable_unless_all_frozen() -> None:
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    cfg = config({
-        **GOOD,
-        "model": {**GOOD["model"], "streams": {"inputs": "inptus"}},
-        "copy": {"type": "toy_components:Echo", "streams": {"x": "labels", "y": "targets"}},
-    }, target_dtype="float32")
+    cfg = config(
+        {
+            **GOOD,
+            "model": {**GOOD["model"], "streams": {"inputs": "inptus"}},
+            "copy": {"type": "toy_components:Echo", "streams": {"x": "labels", "y": "targets"}},
+        },
+        target_dtype="float32",
+    )
     with pytest.raises(HandshakeError) as raised:
         handshake(build_pipeline(cfg, where), where)
     text = str(raised.value)

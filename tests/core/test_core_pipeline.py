@@ -6,11 +6,10 @@ from typing import Any
 
 import pytest
 import torch
+from test_core_handshake import GOOD, config, where
 
 from torchloom.core.pipeline_builder import build_pipeline
 from torchloom.errors import ComponentError
-
-from test_core_handshake import GOOD, config, where  # noqa: I001
 
 
 def test_execution_order_follows_streams_not_declaration() -> None:
@@ -20,42 +19,64 @@ def test_execution_order_follows_streams_not_declaration() -> None:
 
 
 def test_priority_breaks_ties_but_never_overrides_dependencies() -> None:
-    cfg = config({
-        "b": {"type": "toy_components:Echo", "streams": {"x": "inputs", "y": "b_out"},
-              "priority": 2},
-        "a": {"type": "toy_components:Echo", "streams": {"x": "inputs", "y": "a_out"},
-              "priority": 1},
-        "late": {"type": "toy_components:Echo", "streams": {"x": "b_out", "y": "c_out"},
-                 "priority": 0},
-        **GOOD,
-    })
+    cfg = config(
+        {
+            "b": {
+                "type": "toy_components:Echo",
+                "streams": {"x": "inputs", "y": "b_out"},
+                "priority": 2,
+            },
+            "a": {
+                "type": "toy_components:Echo",
+                "streams": {"x": "inputs", "y": "a_out"},
+                "priority": 1,
+            },
+            "late": {
+                "type": "toy_components:Echo",
+                "streams": {"x": "b_out", "y": "c_out"},
+                "priority": 0,
+            },
+            **GOOD,
+        }
+    )
     order = list(build_pipeline(cfg, where).components)
     assert order.index("a") < order.index("b") < order.index("late")
 
 
 def test_stream_cycle_is_reported_with_its_streams() -> None:
-    cfg = config({
-        **GOOD,
-        "one": {"type": "toy_components:Echo", "streams": {"x": "p", "y": "q"}},
-        "two": {"type": "toy_components:Echo", "streams": {"x": "q", "y": "p"}},
-    })
+    cfg = config(
+        {
+            **GOOD,
+            "one": {"type": "toy_components:Echo", "streams": {"x": "p", "y": "q"}},
+            "two": {"type": "toy_components:Echo", "streams": {"x": "q", "y": "p"}},
+        }
+    )
     with pytest.raises(ComponentError, match=r"cycle.*one \(reads 'p' from two\)"):
         build_pipeline(cfg, where)
 
 
 def test_globals_resolve_regardless_of_declaration_order() -> None:
-    cfg = config({
-        **GOOD,
-        "reader": {"type": "toy_components:GlobalReader"},
-        "writer": {"type": "toy_components:GlobalWriter", "value": 21},
-    })
+    cfg = config(
+        {
+            **GOOD,
+            "reader": {"type": "toy_components:GlobalReader"},
+            "writer": {"type": "toy_components:GlobalWriter", "value": 21},
+        }
+    )
     pipeline = build_pipeline(cfg, where)
     assert pipeline.globals.get("doubled", "test") == 42
 
 
 def test_missing_global_names_the_reader_and_suggests() -> None:
-    cfg = config({**GOOD, "model": {"type": "toy_components:ToyLinear",
-                                    "globals": {"prediction_size": "num_clases"}}})
+    cfg = config(
+        {
+            **GOOD,
+            "model": {
+                "type": "toy_components:ToyLinear",
+                "globals": {"prediction_size": "num_clases"},
+            },
+        }
+    )
     with pytest.raises(ComponentError) as raised:
         build_pipeline(cfg, where)
     text = str(raised.value)
@@ -64,9 +85,17 @@ def test_missing_global_names_the_reader_and_suggests() -> None:
 
 
 def test_global_conflict_is_an_error_naming_both_publishers() -> None:
-    cfg = config({**GOOD, "writer": {"type": "toy_components:GlobalWriter", "value": 9,
-                                     "globals": {"value": "num_classes"}}})
-    with pytest.raises(ComponentError, match="already as 3 by component 'training.task'"):
+    cfg = config(
+        {
+            **GOOD,
+            "writer": {
+                "type": "toy_components:GlobalWriter",
+                "value": 9,
+                "globals": {"value": "num_classes"},
+            },
+        }
+    )
+    with pytest.raises(ComponentError, match=r"already as 3 by component 'training.task'"):
         build_pipeline(cfg, where)
 
 
@@ -81,8 +110,9 @@ def test_disable_in_config_and_argument() -> None:
     cfg = config({**GOOD, **extra})
     cfg["pipeline"]["disable"] = ["copy"]
     assert "copy" not in build_pipeline(cfg, where).components
-    assert "copy" not in build_pipeline(config({**GOOD, **extra}), where, disable=["copy"]
-                                        ).components
+    assert (
+        "copy" not in build_pipeline(config({**GOOD, **extra}), where, disable=["copy"]).components
+    )
 
 
 def test_disable_of_unknown_component_suggests() -> None:
@@ -124,7 +154,7 @@ def test_wrong_parameter_type_and_range() -> None:
 
 def test_renaming_a_stream_the_component_does_not_have() -> None:
     cfg = config({**GOOD, "model": {**GOOD["model"], "streams": {"imputs": "inputs"}}})
-    with pytest.raises(ComponentError, match="renames stream 'imputs'.*did you mean 'inputs'"):
+    with pytest.raises(ComponentError, match=r"renames stream 'imputs'.*did you mean 'inputs'"):
         build_pipeline(cfg, where)
 
 
@@ -139,8 +169,12 @@ def test_task_in_pipeline_and_model_as_task_are_refused() -> None:
 
 
 def test_forward_routes_renamed_streams() -> None:
-    cfg = config({**GOOD, "copy": {"type": "toy_components:Echo",
-                                   "streams": {"x": "predictions", "y": "copied"}}})
+    cfg = config(
+        {
+            **GOOD,
+            "copy": {"type": "toy_components:Echo", "streams": {"x": "predictions", "y": "copied"}},
+        }
+    )
     pipeline = build_pipeline(cfg, where)
     task = pipeline.tasks["training"]
     batch = pipeline.rename_task_outputs("training", task.collate([task[0], task[1]]))

@@ -29,8 +29,16 @@ def test_module_class_form_resolves_a_component() -> None:
     assert resolve("toy_components:ToyLinear") is toy_components.ToyLinear
 
 
-@pytest.mark.parametrize("name", ["os:system", "builtins:eval", "builtins:exec",
-                                  "subprocess:run", "toy_components:NotAComponent"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "os:system",
+        "builtins:eval",
+        "builtins:exec",
+        "subprocess:run",
+        "toy_components:NotAComponent",
+    ],
+)
 def test_non_components_are_refused_without_being_called(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -44,7 +52,7 @@ def test_non_components_are_refused_without_being_called(
 
 
 def test_missing_module_and_attribute() -> None:
-    with pytest.raises(ComponentError, match="cannot import module 'no_such_pkg.mod'"):
+    with pytest.raises(ComponentError, match=r"cannot import module 'no_such_pkg\.mod'"):
         resolve("no_such_pkg.mod:Thing")
     with pytest.raises(ComponentError, match="has no attribute 'Missing'"):
         resolve("toy_components:Missing")

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_core_handshake import GOOD, config, where
 
 from torchloom.core.pipeline_builder import build_pipeline
 from torchloom.errors import ComponentError
-
-from test_core_handshake import GOOD, config, where  # noqa: I001
 
 
 def trained_model_weights() -> dict[str, torch.Tensor]:
@@ -38,8 +37,13 @@ def test_key_into_a_checkpoint_like_torchloom_writes(tmp_path: Path) -> None:
 def test_prefix_map_and_flat_key_selection(tmp_path: Path) -> None:
     flat = {f"components.big.head.{k}": v for k, v in trained_model_weights().items()}
     save_file(flat, str(tmp_path / "w.safetensors"))
-    model = model_with({"file": str(tmp_path / "w.safetensors"), "key": "components.big",
-                        "prefix_map": {"head.": ""}})
+    model = model_with(
+        {
+            "file": str(tmp_path / "w.safetensors"),
+            "key": "components.big",
+            "prefix_map": {"head.": ""},
+        }
+    )
     assert torch.equal(model.linear.bias, torch.arange(3.0))
 
 

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from torchloom.cli.table import format_table
 from torchloom.core.component import Component
 from torchloom.core.streams import StreamSpec
 from torchloom.engine.assemble import Assembled, assemble
+
+
+def display_path(path: Path) -> str:
+    """Relative to the working directory when under it: shorter, and what the user typed."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _streams(component: Component, specs: dict[str, StreamSpec]) -> str:
@@ -16,13 +25,13 @@ def _streams(component: Component, specs: dict[str, StreamSpec]) -> str:
 
 def pipeline_table(assembled: Assembled) -> str:
     pipeline = assembled.pipeline
-    lines = [f"pipeline '{assembled.name}' ({assembled.config.path})", ""]
+    lines = [f"pipeline '{assembled.name}' ({display_path(assembled.config.path)})", ""]
     task_rows = [
-        [f"{section}.task", type(task).__name__, "", _streams(task, task.output_specs())]
+        [f"{section}.task", type(task).__name__, _streams(task, task.output_specs())]
         for section, task in pipeline.tasks.items()
     ]
     if task_rows:
-        lines.append(format_table(["section", "type", "", "outputs"], task_rows))
+        lines.append(format_table(["section", "type", "outputs"], task_rows))
         lines.append("")
     rows = []
     for component in pipeline.components.values():
@@ -30,16 +39,29 @@ def pipeline_table(assembled: Assembled) -> str:
         inputs = _streams(component, component.input_specs()) or "-"
         outputs = _streams(component, component.output_specs()) or "-"
         state = "frozen" if component.frozen else ("trainable" if trainable else "-")
-        rows.append([component.name, type(component).__name__, f"{inputs} -> {outputs}",
-                     f"{trainable + frozen:,}", state])
-    lines.append(format_table(["component", "type", "inputs -> outputs", "params", "state"],
-                              rows, align_right={3}))
+        rows.append(
+            [
+                component.name,
+                type(component).__name__,
+                f"{inputs} -> {outputs}",
+                f"{trainable + frozen:,}",
+                state,
+            ]
+        )
+    lines.append(
+        format_table(
+            ["component", "type", "inputs -> outputs", "params", "state"], rows, align_right={3}
+        )
+    )
     total_trainable = sum(c.parameter_counts()[0] for c in pipeline.components.values())
     total_frozen = sum(c.parameter_counts()[1] for c in pipeline.components.values())
     lines.append("")
     lines.append(f"parameters: {total_trainable:,} trainable, {total_frozen:,} frozen")
-    shown = [f"{k}={v.value!r}" for k, v in pipeline.globals.items()
-             if not isinstance(v.value, (dict, list)) or len(v.value) <= 4]
+    shown = [
+        f"{k}={v.value!r}"
+        for k, v in pipeline.globals.items()
+        if not isinstance(v.value, (dict, list)) or len(v.value) <= 4
+    ]
     lines.append("globals: " + (", ".join(shown) or "none"))
     sections = ", ".join(pipeline.tasks) or "no sections with a task"
     lines.append(f"handshake: ok ({sections})")

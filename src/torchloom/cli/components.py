@@ -17,8 +17,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     components = all_components()
     for family in FAMILY_ORDER:
-        rows = [[name, first_line(cls)] for name, cls in sorted(components.items())
-                if cls.family == family]
+        rows = [
+            [name, first_line(cls)]
+            for name, cls in sorted(components.items())
+            if cls.family == family
+        ]
         if rows:
             print(f"{family}s" if family != "component" else "utilities")
             print(format_table(["name", "description"], rows))

@@ -18,15 +18,24 @@ SUBCOMMANDS = {
     "check": ("check", "build a pipeline, run the handshake and print the pipeline table"),
     "config": ("config_cmd", "print the merged, resolved config as YAML"),
     "components": ("components", "list registered components, or describe one"),
+    "train": ("train", "train a pipeline (offline or online); --resume continues a run"),
 }
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="pipeline config (YAML)")
-    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE",
-                        help="Hydra-style overrides: a.b=v, +a.b=v (add), ~a.b (delete)")
-    parser.add_argument("--disable", default="", metavar="A,B",
-                        help="comma-separated components to leave out of the pipeline")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="OVERRIDE",
+        help="Hydra-style overrides: a.b=v, +a.b=v (add), ~a.b (delete)",
+    )
+    parser.add_argument(
+        "--disable",
+        default="",
+        metavar="A,B",
+        help="comma-separated components to leave out of the pipeline",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="loom",
         description="torchloom: YAML pipelines of PyTorch components for vision and language.",
     )
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of user errors too")
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of user errors too"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     check = sub.add_parser("check", help=SUBCOMMANDS["check"][1])
@@ -43,6 +53,32 @@ def build_parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help=SUBCOMMANDS["config"][1])
     config.add_argument("config", help="pipeline config (YAML)")
     config.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra-style overrides")
+    train = sub.add_parser("train", help=SUBCOMMANDS["train"][1])
+    # Declared here, not in cli/train.py, so that `loom --help` imports no torch.
+    train.add_argument("config", nargs="?", help="pipeline config (YAML)")
+    train.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="OVERRIDE",
+        help="Hydra-style overrides: a.b=v, +a.b=v (add), ~a.b (delete)",
+    )
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last.pt")
+    train.add_argument("--expdir", default="runs", help="parent folder of run folders")
+    train.add_argument("--tag", default="", help="suffix of the run folder's name")
+    train.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)"
+    )
+    train.add_argument(
+        "--disable", default="", metavar="A,B", help="comma-separated components to leave out"
+    )
+    train.add_argument(
+        "--tensorboard",
+        type=int,
+        choices=(0, 1, 2),
+        default=1,
+        help="0 off, 1 scalars, 2 scalars + weight/gradient histograms",
+    )
+    train.add_argument("--quiet", action="store_true", help="no progress bar or console log")
     components = sub.add_parser("components", help=SUBCOMMANDS["components"][1])
     components.add_argument("name", nargs="?", help="a component type to describe")
     return parser

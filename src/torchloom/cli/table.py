@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]],
-                 align_right: set[int] | None = None) -> str:
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], align_right: set[int] | None = None
+) -> str:
     align_right = align_right or set()
     widths = [len(h) for h in headers]
     for row in rows:

@@ -7,10 +7,11 @@ when the pipeline is built; this module checks everything around them. It import
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from torchloom.config.sampler_schema import SamplerConfig
 from torchloom.errors import ConfigError, Problem, did_you_mean
 
 
@@ -34,65 +35,146 @@ class OptimizerConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     type: str = Field("Adam", description="torch.optim class name, e.g. Adam, SGD, AdamW")
+    param_groups: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="per-component optimizer settings, e.g. {encoder: {lr: 1.0e-4}}",
+    )
+
+
+class SchedulerConfig(BaseModel):
+    """`type` names a torch.optim.lr_scheduler class; other keys are passed to it."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str = Field(description="lr_scheduler class name, e.g. StepLR, CosineAnnealingLR")
+    interval: Literal["epoch", "step"] = Field("epoch", description="when to step it")
+
+
+class GradientClippingConfig(_Strict):
+    norm: float | None = Field(None, gt=0, description="clip the total gradient norm to this")
+    value: float | None = Field(None, gt=0, description="clip every gradient element to ±this")
+    norm_type: float = Field(2.0, gt=0, description="p of the p-norm used with `norm`")
 
 
 class EarlyStoppingConfig(_Strict):
     monitor: str = Field(description="statistic to watch, e.g. validation.accuracy")
     mode: Literal["min", "max"] = Field("min", description="whether lower or higher is better")
-    patience: int = Field(3, ge=0, description="epochs without improvement before stopping")
+    patience: int = Field(3, ge=0, description="evaluations without improvement before stopping")
     min_delta: float = Field(0.0, ge=0, description="smallest change that counts as better")
 
 
 class TerminalConditions(_Strict):
     epoch_limit: int | None = Field(None, gt=0, description="stop after this many epochs")
     episode_limit: int | None = Field(None, gt=0, description="stop after this many batches")
-    loss_stop_threshold: float | None = Field(None, description="stop once the validation loss "
-                                              "falls below this (converged)")
+    loss_stop_threshold: float | None = Field(
+        None,
+        description="converged once the monitored loss (validation, else training) "
+        "falls below this",
+    )
     early_stopping: EarlyStoppingConfig | None = None
 
 
 class SectionConfig(_Strict):
     task: dict[str, Any] = Field(description="the data source: a Task component entry")
     dataloader: DataLoaderConfig = Field(default_factory=DataLoaderConfig)
+    sampler: SamplerConfig | None = Field(None, description="which indices an epoch visits")
 
 
 class TrainingConfig(SectionConfig):
+    mode: Literal["offline", "online"] = Field(
+        "offline",
+        description="offline: full validation after every epoch; online: partial "
+        "validation every validation.partial_validation_interval episodes",
+    )
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig | None = None
+    gradient_clipping: GradientClippingConfig | None = None
+    gradient_accumulation: int = Field(1, ge=1, description="batches per optimizer step")
+    precision: Literal["fp32", "bf16", "fp16"] = Field(
+        "fp32", description="autocast dtype; fp16 adds a GradScaler"
+    )
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="seed of every random generator; drawn "
+        "and recorded in the run's config.yaml when left out",
+    )
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms")
+    logging_interval: int = Field(100, gt=0, description="episodes between statistics rows")
+    checkpoint_interval: int | None = Field(
+        None,
+        gt=0,
+        description="episodes between mid-epoch saves of last.pt (always saved "
+        "at the end of an epoch)",
+    )
+    loss_weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="weight per loss component name (default 1.0); the "
+        "weighted sum is minimised in one backward pass",
+    )
     terminal_conditions: TerminalConditions = Field(default_factory=TerminalConditions)
-    seed: int | None = Field(None, ge=0, description="seed of every random generator")
+
+
+class ValidationConfig(SectionConfig):
+    partial_validation_interval: int | None = Field(
+        None, gt=0, description="online mode: episodes between partial validations"
+    )
+    partial_validation_batches: int = Field(
+        10, gt=0, description="online mode: batches in a partial validation"
+    )
 
 
 TOP_LEVEL_KEYS: dict[str, type[BaseModel] | None] = {
     "name": None,
     "training": TrainingConfig,
-    "validation": SectionConfig,
+    "validation": ValidationConfig,
     "test": SectionConfig,
     "pipeline": None,
 }
 
 
-def _problems_of(error: ValidationError, section: str, where: Callable[..., str],
-                 model: type[BaseModel]) -> list[Problem]:
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model inside an annotation such as `EarlyStoppingConfig | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None
+
+
+def _problems_of(
+    error: ValidationError, section: str, where: Callable[..., str], model: type[BaseModel]
+) -> list[Problem]:
     problems = []
     for item in error.errors():
         loc = tuple(str(p) for p in item["loc"])
         path = ".".join((section, *loc))
         if item["type"] == "extra_forbidden":
-            parent: Any = model
+            parent: type[BaseModel] | None = model
             for part in loc[:-1]:
-                field = parent.model_fields.get(part) if isinstance(parent, type) else None
-                annotation = getattr(field, "annotation", None)
-                parent = annotation if isinstance(annotation, type) else None
-            known = list(parent.model_fields) if isinstance(parent, type) and issubclass(
-                parent, BaseModel) else []
-            problems.append(Problem(where(section, *loc[:-1]), f"key '{path}'",
-                                    "unknown key", did_you_mean(loc[-1], known) or
-                                    (f"known keys: {', '.join(known)}" if known else "")))
+                field = parent.model_fields.get(part) if parent is not None else None
+                parent = _model_in(field.annotation) if field is not None else None
+            known = list(parent.model_fields) if parent is not None else []
+            problems.append(
+                Problem(
+                    where(section, *loc[:-1]),
+                    f"key '{path}'",
+                    "unknown key",
+                    did_you_mean(loc[-1], known)
+                    or (f"known keys: {', '.join(known)}" if known else ""),
+                )
+            )
         elif item["type"] == "missing":
             problems.append(Problem(where(section), f"key '{path}'", "is required"))
         else:
-            problems.append(Problem(where(section, *loc), f"key '{path}'",
-                                    f"{item['msg']} (got {item.get('input')!r})"))
+            problems.append(
+                Problem(
+                    where(section, *loc),
+                    f"key '{path}'",
+                    f"{item['msg']} (got {item.get('input')!r})",
+                )
+            )
     return problems
 
 
@@ -102,9 +184,14 @@ def validate_sections(data: Mapping[str, Any], where: Callable[..., str]) -> dic
     sections: dict[str, BaseModel] = {}
     for key, value in data.items():
         if key not in TOP_LEVEL_KEYS:
-            problems.append(Problem(where(key), f"key '{key}'", "unknown top-level section",
-                                    did_you_mean(key, TOP_LEVEL_KEYS) or
-                                    f"sections: {', '.join(TOP_LEVEL_KEYS)}"))
+            problems.append(
+                Problem(
+                    where(key),
+                    f"key '{key}'",
+                    "unknown top-level section",
+                    did_you_mean(key, TOP_LEVEL_KEYS) or f"sections: {', '.join(TOP_LEVEL_KEYS)}",
+                )
+            )
             continue
         model = TOP_LEVEL_KEYS[key]
         if model is None:
@@ -120,8 +207,13 @@ def validate_sections(data: Mapping[str, Any], where: Callable[..., str]) -> dic
     if name is not None and not (isinstance(name, str) and name.strip()):
         problems.append(Problem(where("name"), "key 'name'", "must be a non-empty string"))
     if "pipeline" in data and not isinstance(data["pipeline"], Mapping):
-        problems.append(Problem(where("pipeline"), "section 'pipeline'",
-                                "must be a mapping of component names to their configs"))
+        problems.append(
+            Problem(
+                where("pipeline"),
+                "section 'pipeline'",
+                "must be a mapping of component names to their configs",
+            )
+        )
     if problems:
         raise ConfigError(problems)
     return sections

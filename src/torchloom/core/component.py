@@ -72,8 +72,9 @@ class Component(nn.Module):
 
     # ---- construction helpers -------------------------------------------------------------
     @classmethod
-    def create(cls, *, name: str | None = None, globals: Mapping[str, Any] | None = None,
-               **params: Any) -> Component:
+    def create(
+        cls, *, name: str | None = None, globals: Mapping[str, Any] | None = None, **params: Any
+    ) -> Component:
         """Build a component outside a pipeline, with the given globals already published."""
         store = GlobalsStore()
         for key, value in (globals or {}).items():
@@ -178,7 +179,7 @@ class Statistic(Component):
         raise NotImplementedError
 
 
-class Task(Component):
+class Task(Component, torch.utils.data.Dataset):
     """A data source: a dataset of samples (dicts of default stream names) plus a collate.
 
     `prepare()` reads the data; it is called by workers before iterating, never by the
@@ -194,6 +195,11 @@ class Task(Component):
         """Sizes of symbolic dimensions the task knows (e.g. {'classes': 10}), which the
         handshake holds every other component to."""
         return {}
+
+    def sample_targets(self) -> torch.Tensor | None:
+        """One class index per sample (1-D int tensor), for class-balanced sampling; None
+        when the task has no class targets."""
+        return None
 
     def __len__(self) -> int:
         raise NotImplementedError

@@ -58,14 +58,21 @@ class ComponentEntry:
         return {self.global_names.get(k, k): k for k in self.cls.published_globals(self.params)}
 
 
-def _string_mapping(value: Any, key: str, where: str, subject: str) -> tuple[dict[str, str], list[Problem]]:
+def _string_mapping(
+    value: Any, key: str, where: str, subject: str
+) -> tuple[dict[str, str], list[Problem]]:
     if value is None:
         return {}, []
     if not isinstance(value, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        return {}, [Problem(where, subject, f"'{key}' must map default names to new names "
-                            f"(strings), got {value!r}")]
+        return {}, [
+            Problem(
+                where,
+                subject,
+                f"'{key}' must map default names to new names (strings), got {value!r}",
+            )
+        ]
     return dict(value), []
 
 
@@ -78,20 +85,36 @@ def _parse_load(value: Any, where: str, subject: str) -> tuple[LoadSpec | None, 
     if isinstance(value, Mapping) and isinstance(value.get("file"), str):
         unknown = [k for k in value if k not in allowed]
         if unknown:
-            return None, [Problem(where, subject, f"unknown key '{unknown[0]}' in 'load'",
-                                  did_you_mean(unknown[0], allowed))]
-        prefix_map, problems = _string_mapping(value.get("prefix_map"), "load.prefix_map",
-                                               where, subject)
+            return None, [
+                Problem(
+                    where,
+                    subject,
+                    f"unknown key '{unknown[0]}' in 'load'",
+                    did_you_mean(unknown[0], allowed),
+                )
+            ]
+        prefix_map, problems = _string_mapping(
+            value.get("prefix_map"), "load.prefix_map", where, subject
+        )
         key = value.get("key")
         if key is not None and not isinstance(key, str):
             problems.append(Problem(where, subject, f"'load.key' must be a string, got {key!r}"))
         return LoadSpec(value["file"], key, prefix_map, bool(value.get("strict", True))), problems
-    return None, [Problem(where, subject, "'load' must be a file path or a mapping with 'file' "
-                          f"(and optional 'key', 'prefix_map', 'strict'), got {value!r}")]
+    return None, [
+        Problem(
+            where,
+            subject,
+            "'load' must be a file path or a mapping with 'file' "
+            f"(and optional 'key', 'prefix_map', 'strict'), got {value!r}",
+        )
+    ]
 
 
 def params_problems(
-    error: ValidationError, cls: type[Component], key_path: tuple[str, ...], where: Where,
+    error: ValidationError,
+    cls: type[Component],
+    key_path: tuple[str, ...],
+    where: Where,
     subject: str,
 ) -> list[Problem]:
     """One Problem per pydantic error, naming the parameter, its line, and a suggestion."""
@@ -114,7 +137,11 @@ def params_problems(
 
 
 def parse_entry(
-    name: str, raw: Any, key_path: tuple[str, ...], where: Where, index: int,
+    name: str,
+    raw: Any,
+    key_path: tuple[str, ...],
+    where: Where,
+    index: int,
 ) -> tuple[ComponentEntry | None, list[Problem]]:
     """Validate one component entry; returns the entry (None if unusable) and its problems."""
     here = where(*key_path)
@@ -122,8 +149,14 @@ def parse_entry(
     if not isinstance(raw, Mapping):
         return None, [Problem(here, subject, f"expected a mapping with a 'type' key, got {raw!r}")]
     if "type" not in raw:
-        return None, [Problem(here, subject, "has no 'type'",
-                              "add e.g. `type: LeNet5`; `loom components` lists them")]
+        return None, [
+            Problem(
+                here,
+                subject,
+                "has no 'type'",
+                "add e.g. `type: LeNet5`; `loom components` lists them",
+            )
+        ]
     try:
         cls = resolve(raw["type"], where(*key_path, "type"))
     except LoomError as error:
@@ -133,21 +166,35 @@ def parse_entry(
         ]
     subject = f"component '{name}' ({cls.__name__})"
     problems: list[Problem] = []
-    streams, found = _string_mapping(raw.get("streams"), "streams", where(*key_path, "streams"),
-                                     subject)
+    streams, found = _string_mapping(
+        raw.get("streams"), "streams", where(*key_path, "streams"), subject
+    )
     problems += found
-    global_names, found = _string_mapping(raw.get("globals"), "globals",
-                                          where(*key_path, "globals"), subject)
+    global_names, found = _string_mapping(
+        raw.get("globals"), "globals", where(*key_path, "globals"), subject
+    )
     problems += found
     priority = raw.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, (int, float))):
-        problems.append(Problem(where(*key_path, "priority"), subject,
-                                f"'priority' must be a number, got {priority!r}"))
+    if priority is not None and (
+        isinstance(priority, bool) or not isinstance(priority, (int, float))
+    ):
+        problems.append(
+            Problem(
+                where(*key_path, "priority"),
+                subject,
+                f"'priority' must be a number, got {priority!r}",
+            )
+        )
         priority = None
     freeze = raw.get("freeze", False)
     if not isinstance(freeze, bool):
-        problems.append(Problem(where(*key_path, "freeze"), subject,
-                                f"'freeze' must be true or false, got {freeze!r}"))
+        problems.append(
+            Problem(
+                where(*key_path, "freeze"),
+                subject,
+                f"'freeze' must be true or false, got {freeze!r}",
+            )
+        )
         freeze = False
     load, found = _parse_load(raw.get("load"), where(*key_path, "load"), subject)
     problems += found
@@ -156,6 +203,16 @@ def parse_entry(
         params = cls.Params(**param_values)
     except ValidationError as error:
         return None, problems + params_problems(error, cls, key_path, where, subject)
-    entry = ComponentEntry(name, key_path, cls, params, streams, global_names,
-                           float(priority) if priority is not None else None, freeze, load, index)
+    entry = ComponentEntry(
+        name,
+        key_path,
+        cls,
+        params,
+        streams,
+        global_names,
+        float(priority) if priority is not None else None,
+        freeze,
+        load,
+        index,
+    )
     return entry, problems

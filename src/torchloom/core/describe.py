@@ -64,8 +64,7 @@ def yaml_snippet(cls: type[Component], name: str) -> str:
             body[param] = field.default_factory()  # type: ignore[call-arg]
         else:
             body[param] = field.default
-    text = yaml.safe_dump({f"my_{name.lower()}": body}, sort_keys=False,
-                          default_flow_style=None)
+    text = yaml.safe_dump({f"my_{name.lower()}": body}, sort_keys=False, default_flow_style=None)
     return text.rstrip()
 
 
@@ -82,17 +81,21 @@ def describe_component(cls: type[Component], name: str) -> str:
         suffix = f" (shown with example globals {example})" if example else ""
         lines += ["", f"input streams{suffix}:", *_spec_lines(instance.input_specs())]
         lines += ["output streams:", *_spec_lines(instance.output_specs())]
-    defaults = cls.Params()  if instance is None and _all_defaulted(cls) else (
-        instance.params if instance is not None else None)
+    defaults = (
+        cls.Params()
+        if instance is None and _all_defaulted(cls)
+        else (instance.params if instance is not None else None)
+    )
     needs = cls.needed_globals(defaults) if defaults is not None else cls.NEEDS_GLOBALS
     publishes = cls.published_globals(defaults) if defaults is not None else cls.PUBLISHES_GLOBALS
     lines += ["", "globals needed:"] + ([f"  {k}: {v}" for k, v in needs.items()] or ["  none"])
-    lines += ["globals published:"] + (
-        [f"  {k}: {v}" for k, v in publishes.items()] or ["  none"])
+    lines += ["globals published:"] + ([f"  {k}: {v}" for k, v in publishes.items()] or ["  none"])
     lines += ["", "config snippet (pipeline entry):", yaml_snippet(cls, name)]
     return "\n".join(lines)
 
 
 def _all_defaulted(cls: type[Component]) -> bool:
-    return all(not (f.default is PydanticUndefined and f.default_factory is None)
-               for f in cls.Params.model_fields.values())
+    return all(
+        not (f.default is PydanticUndefined and f.default_factory is None)
+        for f in cls.Params.model_fields.values()
+    )

@@ -51,27 +51,34 @@ class _Symbols:
         return None
 
 
-def _check_input(stream: str, produced: _Produced, expected: StreamSpec, symbols: _Symbols,
-                 origin: str) -> list[str]:
+def _check_input(
+    stream: str, produced: _Produced, expected: StreamSpec, symbols: _Symbols, origin: str
+) -> list[str]:
     """Messages for one consumed stream (empty when it fits)."""
     messages = []
     if not expected.accepts_dtype_of(produced.spec):
-        messages.append(f"stream '{stream}': expected element type {expected.dtype_text()}, "
-                        f"received {produced.spec.dtype_text()} from {produced.producer}")
+        messages.append(
+            f"stream '{stream}': expected element type {expected.dtype_text()}, "
+            f"received {produced.spec.dtype_text()} from {produced.producer}"
+        )
     if expected.dims is None or produced.spec.dims is None:
         return messages
     if len(expected.dims) != len(produced.spec.dims):
-        messages.append(f"stream '{stream}': expected rank {len(expected.dims)} "
-                        f"{expected.shape_text()}, received rank {len(produced.spec.dims)} "
-                        f"{produced.spec.shape_text()} from {produced.producer}")
+        messages.append(
+            f"stream '{stream}': expected rank {len(expected.dims)} "
+            f"{expected.shape_text()}, received rank {len(produced.spec.dims)} "
+            f"{produced.spec.shape_text()} from {produced.producer}"
+        )
         return messages
     for axis, (want, got) in enumerate(zip(expected.dims, produced.spec.dims, strict=True)):
         want_size, got_size = symbols.size_of(want), symbols.size_of(got)
         if want_size is not None and got_size is not None and want_size != got_size:
             name = f" ('{want.name}')" if want.name else ""
-            messages.append(f"stream '{stream}': dimension {axis}{name} expected {want_size}, "
-                            f"received {got_size} from {produced.producer} (expected "
-                            f"{expected.shape_text()}, received {produced.spec.shape_text()})")
+            messages.append(
+                f"stream '{stream}': dimension {axis}{name} expected {want_size}, "
+                f"received {got_size} from {produced.producer} (expected "
+                f"{expected.shape_text()}, received {produced.spec.shape_text()})"
+            )
             continue
         size = got_size if got_size is not None else want_size
         for dim in (want, got):
@@ -113,27 +120,36 @@ def _check_section(section: str, pipeline: Pipeline, where: Where) -> list[Probl
             stream = component.stream_name(key)
             renamed = f" (its '{key}')" if stream != key else ""
             if stream not in available:
-                problems.append(Problem(
-                    comp_where, f"[{section}] {component.label}",
-                    f"reads stream '{stream}'{renamed}, which nothing before it produces",
-                    did_you_mean(stream, available) or
-                    f"available: {', '.join(sorted(available)) or 'none'}; rename with "
-                    "`streams:`"))
+                problems.append(
+                    Problem(
+                        comp_where,
+                        f"[{section}] {component.label}",
+                        f"reads stream '{stream}'{renamed}, which nothing before it produces",
+                        did_you_mean(stream, available)
+                        or f"available: {', '.join(sorted(available)) or 'none'}; rename with "
+                        "`streams:`",
+                    )
+                )
                 continue
-            for message in _check_input(stream, available[stream], expected, symbols,
-                                        component.label):
+            for message in _check_input(
+                stream, available[stream], expected, symbols, component.label
+            ):
                 problems.append(Problem(comp_where, f"[{section}] {component.label}", message))
         for key, spec in component.output_specs().items():
             stream = component.stream_name(key)
             if stream in available:
-                problems.append(Problem(
-                    comp_where, f"[{section}] {component.label}",
-                    f"writes stream '{stream}', already produced by {available[stream].producer}",
-                    "give one of them another name with a `streams:` mapping"))
+                problems.append(
+                    Problem(
+                        comp_where,
+                        f"[{section}] {component.label}",
+                        f"writes stream '{stream}', already produced by "
+                        f"{available[stream].producer}",
+                        "give one of them another name with a `streams:` mapping",
+                    )
+                )
                 continue
             available[stream] = _Produced(spec, component.label)
-            for message in _bind_declared(spec, symbols, f"stream '{stream}' of "
-                                          f"{component.label}"):
+            for message in _bind_declared(spec, symbols, f"stream '{stream}' of {component.label}"):
                 problems.append(Problem(comp_where, f"[{section}] {component.label}", message))
     return problems
 
@@ -148,16 +164,27 @@ def handshake_problems(pipeline: Pipeline, where: Where) -> list[Problem]:
         problems += _check_section(section, pipeline, where)
     if "training" in pipeline.tasks:
         if not pipeline.losses:
-            problems.append(Problem(where("pipeline"), "training",
-                                    "the pipeline has no loss component to minimise",
-                                    "add e.g. `nllloss: {type: NLLLoss}` to the pipeline"))
+            problems.append(
+                Problem(
+                    where("pipeline"),
+                    "training",
+                    "the pipeline has no loss component to minimise",
+                    "add e.g. `nllloss: {type: NLLLoss}` to the pipeline",
+                )
+            )
         components = list(pipeline.components.values())
         everything_frozen = all(c.frozen for c in components if any(True for _ in c.parameters()))
-        if not _trainable(components) and not (everything_frozen and any(c.frozen for c in
-                                                                          components)):
-            problems.append(Problem(where("pipeline"), "training",
-                                    "no component has trainable parameters",
-                                    "add a model, or unfreeze one"))
+        if not _trainable(components) and not (
+            everything_frozen and any(c.frozen for c in components)
+        ):
+            problems.append(
+                Problem(
+                    where("pipeline"),
+                    "training",
+                    "no component has trainable parameters",
+                    "add a model, or unfreeze one",
+                )
+            )
     return problems
 
 

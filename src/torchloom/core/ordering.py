@@ -25,7 +25,8 @@ def _produced_by(built: list[tuple[ComponentEntry, Component]]) -> dict[str, lis
 
 
 def execution_order(
-    built: list[tuple[ComponentEntry, Component]], where: Where,
+    built: list[tuple[ComponentEntry, Component]],
+    where: Where,
 ) -> tuple[list[ComponentEntry], list[Problem]]:
     """Entries in the order they must run, and a problem per dependency cycle."""
     producers = _produced_by(built)
@@ -60,10 +61,15 @@ def execution_order(
         return [built[i][0] for i in order], []
     cycle = " -> ".join(
         f"{built[i][0].name} (reads '{depends[i][j]}' from {built[j][0].name})"
-        for i in stuck for j in depends[i] if j in stuck
+        for i in stuck
+        for j in depends[i]
+        if j in stuck
     )
     return [built[i][0] for i in order], [
-        Problem(where("pipeline"), "stream cycle",
-                f"these components wait on each other's outputs: {cycle}",
-                "break the cycle by renaming one stream with a `streams:` mapping")
+        Problem(
+            where("pipeline"),
+            "stream cycle",
+            f"these components wait on each other's outputs: {cycle}",
+            "break the cycle by renaming one stream with a `streams:` mapping",
+        )
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+import torch
 from torch import nn
 
 from torchloom.core.component import Batch, Component, Loss, Model, Statistic, Task
@@ -43,23 +44,41 @@ class Pipeline(nn.Module):
         entries: Mapping[str, ComponentEntry],
     ) -> None:
         super().__init__()
-        self.components = nn.ModuleDict((c.name, c) for c in components)
+        ordered = list(components)
+        # The ModuleDict registers the weights (device moves, parameters()); the plain dict is
+        # the typed view everything else uses. Same objects, in execution order.
+        self.registered = nn.ModuleDict({c.name: c for c in ordered})
+        self.components: dict[str, Component] = {c.name: c for c in ordered}
         # Tasks hold data, not weights: a plain dict keeps them out of state_dict().
         self.tasks: dict[str, Task] = dict(tasks)
         self.globals = store
         self.entries = dict(entries)
-        self._routes = [_Route(c) for c in self.components.values()]
+        # Statistics run apart from the rest: workers keep one copy per section (training
+        # and validation sets are aggregated separately) and feed them the same inputs.
+        self._routes = [_Route(c) for c in self.components.values() if not isinstance(c, Statistic)]
+        self._statistic_inputs = {c.name: _Route(c).inputs for c in self.statistics}
 
-    def forward(self, batch: Batch, only: Iterable[Component] | None = None) -> Batch:
-        allowed = None if only is None else {id(c) for c in only}
+    def forward(self, batch: Batch) -> Batch:
+        """Run every component but the statistics, adding their outputs to the batch."""
         for route in self._routes:
-            if allowed is not None and id(route.component) not in allowed:
-                continue
             inputs = {key: batch[name] for key, name in route.inputs}
             outputs = route.component(inputs)
             for key, value in outputs.items():
-                batch[route.outputs.get(key, key)] = value
+                batch[route.outputs[key]] = value
         return batch
+
+    def update_statistics(self, batch: Batch, statistics: Mapping[str, Statistic]) -> None:
+        """Feed a batch to statistics (the pipeline's own, or per-section copies by name)."""
+        with torch.no_grad():
+            for name, statistic in statistics.items():
+                statistic.update(
+                    {
+                        key: batch[stream].detach()
+                        if isinstance(batch[stream], torch.Tensor)
+                        else batch[stream]
+                        for key, stream in self._statistic_inputs[name]
+                    }
+                )
 
     def rename_task_outputs(self, section: str, batch: Batch) -> Batch:
         """A task's collated batch, keyed by pipeline-wide stream names."""

@@ -35,28 +35,46 @@ def _names_list(value: Any, key: str, where: str) -> tuple[list[str], list[Probl
         return [n.strip() for n in value.split(",") if n.strip()], []
     if isinstance(value, Sequence) and all(isinstance(n, str) for n in value):
         return list(value), []
-    return [], [Problem(where, f"pipeline.{key}", f"expected a list of component names, got "
-                        f"{value!r}")]
+    return [], [
+        Problem(where, f"pipeline.{key}", f"expected a list of component names, got {value!r}")
+    ]
 
 
 def _parse_entries(
-    config: Mapping[str, Any], where: Where, disable: Sequence[str],
+    config: Mapping[str, Any],
+    where: Where,
+    disable: Sequence[str],
 ) -> tuple[list[ComponentEntry], list[str], list[Problem]]:
     problems: list[Problem] = []
     entries: list[ComponentEntry] = []
     pipeline_cfg = config.get("pipeline") or {}
     if not isinstance(pipeline_cfg, Mapping):
-        return [], [], [Problem(where("pipeline"), "pipeline", "must be a mapping of component "
-                                "names to their configs")]
+        return (
+            [],
+            [],
+            [
+                Problem(
+                    where("pipeline"),
+                    "pipeline",
+                    "must be a mapping of component names to their configs",
+                )
+            ],
+        )
     component_names = [n for n in pipeline_cfg if n not in PIPELINE_SETTINGS]
-    disabled, found = _names_list(pipeline_cfg.get("disable"), "disable", where("pipeline",
-                                                                                "disable"))
+    disabled, found = _names_list(
+        pipeline_cfg.get("disable"), "disable", where("pipeline", "disable")
+    )
     problems += found
     for name in [*disabled, *disable]:
         if name not in component_names:
-            problems.append(Problem(where("pipeline", "disable"), f"disable '{name}'",
-                                    "names no component of the pipeline",
-                                    did_you_mean(name, component_names)))
+            problems.append(
+                Problem(
+                    where("pipeline", "disable"),
+                    f"disable '{name}'",
+                    "names no component of the pipeline",
+                    did_you_mean(name, component_names),
+                )
+            )
     freeze_value = pipeline_cfg.get("freeze")
     frozen = component_names if freeze_value is True else []
     if freeze_value is not True:
@@ -64,35 +82,56 @@ def _parse_entries(
         problems += found
         for name in frozen:
             if name not in component_names:
-                problems.append(Problem(where("pipeline", "freeze"), f"freeze '{name}'",
-                                        "names no component of the pipeline",
-                                        did_you_mean(name, component_names)))
+                problems.append(
+                    Problem(
+                        where("pipeline", "freeze"),
+                        f"freeze '{name}'",
+                        "names no component of the pipeline",
+                        did_you_mean(name, component_names),
+                    )
+                )
 
     for section in SECTIONS:
         section_cfg = config.get(section)
         if isinstance(section_cfg, Mapping) and section_cfg.get("task") is not None:
-            entry, found = parse_entry(f"{section}.task", section_cfg["task"], (section, "task"),
-                                       where, -1)
+            entry, found = parse_entry(
+                f"{section}.task", section_cfg["task"], (section, "task"), where, -1
+            )
             problems += found
             if entry is not None and not issubclass(entry.cls, Task):
-                problems.append(Problem(where(section, "task", "type"), entry.label,
-                                        f"is a {entry.cls.family}, not a task"))
+                problems.append(
+                    Problem(
+                        where(section, "task", "type"),
+                        entry.label,
+                        f"is a {entry.cls.family}, not a task",
+                    )
+                )
             elif entry is not None:
                 entries.append(entry)
     for index, name in enumerate(component_names):
         if name in disabled or name in disable:
             continue
         if "." in name or not name:
-            problems.append(Problem(where("pipeline", name), f"component '{name}'",
-                                    "a component name must be non-empty and contain no '.'"))
+            problems.append(
+                Problem(
+                    where("pipeline", name),
+                    f"component '{name}'",
+                    "a component name must be non-empty and contain no '.'",
+                )
+            )
             continue
         entry, found = parse_entry(name, pipeline_cfg[name], ("pipeline", name), where, index)
         problems += found
         if entry is None:
             continue
         if issubclass(entry.cls, Task):
-            problems.append(Problem(where("pipeline", name, "type"), entry.label,
-                                    "is a task: put it under training.task / validation.task"))
+            problems.append(
+                Problem(
+                    where("pipeline", name, "type"),
+                    entry.label,
+                    "is a task: put it under training.task / validation.task",
+                )
+            )
             continue
         entry.freeze = entry.freeze or name in frozen
         entries.append(entry)
@@ -101,17 +140,23 @@ def _parse_entries(
 
 def _check_global_renames(entry: ComponentEntry, where: Where) -> list[Problem]:
     known = set(entry.cls.needed_globals(entry.params)) | set(
-        entry.cls.published_globals(entry.params))
+        entry.cls.published_globals(entry.params)
+    )
     return [
-        Problem(where(*entry.key_path, "globals"), entry.label,
-                f"renames global '{key}', which it neither needs nor publishes",
-                did_you_mean(key, known) or f"its globals: {', '.join(sorted(known)) or 'none'}")
-        for key in entry.global_names if key not in known
+        Problem(
+            where(*entry.key_path, "globals"),
+            entry.label,
+            f"renames global '{key}', which it neither needs nor publishes",
+            did_you_mean(key, known) or f"its globals: {', '.join(sorted(known)) or 'none'}",
+        )
+        for key in entry.global_names
+        if key not in known
     ]
 
 
-def _construction_order(entries: list[ComponentEntry], where: Where
-                        ) -> tuple[list[ComponentEntry], list[Problem]]:
+def _construction_order(
+    entries: list[ComponentEntry], where: Where
+) -> tuple[list[ComponentEntry], list[Problem]]:
     """Publishers before readers; a global nobody publishes, or a cycle, is a problem."""
     publishers: dict[str, list[int]] = {}
     for i, entry in enumerate(entries):
@@ -124,11 +169,15 @@ def _construction_order(entries: list[ComponentEntry], where: Where
         for actual, default in entry.needed().items():
             if actual not in publishers:
                 renamed = f" (its '{default}')" if actual != default else ""
-                problems.append(Problem(
-                    where(*entry.key_path, "globals"), entry.label,
-                    f"needs global '{actual}'{renamed}, which no component publishes",
-                    did_you_mean(actual, publishers) or
-                    f"published globals: {', '.join(sorted(publishers)) or 'none'}"))
+                problems.append(
+                    Problem(
+                        where(*entry.key_path, "globals"),
+                        entry.label,
+                        f"needs global '{actual}'{renamed}, which no component publishes",
+                        did_you_mean(actual, publishers)
+                        or f"published globals: {', '.join(sorted(publishers)) or 'none'}",
+                    )
+                )
             needs.update(j for j in publishers.get(actual, []) if j != i)
         depends.append(needs)
     ready = [i for i, d in enumerate(depends) if not d]
@@ -145,37 +194,61 @@ def _construction_order(entries: list[ComponentEntry], where: Where
                     heapq.heappush(ready, j)
     stuck = [entries[i] for i in range(len(entries)) if i not in order]
     if stuck:
-        problems.append(Problem(where("pipeline"), "globals",
-                                "cycle: these components each need a global another of them "
-                                "publishes: " + ", ".join(e.label for e in stuck)))
+        problems.append(
+            Problem(
+                where("pipeline"),
+                "globals",
+                "cycle: these components each need a global another of them "
+                "publishes: " + ", ".join(e.label for e in stuck),
+            )
+        )
     return [entries[i] for i in order], problems
 
 
 def _build_one(entry: ComponentEntry, store: GlobalsStore, where: Where) -> Component:
-    context = BuildContext(entry.name, entry.stream_names, entry.global_names, store,
-                           lambda *keys, _p=entry.key_path: where(*_p, *keys), entry.label)
+    context = BuildContext(
+        entry.name,
+        entry.stream_names,
+        entry.global_names,
+        store,
+        lambda *keys, _p=entry.key_path: where(*_p, *keys),
+        entry.label,
+    )
     component = entry.cls(entry.params, context)
     # Publishing is part of the contract: a component that declares a global must publish it.
     for actual, default in entry.published().items():
         if actual not in store:
-            raise ComponentError([Problem(where(*entry.key_path), entry.label,
-                                          f"declares global '{default}' but did not publish it")])
+            raise ComponentError(
+                [
+                    Problem(
+                        where(*entry.key_path),
+                        entry.label,
+                        f"declares global '{default}' but did not publish it",
+                    )
+                ]
+            )
     return component
 
 
-def _check_stream_renames(component: Component, entry: ComponentEntry, where: Where
-                          ) -> list[Problem]:
+def _check_stream_renames(
+    component: Component, entry: ComponentEntry, where: Where
+) -> list[Problem]:
     known = set(component.input_specs()) | set(component.output_specs())
     return [
-        Problem(where(*entry.key_path, "streams"), entry.label,
-                f"renames stream '{key}', which it neither reads nor writes",
-                did_you_mean(key, known) or f"its streams: {', '.join(sorted(known)) or 'none'}")
-        for key in entry.stream_names if key not in known
+        Problem(
+            where(*entry.key_path, "streams"),
+            entry.label,
+            f"renames stream '{key}', which it neither reads nor writes",
+            did_you_mean(key, known) or f"its streams: {', '.join(sorted(known)) or 'none'}",
+        )
+        for key in entry.stream_names
+        if key not in known
     ]
 
 
-def build_pipeline(config: Mapping[str, Any], where: Where,
-                   disable: Sequence[str] = ()) -> Pipeline:
+def build_pipeline(
+    config: Mapping[str, Any], where: Where, disable: Sequence[str] = ()
+) -> Pipeline:
     """Build every task and component of `config`; raises one ComponentError listing all
     problems. `where(*keys)` names the file and line a config key came from."""
     entries, _, problems = _parse_entries(config, where, disable)

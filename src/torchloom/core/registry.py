@@ -58,13 +58,17 @@ def _import_dotted(type_name: str, where: str) -> type[Component]:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise _refuse(
-            type_name, where, f"cannot import module '{module_name}': {error}",
+            type_name,
+            where,
+            f"cannot import module '{module_name}': {error}",
             "is the package that provides it installed?",
         ) from error
     obj = module
     for part in attribute.split("."):
         if not hasattr(obj, part):
-            raise _refuse(type_name, where, f"module '{module_name}' has no attribute '{attribute}'")
+            raise _refuse(
+                type_name, where, f"module '{module_name}' has no attribute '{attribute}'"
+            )
         obj = getattr(obj, part)
     return _check_component_class(obj, type_name, where)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -34,8 +34,8 @@ class Dim:
         return str(self.size) if self.size is not None else "-1"
 
 
-DimLike = Union[int, str, Dim]
-ElementType = Union[torch.dtype, type]
+DimLike = int | str | Dim
+ElementType = torch.dtype | type
 
 # Element-type groups for inputs that accept several dtypes (e.g. any float under autocast).
 FLOATING: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -81,6 +81,7 @@ class StreamSpec:
         description: str = "",
     ) -> None:
         dims_t = None if dims is None else tuple(to_dim(d) for d in dims)
+        dtypes: tuple[ElementType, ...] | None
         if dtype is None:
             dtypes = None
         elif isinstance(dtype, (torch.dtype, type)):

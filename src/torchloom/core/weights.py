@@ -30,11 +30,13 @@ def read_weights_file(path: Path, where: str, subject: str) -> Mapping[str, Any]
             return load_file(str(path))
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unreadable or not weights-only: say so, plainly
-        raise WeightsError([Problem(where, subject, f"cannot read weights file '{path}': "
-                                    f"{error}".splitlines()[0])]) from error
+        raise WeightsError(
+            [Problem(where, subject, f"cannot read weights file '{path}': {error}".splitlines()[0])]
+        ) from error
     if not isinstance(loaded, Mapping):
-        raise WeightsError([Problem(where, subject, f"'{path}' holds a {type(loaded).__name__}, "
-                                    "not a state dict")])
+        raise WeightsError(
+            [Problem(where, subject, f"'{path}' holds a {type(loaded).__name__}, not a state dict")]
+        )
     return loaded
 
 
@@ -49,12 +51,22 @@ def _select(data: Mapping[str, Any], key: str, where: str, subject: str) -> Mapp
     if isinstance(node, Mapping):
         return node
     prefix = key + "."
-    flat = {k[len(prefix):]: v for k, v in data.items() if isinstance(k, str) and k.startswith(prefix)}
+    flat = {
+        k[len(prefix) :]: v for k, v in data.items() if isinstance(k, str) and k.startswith(prefix)
+    }
     if flat:
         return flat
     tops = ", ".join(sorted(str(k) for k in data)[:8])
-    raise WeightsError([Problem(where, subject, f"key '{key}' not found in the weights file",
-                                f"its top-level keys: {tops}")])
+    raise WeightsError(
+        [
+            Problem(
+                where,
+                subject,
+                f"key '{key}' not found in the weights file",
+                f"its top-level keys: {tops}",
+            )
+        ]
+    )
 
 
 def load_weights(component: Component, spec: LoadSpec, where: str) -> None:
@@ -67,26 +79,43 @@ def load_weights(component: Component, spec: LoadSpec, where: str) -> None:
     for name, value in state.items():
         for old, new in spec.prefix_map.items():
             if name.startswith(old):
-                name = new + name[len(old):]
+                name = new + name[len(old) :]
                 break
         renamed[name] = value
     own = component.state_dict()
     problems = []
     for name, value in renamed.items():
         if name in own and isinstance(value, torch.Tensor) and value.shape != own[name].shape:
-            problems.append(Problem(where, subject, f"weight '{name}' has shape "
-                                    f"{list(value.shape)} in '{path}' but {list(own[name].shape)} "
-                                    "in the component"))
+            problems.append(
+                Problem(
+                    where,
+                    subject,
+                    f"weight '{name}' has shape "
+                    f"{list(value.shape)} in '{path}' but {list(own[name].shape)} "
+                    "in the component",
+                )
+            )
     missing = sorted(set(own) - set(renamed))
     unexpected = sorted(set(renamed) - set(own))
     if spec.strict and missing:
-        problems.append(Problem(where, subject, f"'{path}' lacks {len(missing)} weights: "
-                                f"{', '.join(missing[:6])}", "check 'key' and 'prefix_map', or "
-                                "set `strict: false`"))
+        problems.append(
+            Problem(
+                where,
+                subject,
+                f"'{path}' lacks {len(missing)} weights: {', '.join(missing[:6])}",
+                "check 'key' and 'prefix_map', or set `strict: false`",
+            )
+        )
     if spec.strict and unexpected:
-        problems.append(Problem(where, subject, f"'{path}' has {len(unexpected)} weights the "
-                                f"component lacks: {', '.join(unexpected[:6])}",
-                                "check 'key' and 'prefix_map', or set `strict: false`"))
+        problems.append(
+            Problem(
+                where,
+                subject,
+                f"'{path}' has {len(unexpected)} weights the "
+                f"component lacks: {', '.join(unexpected[:6])}",
+                "check 'key' and 'prefix_map', or set `strict: false`",
+            )
+        )
     if problems:
         raise WeightsError(problems)
     component.load_state_dict(renamed, strict=spec.strict)

@@ -2,7 +2,7 @@
 
 load (nesting, overrides, interpolation) -> section schemas -> build components -> handshake.
 Each step collects all of its problems and raises one error; nothing is written anywhere, so
-a rejected config leaves no trace.
+a rejected config leaves no trace. Workers that seed before building call the two halves.
 """
 
 from __future__ import annotations
@@ -29,15 +29,33 @@ class Assembled:
 
     @property
     def name(self) -> str:
-        """The pipeline's name: `name:` from the config, else the config file's stem."""
-        name = self.config.data.get("name")
-        return name if isinstance(name, str) and name else Path(self.config.path).stem
+        return pipeline_name(self.config)
 
 
-def assemble(path: str | os.PathLike[str], overrides: Sequence[str] = (),
-             disable: Sequence[str] = ()) -> Assembled:
+def pipeline_name(config: LoadedConfig) -> str:
+    """`name:` from the config, else the config file's stem (a run's config.yaml records it)."""
+    name = config.data.get("name")
+    return name if isinstance(name, str) and name else Path(config.path).stem
+
+
+def load_and_validate(
+    path: str | os.PathLike[str], overrides: Sequence[str] = ()
+) -> tuple[LoadedConfig, dict[str, BaseModel]]:
     loaded = load_config(path, overrides)
-    sections = validate_sections(loaded.data, loaded.where)
+    if "name" not in loaded.data:
+        # Record the name now, so a run's saved config.yaml keeps the pipeline's name.
+        loaded.data = {"name": Path(loaded.path).stem, **loaded.data}
+    return loaded, validate_sections(loaded.data, loaded.where)
+
+
+def build_checked(loaded: LoadedConfig, disable: Sequence[str] = ()) -> Pipeline:
     pipeline = build_pipeline(loaded.data, loaded.where, disable)
     handshake(pipeline, loaded.where)
-    return Assembled(loaded, sections, pipeline)
+    return pipeline
+
+
+def assemble(
+    path: str | os.PathLike[str], overrides: Sequence[str] = (), disable: Sequence[str] = ()
+) -> Assembled:
+    loaded, sections = load_and_validate(path, overrides)
+    return Assembled(loaded, sections, build_checked(loaded, disable))

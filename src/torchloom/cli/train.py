@@ -1,0 +1,38 @@
+"""`loom train CONFIG [overrides]` and `loom train --resume RUN_DIR`."""
+
+from __future__ import annotations
+
+import argparse
+
+from torchloom.engine.run_state import TrainOptions, prepare_training
+from torchloom.engine.trainer import Trainer
+
+
+def run(args: argparse.Namespace) -> int:
+    options = TrainOptions(
+        expdir=args.expdir,
+        tag=args.tag,
+        device=args.device,
+        quiet=args.quiet,
+        tensorboard=args.tensorboard,
+        disable=[n.strip() for n in args.disable.split(",") if n.strip()],
+    )
+    if args.resume and args.config:
+        # argparse fills `config` positionally; with --resume it must be empty.
+        args.overrides = [args.config, *args.overrides]
+        args.config = None
+    state = prepare_training(args.config, args.overrides, options, resume=args.resume)
+    result = Trainer(state).run()
+    summary = result.summary
+    final = summary.get("final", {})
+    lines = [
+        f"status: {summary['status']} ({summary['reason']})",
+        f"epochs: {summary['epochs']}, episodes: {summary['episodes']}, "
+        f"wall time: {summary['wall_time_seconds']:.1f} s",
+    ]
+    for section in ("validation", "test"):
+        if "accuracy" in final.get(section, {}):
+            lines.append(f"{section} accuracy: {final[section]['accuracy']:.4f}")
+    lines.append(f"run folder: {result.run_dir}")
+    print("\n".join(lines))
+    return 130 if result.status == "interrupted" else 0

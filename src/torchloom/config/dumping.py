@@ -1,0 +1,48 @@
+"""Writing config data back to YAML that `load_config` reads as the same data."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from torchloom.config.yaml_reader import ConfigDumper
+
+# Any run of backslashes followed by `${`: see _escape_interpolation.
+_INTERPOLATION_START = re.compile(r"(\\*)\$\{")
+
+
+def dump_config(data: Mapping[str, Any]) -> str:
+    """YAML text (safe_dump rules, keys in their given order) that load_config reads back to
+    data equal to `data`.
+
+    Strings that YAML would read as another type (`"1e-3"`, `"true"`) are quoted, and a
+    literal `${` is escaped so that it is not taken for an interpolation when read back.
+    The one string that cannot be written is `???`: it reads back as a missing value.
+    """
+    return yaml.dump(
+        _escaped_plain(data),
+        Dumper=ConfigDumper,
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+    )
+
+
+def _escaped_plain(value: Any) -> Any:
+    """Plain dicts/lists (tuples and other mappings converted) with strings escaped."""
+    if isinstance(value, Mapping):
+        return {key: _escaped_plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped_plain(item) for item in value]
+    if isinstance(value, str):
+        return _escape_interpolation(value)
+    return value
+
+
+def _escape_interpolation(text: str) -> str:
+    # OmegaConf reads `\${` as a literal `${`, and `\\` just before `${` as one backslash;
+    # doubling the backslashes in front of each `${` and adding one more undoes both.
+    return _INTERPOLATION_START.sub(lambda m: m.group(1) * 2 + "\\${", text)

@@ -1,0 +1,85 @@
+"""Resolving `${...}` interpolations and `???` markers, reporting every failure at once.
+
+OmegaConf does the resolving (`${training.dataloader.batch_size}`, relative `${..x}`,
+`${oc.env:VAR,default}`, any registered resolver). Its own errors name a key but not the file,
+so each interpolation is first resolved on its own here: that way every failing key is
+reported with its file and line, and the user fixes them all in one pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, cast
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from torchloom.errors import ConfigError, Problem
+
+MISSING_MARKER = "???"
+
+# Given a key path (real keys and list indices), says where it was set: 'cfg.yml:12'.
+Locate = Callable[[tuple[Any, ...]], str]
+
+
+def dotted(path: tuple[Any, ...]) -> str:
+    """'training.layers[2].size' for a key path with list indices as ints."""
+    text = ""
+    for key in path:
+        text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else str(key))
+    return text
+
+
+def first_line(exc: BaseException) -> str:
+    # OmegaConf appends 'full_key: ...' and 'object_type=...' lines; the key is named already.
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def resolve_config(config: DictConfig, locate: Locate) -> dict[str, Any]:
+    """Plain data with every interpolation resolved; a ConfigError lists each failing key."""
+    raw = OmegaConf.to_container(config, resolve=False)
+    problems: list[Problem] = []
+    _check_values(config, raw, (), locate, problems)
+    if problems:
+        raise ConfigError(problems)
+    try:
+        resolved = OmegaConf.to_container(config, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:  # a failure the per-key pass could not see
+        raise ConfigError([Problem("", "interpolation", first_line(exc))]) from exc
+    return cast(dict[str, Any], resolved)
+
+
+def _check_values(
+    node: DictConfig | ListConfig,
+    raw: Any,
+    path: tuple[Any, ...],
+    locate: Locate,
+    problems: list[Problem],
+) -> None:
+    # `raw` is the unresolved plain copy of `node`: walking it never triggers resolution,
+    # so each interpolation is resolved exactly once, below, inside its own try.
+    items: Iterable[tuple[Any, Any]] = raw.items() if isinstance(raw, dict) else enumerate(raw)
+    for key, raw_value in items:
+        value_path = (*path, key)
+        if isinstance(raw_value, dict | list):
+            _check_values(node[key], raw_value, value_path, locate, problems)
+        elif raw_value == MISSING_MARKER and OmegaConf.is_missing(node, key):
+            problems.append(
+                Problem(
+                    locate(value_path),
+                    f"key '{dotted(value_path)}'",
+                    f"mandatory value missing ('{MISSING_MARKER}')",
+                    f"set it in a config file or on the command line: {dotted(value_path)}=VALUE",
+                )
+            )
+        elif isinstance(raw_value, str) and OmegaConf.is_interpolation(node, key):
+            try:
+                node[key]
+            except OmegaConfBaseException as exc:
+                problems.append(
+                    Problem(
+                        locate(value_path),
+                        f"key '{dotted(value_path)}'",
+                        f"cannot resolve '{raw_value}': {first_line(exc)}",
+                    )
+                )

@@ -1,0 +1,197 @@
+"""Command-line overrides in Hydra's grammar, applied to the merged config.
+
+    training.optimizer.lr=0.01        change a key that exists (a typo is an error, not a new key)
+    +pipeline.viewer.type=StreamViewer   add a key that must not exist yet
+    ++training.seed=7                 add the key or change it, whichever applies
+    ~pipeline.accuracy                delete a key that exists
+    ~pipeline.accuracy={type: X}      delete it only if it currently has that value
+
+Values are read with the config files' YAML loader, so `1e-3`, `true`, `null`, `[1, 2]` and
+`{a: 1}` mean what they mean in a file; an empty value (`key=`) is the empty string, as in
+Hydra. As in Hydra, a mapping value assigned to a mapping is merged into it key by key; any
+other value replaces the old one whole. Every bad override is reported in one ConfigError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from torchloom.config.interpolation import first_line
+from torchloom.config.origins import CommandLineOverride, Origins, iter_key_paths
+from torchloom.config.yaml_reader import describe_type, parse_yaml_value
+from torchloom.errors import ConfigError, Problem, did_you_mean
+
+INCLUDES_KEY = "default_configs"
+WHERE = "command line"
+
+
+class Action(Enum):
+    SET = ""
+    ADD = "+"
+    ADD_OR_SET = "++"
+    DELETE = "~"
+
+
+@dataclass(frozen=True)
+class Override:
+    """One parsed override; `value` is None for a plain delete (`has_value` says which)."""
+
+    text: str
+    action: Action
+    key: tuple[str, ...]
+    value: Any
+    has_value: bool
+
+    @property
+    def dotted_key(self) -> str:
+        return ".".join(self.key)
+
+
+def _problem(text: str, message: str, suggestion: str = "") -> Problem:
+    return Problem(WHERE, f"override '{text}'", message, suggestion)
+
+
+def parse_override(text: str) -> Override:
+    """Split `text` into action, key and YAML-parsed value; ConfigError when malformed."""
+    for action in (Action.ADD_OR_SET, Action.ADD, Action.DELETE):
+        if text.startswith(action.value):
+            body = text[len(action.value) :]
+            break
+    else:
+        action, body = Action.SET, text
+    key_text, equals, value_text = body.partition("=")
+    if not equals and action is not Action.DELETE:
+        raise ConfigError([_problem(text, "expected KEY=VALUE", f"for example '{body}=VALUE'")])
+    segments = key_text.split(".")
+    if not key_text or any(not s or s != s.strip() for s in segments):
+        raise ConfigError(
+            [_problem(text, f"malformed key '{key_text}': expected dotted names like 'a.b.c'")]
+        )
+    if any(bracket in key_text for bracket in "[]"):
+        raise ConfigError(
+            [_problem(text, "list indices are not supported in override keys", "set the list")]
+        )
+    if segments[0] == INCLUDES_KEY:
+        raise ConfigError(
+            [_problem(text, f"'{INCLUDES_KEY}' cannot be changed by an override", "edit the file")]
+        )
+    has_value = bool(equals) and (action is not Action.DELETE or value_text != "")
+    value: Any = None
+    if has_value:
+        try:
+            # Hydra reads `key=` as the empty string; YAML would read it as null.
+            value = parse_yaml_value(value_text) if value_text else ""
+        except ValueError as exc:
+            raise ConfigError([_problem(text, str(exc))]) from exc
+    return Override(text, action, tuple(segments), value, has_value)
+
+
+def apply_overrides(config: DictConfig, texts: Sequence[str], origins: Origins) -> None:
+    """Apply each override in order, recording it in `origins`; all failures in one error."""
+    problems: list[Problem] = []
+    for text in texts:
+        try:
+            _apply(config, parse_override(text), origins)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _existing_depth(data: Any, key: tuple[str, ...]) -> tuple[int, Any]:
+    """How many leading segments of `key` exist as mapping keys, and the value the walk
+    stopped at: the value of `key` itself when all exist, else the last one that did."""
+    node = data
+    for depth, segment in enumerate(key):
+        if not isinstance(node, dict) or segment not in node:
+            return depth, node
+        node = node[segment]
+    return len(key), node
+
+
+def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
+    # The unresolved plain copy answers "does this key exist" without the pitfalls of
+    # DictConfig (`"k" in cfg` is False for a `???` value, and reading resolves `${...}`).
+    data = OmegaConf.to_container(config, resolve=False)
+    depth, found = _existing_depth(data, override.key)
+    exists = depth == len(override.key)
+    text, key = override.text, override.dotted_key
+
+    if not exists and not isinstance(found, dict):
+        parent = ".".join(override.key[:depth])
+        raise ConfigError(
+            [
+                _problem(
+                    text,
+                    f"'{parent}' is {describe_type(found)}, not a mapping, so it has "
+                    f"no key '{override.key[depth]}'",
+                )
+            ]
+        )
+    if override.action is Action.SET and not exists:
+        hint = "To add a new key write '+" + text + "'."
+        raise ConfigError([_unknown_key(override, depth, found, hint)])
+    if override.action is Action.DELETE and not exists:
+        raise ConfigError([_unknown_key(override, depth, found, "")])
+    if override.action is Action.ADD and exists:
+        body = text[1:]
+        raise ConfigError(
+            [
+                _problem(
+                    text,
+                    f"key '{key}' already exists",
+                    f"to change it write '{body}', or '++{body}' to add or change",
+                )
+            ]
+        )
+
+    try:
+        if override.action is Action.DELETE:
+            _delete(config, override, found)
+            return
+        # Mapping onto mapping merges (Hydra's rule); anything else replaces the old value.
+        merge = isinstance(override.value, dict) and isinstance(found, dict) and exists
+        OmegaConf.update(config, key, override.value, merge=merge, force_add=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError([_problem(text, first_line(exc))]) from exc
+    _record(origins, override, first_new_depth=len(override.key) if exists else depth + 1)
+
+
+def _delete(config: DictConfig, override: Override, current: Any) -> None:
+    if override.has_value and current != override.value:
+        raise ConfigError(
+            [
+                _problem(
+                    override.text,
+                    f"not deleted: '{override.dotted_key}' is {current!r}, not {override.value!r}",
+                    f"write '~{override.dotted_key}' to delete it",
+                )
+            ]
+        )
+    parent_key = ".".join(override.key[:-1])
+    parent = OmegaConf.select(config, parent_key) if parent_key else config
+    del parent[override.key[-1]]
+
+
+def _unknown_key(override: Override, depth: int, container: dict[Any, Any], hint: str) -> Problem:
+    missing = override.key[depth]
+    message = f"unknown override key '{override.dotted_key}'"
+    if depth:
+        message += f": '{'.'.join(override.key[:depth])}' has no key '{missing}'"
+    suggestions = [did_you_mean(missing, (str(k) for k in container)), hint]
+    return _problem(override.text, message, " ".join(s for s in suggestions if s))
+
+
+def _record(origins: Origins, override: Override, first_new_depth: int) -> None:
+    """Mark the key, any parents the override created and everything inside its value."""
+    origin = CommandLineOverride(override.text)
+    for length in range(first_new_depth, len(override.key) + 1):
+        origins[override.key[:length]] = origin
+    for inner in iter_key_paths(override.value, override.key):
+        origins[inner] = origin

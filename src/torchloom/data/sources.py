@@ -1,0 +1,197 @@
+"""Data sources made of named files with known md5 checksums.
+
+`ensure_files` is the one entry point a task needs: it returns a folder in which every file is
+present and verified, taking each missing file from (in this order) a packaged copy installed
+with pip or apt, a download mirror, or nowhere, in which case the error says which files were
+expected where and how to get them. Three rules hold throughout:
+
+- a file already in the folder is never overwritten: a wrong checksum there is the user's to
+  look at (a partial copy, a different release), so it is an error naming both checksums;
+- every file is written to a temporary name in the destination folder and renamed only once
+  its checksum matches, so an interrupted copy or download never leaves a half file behind and
+  two processes preparing the same folder at once both end with the right file;
+- nothing is written outside the destination folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import importlib.util
+import os
+import secrets
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from torchloom.errors import DataError, Problem
+
+_CHUNK_SIZE = 1 << 20
+
+
+def md5_of(path: str | Path) -> str:
+    """The hex md5 digest of a file, read in chunks so large archives do not fill memory."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(_CHUNK_SIZE), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def packaged_copy(package: str, relative_dir: str) -> Path | None:
+    """The folder `relative_dir` inside an installed package, or None if it is not installed.
+
+    Only the top-level package is looked up, and `find_spec` of a top-level name does not
+    import it: data packages often import heavy things (pandas, matplotlib) we do not need.
+    A dotted `package` is treated as a path below the top-level package for the same reason.
+    """
+    top, *below = package.split(".")
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        folder = Path(location).joinpath(*below, relative_dir)
+        if folder.is_dir():
+            return folder
+    return None
+
+
+def _write_verified(source: BinaryIO, dest: Path, md5: str) -> str | None:
+    """Copy a stream into `dest` atomically if its md5 is `md5`; else return the actual md5."""
+    digest = hashlib.md5(usedforsecurity=False)
+    # A unique hidden name next to `dest` (so the rename is atomic), created with the umask's
+    # usual permissions: mkstemp would make the data file private to this user.
+    temporary = dest.parent / f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            for chunk in iter(lambda: source.read(_CHUNK_SIZE), b""):
+                digest.update(chunk)
+                out.write(chunk)
+        actual = digest.hexdigest()
+        if actual != md5:
+            return actual
+        os.replace(temporary, dest)
+        return None
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def download(url_list: Sequence[str], dest: str | Path, md5: str, timeout: float = 60.0) -> Path:
+    """Download one file to `dest`, trying each URL in turn until one gives the right md5.
+
+    Raises a `DataError` listing every URL tried and why it failed.
+    """
+    dest = Path(dest)
+    failures: list[str] = []
+    for url in url_list:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                actual = _write_verified(response, dest, md5)
+        # URLError, HTTPError and timeouts are OSErrors; a cut connection is an HTTPException.
+        except (OSError, ValueError, http.client.HTTPException) as error:
+            failures.append(f"{url}: {error}")
+            continue
+        if actual is None:
+            return dest
+        failures.append(f"{url}: md5 {actual}, expected {md5}")
+    tried = "; ".join(failures) if failures else "no URL given"
+    raise DataError([Problem(str(dest), "download", f"failed from every mirror: {tried}")])
+
+
+def _copy_verified(source: Path, dest: Path, md5: str) -> bool:
+    with open(source, "rb") as file:
+        return _write_verified(file, dest, md5) is None
+
+
+def ensure_files(
+    folder: str | Path,
+    files: Mapping[str, str],
+    packaged: Sequence[Path],
+    mirrors: Sequence[str],
+    allow_download: bool,
+    layout_hint: str,
+    timeout: float = 60.0,
+) -> Path:
+    """Return `folder` once every file of `files` ({name: md5}) is in it and verified.
+
+    packaged:       folders holding byte-identical copies (see `packaged_copy`); used first
+                    because they need no network.
+    mirrors:        base URLs; a file's URL is the mirror followed by its name.
+    allow_download: whether the mirrors may be used at all.
+    layout_hint:    what the folder should hold, in words, for the error when files are missing.
+    """
+    folder = Path(folder)
+    # Check everything already there before writing anything: a wrong file is reported as is.
+    missing = []
+    for name, md5 in files.items():
+        path = folder / name
+        if not path.exists():
+            missing.append(name)
+            continue
+        actual = md5_of(path)
+        if actual != md5:
+            raise DataError(
+                [
+                    Problem(
+                        str(path),
+                        f"file '{name}'",
+                        f"has md5 {actual}, expected {md5}; it is left untouched",
+                        "delete it (it is fetched again) or replace it with the original",
+                    )
+                ]
+            )
+    if not missing:
+        return folder
+
+    created_folder = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file in the way, no permission, a read-only disk
+        problem = Problem(str(folder), "data folder", f"cannot be created: {error}")
+        raise DataError([problem]) from error
+    problems: list[Problem] = []
+    still_missing = []
+    can_download = allow_download and bool(mirrors)
+    for name in missing:
+        md5 = files[name]
+        if any(
+            (source / name).is_file() and _copy_verified(source / name, folder / name, md5)
+            for source in packaged
+        ):
+            continue
+        if can_download:
+            try:
+                download([mirror + name for mirror in mirrors], folder / name, md5, timeout)
+                continue
+            except DataError as error:
+                problems.extend(error.problems)
+                # Offline or blocked mirrors fail the same way for every file: waiting for
+                # each one to time out would only delay the error.
+                can_download = False
+        still_missing.append(name)
+    if not still_missing:
+        return folder
+
+    if created_folder and not any(folder.iterdir()):
+        folder.rmdir()  # leave no trace of a failed attempt
+    not_packaged = (
+        f"; the packaged copies in {', '.join(str(p) for p in packaged)} lack them or differ"
+        if packaged
+        else ""
+    )
+    where_to_get = ", ".join(mirrors) if mirrors else "the dataset's publisher"
+    or_download = "" if allow_download or not mirrors else ", or allow downloading"
+    problems.append(
+        Problem(
+            str(folder),
+            "data folder",
+            f"missing {', '.join(still_missing)}; it should hold {layout_hint}{not_packaged}",
+            f"get the files from {where_to_get} and put them in {folder}{or_download}",
+        )
+    )
+    raise DataError(problems)

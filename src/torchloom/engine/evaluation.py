@@ -1,0 +1,85 @@
+"""One pass over a section in eval mode: validation, test, `loom process`."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+
+import torch
+from torchmetrics import Metric
+
+from torchloom.core.component import Batch, Statistic
+from torchloom.core.pipeline import Pipeline
+from torchloom.engine.loaders import to_device
+from torchloom.engine.losses import WeightedLoss, batch_size_of
+from torchloom.engine.precision import Precision
+from torchloom.statistics.accumulators import RunningStats
+
+
+def statistics_copy(pipeline: Pipeline, device: torch.device) -> dict[str, Statistic]:
+    """Fresh copies of the pipeline's statistics, one set per section, on the device."""
+    copies = {}
+    for statistic in pipeline.statistics:
+        clone = copy.deepcopy(statistic).to(device)
+        clone.reset()
+        for module in clone.modules():
+            if isinstance(module, Metric):
+                module.persistent(True)  # running counts go into checkpoints: exact resume
+        copies[statistic.name] = clone
+    return copies
+
+
+def statistic_values(statistics: Mapping[str, Statistic]) -> dict[str, float]:
+    """Set-level values by name; a name two statistics share is prefixed with the component."""
+    computed = {name: s.compute() for name, s in statistics.items()}
+    counts: dict[str, int] = {}
+    for values in computed.values():
+        for key in values:
+            counts[key] = counts.get(key, 0) + 1
+    return {
+        (key if counts[key] == 1 else f"{name}.{key}"): value
+        for name, values in computed.items()
+        for key, value in values.items()
+    }
+
+
+def evaluate(
+    pipeline: Pipeline,
+    batches: Iterable[Batch],
+    statistics: Mapping[str, Statistic],
+    loss: WeightedLoss | None,
+    precision: Precision,
+    device: torch.device,
+    max_batches: int | None = None,
+    on_batch: object = None,
+) -> dict[str, float]:
+    """Eval mode, no gradients; statistics over the whole pass (never means of batches)."""
+    was_training = pipeline.training
+    pipeline.eval()
+    for statistic in statistics.values():
+        statistic.reset()
+    totals, parts = RunningStats(), {s: RunningStats() for s in (loss.streams if loss else [])}
+    samples = 0
+    with torch.no_grad():
+        for index, batch in enumerate(batches):
+            if max_batches is not None and index >= max_batches:
+                break
+            batch = to_device(batch, device)
+            with precision.autocast():
+                pipeline(batch)
+                if loss is not None:
+                    totals.add(loss(batch))
+            if loss is not None and len(parts) > 1:
+                for stream, stats in parts.items():
+                    stats.add(batch[stream])
+            pipeline.update_statistics(batch, statistics)
+            samples += batch_size_of(batch)
+            if callable(on_batch):
+                on_batch(batch)
+    pipeline.train(was_training)
+    values = {**totals.values("loss")}
+    for stream, stats in parts.items() if len(parts) > 1 else ():
+        values.update(stats.values(stream))
+    values.update(statistic_values(statistics))
+    values["samples"] = samples
+    return values

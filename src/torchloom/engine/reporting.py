@@ -1,0 +1,127 @@
+"""Where a run's numbers go: CSV files, TensorBoard, run.log, the progress bar.
+
+Rows are written at the logging interval and at the end of each pass; nothing here reads a
+device value more often than that.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from torchloom.core.pipeline import Pipeline
+from torchloom.statistics.csv_log import CsvLog
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+def make_logger(run_dir: Path, quiet: bool) -> logging.Logger:
+    logger = logging.getLogger(f"torchloom.run.{run_dir}")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    file_handler = logging.FileHandler(run_dir / "run.log", encoding="utf-8")
+    file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logger.addHandler(file_handler)
+    if not quiet:
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(console)
+    return logger
+
+
+def close_logger(logger: logging.Logger) -> None:
+    for handler in list(logger.handlers):
+        handler.close()
+        logger.removeHandler(handler)
+
+
+class Reporter:
+    """CSV + TensorBoard + log for one run folder. `tensorboard`: 0 off, 1 scalars,
+    2 scalars and weight/gradient histograms."""
+
+    FILES = (
+        "training_statistics",
+        "training_epoch_statistics",
+        "validation_statistics",
+        "validation_epoch_statistics",
+    )
+
+    def __init__(
+        self,
+        run_dir: Path,
+        logger: logging.Logger,
+        tensorboard: int = 1,
+        resume_episode: int | None = None,
+    ) -> None:
+        self.run_dir, self.logger, self.tensorboard_level = run_dir, logger, tensorboard
+        self.csv = {name: CsvLog(run_dir / f"{name}.csv", resume_episode) for name in self.FILES}
+        self._writer: Any = None
+        self._resume_episode = resume_episode
+
+    @property
+    def writer(self) -> Any:
+        if self._writer is None and self.tensorboard_level > 0:
+            # Imported on first use: tensorboard is slow to import and not always needed.
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(
+                str(self.run_dir / "tensorboard"), purge_step=self._resume_episode
+            )
+        return self._writer
+
+    def row(self, file: str, row: dict[str, Any], episode: int) -> None:
+        self.csv[file].write(row)
+        if self.writer is not None:
+            section = file.replace("_statistics", "").replace("_epoch", "/epoch")
+            for key, value in row.items():
+                if isinstance(value, (int, float)) and key not in ("episode", "epoch"):
+                    self.writer.add_scalar(f"{section}/{key}", value, episode)
+
+    def histograms(self, pipeline: Pipeline, episode: int) -> None:
+        if self.tensorboard_level < 2 or self.writer is None:
+            return
+        for name, parameter in pipeline.named_parameters():
+            self.writer.add_histogram(f"weights/{name}", parameter.detach().cpu(), episode)
+            if parameter.grad is not None:
+                self.writer.add_histogram(
+                    f"gradients/{name}", parameter.grad.detach().cpu(), episode
+                )
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def progress_bar(total: int, epoch: int, enabled: bool, initial: int = 0) -> tqdm[Any] | None:
+    """A bar per epoch, redrawn at most twice a second; none when not on a terminal."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=f"epoch {epoch + 1}",
+        unit="batch",
+        mininterval=0.5,
+        leave=False,
+        dynamic_ncols=True,
+    )
+
+
+def format_statistics(values: dict[str, Any]) -> str:
+    shown = [
+        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in values.items()
+        if not k.endswith(("_min", "_max", "_std")) and k not in ("epoch", "episode")
+    ]
+    return ", ".join(shown)
+
+
+def tensor_item(value: torch.Tensor | float) -> float:
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)

@@ -1,0 +1,46 @@
+"""Run folders: `<expdir>/<pipeline name>/<YYYYmmdd_HHMMSS>[_<tag>]/`, created atomically.
+
+`os.mkdir` either creates the folder or fails, so two runs started in the same second can
+never share one: the second gets a `-2` suffix (then `-3`, ...). Nothing is ever written
+into an existing run folder except by `--resume`, which continues that run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+from torchloom.errors import ConfigError, Problem
+
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def create_run_folder(
+    expdir: str | os.PathLike[str], pipeline_name: str, tag: str = "", now: float | None = None
+) -> Path:
+    stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(now))
+    base = stamp + (f"_{_SAFE.sub('-', tag)}" if tag else "")
+    parent = Path(expdir).expanduser() / _SAFE.sub("-", pipeline_name)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(
+            [Problem("", f"--expdir '{expdir}'", f"cannot create it: {error}")]
+        ) from error
+    for attempt in range(1, 1000):
+        folder = parent / (base if attempt == 1 else f"{base}-{attempt}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise ConfigError([Problem("", f"run folder '{parent / base}'", "too many runs in one second")])
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so a reader never sees half a file."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)

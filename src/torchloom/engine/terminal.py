@@ -1,0 +1,100 @@
+"""When a run stops, and which checkpoint is best.
+
+One `Monitor` follows a statistic ("validation.accuracy", "training.loss", ...): it decides
+what `best.pt` is and, with a patience, early stopping. Reasons a run ends are the statuses
+written to summary.json.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torchloom.config.schema import TerminalConditions
+from torchloom.errors import ConfigError, Problem, did_you_mean
+
+CONVERGED = "converged"
+EARLY_STOPPED = "early_stopped"
+EPOCH_LIMIT = "epoch_limit"
+EPISODE_LIMIT = "episode_limit"
+INTERRUPTED = "interrupted"
+DIVERGED = "diverged"
+
+
+class Monitor:
+    def __init__(
+        self, name: str, mode: str, patience: int | None = None, min_delta: float = 0.0
+    ) -> None:
+        self.name, self.mode, self.patience, self.min_delta = name, mode, patience, min_delta
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+        self.bad_evaluations = 0
+
+    def is_better(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        if self.best is None:
+            return True
+        if self.mode == "min":
+            return value < self.best - self.min_delta
+        return value > self.best + self.min_delta
+
+    def update(self, statistics: dict[str, float], epoch: int) -> bool:
+        """Record one evaluation; returns whether it is the best so far."""
+        if self.name not in statistics:
+            raise ConfigError(
+                [
+                    Problem(
+                        "",
+                        f"monitor '{self.name}'",
+                        "is not a statistic of this run",
+                        did_you_mean(self.name, statistics)
+                        or f"statistics: {', '.join(sorted(statistics))}",
+                    )
+                ]
+            )
+        value = statistics[self.name]
+        if self.is_better(value):
+            self.best, self.best_epoch, self.bad_evaluations = value, epoch, 0
+            return True
+        self.bad_evaluations += 1
+        return False
+
+    @property
+    def exhausted(self) -> bool:
+        return self.patience is not None and self.bad_evaluations > self.patience
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "bad_evaluations": self.bad_evaluations,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best, self.best_epoch = state["best"], state["best_epoch"]
+        self.bad_evaluations = state["bad_evaluations"]
+
+
+def make_monitor(conditions: TerminalConditions, has_validation: bool) -> Monitor:
+    stopping = conditions.early_stopping
+    if stopping is not None:
+        return Monitor(stopping.monitor, stopping.mode, stopping.patience, stopping.min_delta)
+    return Monitor("validation.loss" if has_validation else "training.loss", "min")
+
+
+def limit_reached(conditions: TerminalConditions, epoch: int, episode: int) -> str | None:
+    """EPOCH_LIMIT / EPISODE_LIMIT once a limit is reached (epoch counts completed epochs)."""
+    if conditions.episode_limit is not None and episode >= conditions.episode_limit:
+        return EPISODE_LIMIT
+    if conditions.epoch_limit is not None and epoch >= conditions.epoch_limit:
+        return EPOCH_LIMIT
+    return None
+
+
+def converged(
+    conditions: TerminalConditions, statistics: dict[str, float], has_validation: bool
+) -> bool:
+    threshold = conditions.loss_stop_threshold
+    key = "validation.loss" if has_validation else "training.loss"
+    return threshold is not None and key in statistics and statistics[key] < threshold

@@ -1,0 +1,230 @@
+"""The training worker: offline (validate after every epoch) and online (partial validation
+every N episodes). `train_epoch` is the whole loop; set-up, checkpoints and reporting live in
+helpers so the loop reads top to bottom on one screen.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from torchloom.engine.checkpoint import save_checkpoint
+from torchloom.engine.divergence import Diverged
+from torchloom.engine.evaluation import evaluate, statistic_values
+from torchloom.engine.loaders import to_device
+from torchloom.engine.losses import batch_size_of
+from torchloom.engine.reporting import format_statistics, progress_bar
+from torchloom.engine.run_state import RunState
+from torchloom.engine.seeding import capture_rng_state
+from torchloom.engine.summary import RunResult, write_running, write_summary
+from torchloom.engine.terminal import (
+    CONVERGED,
+    DIVERGED,
+    EARLY_STOPPED,
+    INTERRUPTED,
+    converged,
+    limit_reached,
+)
+
+
+class Trainer:
+    """Runs one `RunState` (built by `run_state.prepare_training`) to its end."""
+
+    def __init__(self, state: RunState) -> None:
+        self.s = state
+
+    # ---- the loop --------------------------------------------------------------------------
+    def train_epoch(self) -> str | None:
+        s, p = self.s, self.s.progress
+        loader = s.train_data.epoch(p.epoch, start_batch=p.batch_in_epoch)
+        bar = progress_bar(
+            s.train_data.batches_per_epoch(), p.epoch, s.show_progress, p.batch_in_epoch
+        )
+        s.pipeline.train()
+        status = None
+        for batch in loader:
+            batch = to_device(batch, s.device)
+            with s.precision.autocast():
+                s.pipeline(batch)
+                loss = s.loss(batch)
+            s.guard.check(loss, batch, p.episode + 1)
+            s.precision.backward(loss / s.accumulation if s.accumulation > 1 else loss)
+            p.episode += 1
+            p.batch_in_epoch += 1
+            if p.batch_in_epoch % s.accumulation == 0:
+                self.optimizer_step()
+            self.record_step(batch, loss, bar)
+            status = self.after_step()
+            if status is not None:
+                break
+        ran_to_end = status is None or (
+            status != INTERRUPTED and p.batch_in_epoch >= s.train_data.batches_per_epoch()
+        )
+        if ran_to_end:
+            if p.batch_in_epoch % s.accumulation:
+                self.optimizer_step()  # the last, shorter accumulation window
+            p.epoch, p.batch_in_epoch = p.epoch + 1, 0
+        if bar is not None:
+            bar.close()
+        return self.end_epoch(status)
+
+    def optimizer_step(self) -> None:
+        s = self.s
+        s.precision.step(s.optimizer, s.parameters)
+        s.optimizer.zero_grad(set_to_none=True)
+        if s.scheduler is not None and s.scheduler_interval == "step":
+            s.scheduler.step()
+
+    # ---- what happens around the loop ------------------------------------------------------
+    def record_step(self, batch: dict[str, Any], loss: torch.Tensor, bar: Any) -> None:
+        s, p = self.s, self.s.progress
+        s.interval_loss.add(loss)
+        s.epoch_loss.add(loss)
+        s.pipeline.update_statistics(batch, s.train_statistics)
+        s.interval_samples += batch_size_of(batch)
+        if bar is not None:
+            bar.update(1)
+        if p.episode % s.config.logging_interval == 0:
+            elapsed = max(time.perf_counter() - s.interval_started, 1e-9)
+            row = {
+                "episode": p.episode,
+                "epoch": p.epoch,
+                **s.interval_loss.values("loss"),
+                "batch_size": batch_size_of(batch),
+                "samples_per_second": s.interval_samples / elapsed,
+                **statistic_values(s.train_statistics),
+            }
+            s.reporter.row("training_statistics", row, p.episode)
+            s.reporter.histograms(s.pipeline, p.episode)
+            if bar is not None:
+                bar.set_postfix(
+                    loss=f"{row['loss']:.4f}", samples_s=f"{row['samples_per_second']:.0f}"
+                )
+            s.interval_loss.reset()
+            s.interval_samples, s.interval_started = 0, time.perf_counter()
+
+    def after_step(self) -> str | None:
+        s, p = self.s, self.s.progress
+        if s.stop_requested():
+            return INTERRUPTED
+        status = None
+        if s.online and p.episode % s.partial_interval == 0:
+            status = self.validate(partial=True)
+        if s.config.checkpoint_interval and p.episode % s.config.checkpoint_interval == 0:
+            self.save("last.pt")
+        limit = limit_reached(s.config.terminal_conditions, p.epoch, p.episode)
+        return status or (limit if limit and limit.startswith("episode") else None)
+
+    def end_epoch(self, status: str | None) -> str | None:
+        s, p = self.s, self.s.progress
+        if status == INTERRUPTED:  # mid-epoch: its running statistics go into last.pt as they are
+            return status
+        row = {
+            "epoch": p.epoch,
+            "episode": p.episode,
+            **s.epoch_loss.values("loss"),
+            **statistic_values(s.train_statistics),
+            "lr": s.optimizer.param_groups[0]["lr"],
+        }
+        s.latest["training"] = {f"training.{k}": v for k, v in row.items()}
+        s.reporter.row("training_epoch_statistics", row, p.episode)
+        s.log.info("epoch %d (episode %d) training: %s", p.epoch, p.episode, format_statistics(row))
+        s.epoch_loss.reset()
+        for statistic in s.train_statistics.values():
+            statistic.reset()
+        if s.scheduler is not None and s.scheduler_interval == "epoch":
+            s.scheduler.step()
+        if not s.online and s.validation_data is not None:
+            status = self.validate(partial=False) or status
+        elif not s.online:
+            status = self.judge(s.latest["training"]) or status
+        self.save("last.pt")
+        return status or limit_reached(s.config.terminal_conditions, p.epoch, p.episode)
+
+    def validate(self, partial: bool) -> str | None:
+        """Validation pass; updates best.pt and says whether the run should stop."""
+        s, p = self.s, self.s.progress
+        if s.validation_data is None:
+            return None
+        batches = s.partial_batches if partial else None
+        values = evaluate(
+            s.pipeline,
+            s.validation_data.epoch(0),
+            s.validation_statistics,
+            s.loss,
+            s.precision,
+            s.device,
+            max_batches=batches,
+        )
+        kind = "validation_statistics" if partial else "validation_epoch_statistics"
+        s.reporter.row(kind, {"epoch": p.epoch, "episode": p.episode, **values}, p.episode)
+        s.log.info(
+            "epoch %d (episode %d) validation%s: %s",
+            p.epoch,
+            p.episode,
+            " (partial)" if partial else "",
+            format_statistics(values),
+        )
+        s.latest["validation"] = {f"validation.{k}": v for k, v in values.items()}
+        return self.judge({**s.latest.get("training", {}), **s.latest["validation"]})
+
+    def judge(self, statistics: dict[str, float]) -> str | None:
+        s, p = self.s, self.s.progress
+        if s.monitor.update(statistics, p.epoch):
+            s.best_statistics = dict(statistics)
+            self.save("best.pt")
+        if converged(s.config.terminal_conditions, statistics, s.validation_data is not None):
+            return CONVERGED
+        if s.monitor.exhausted:
+            return EARLY_STOPPED
+        return None
+
+    def save(self, name: str) -> None:
+        s = self.s
+        s.progress.wall_time = s.wall_time()
+        save_checkpoint(
+            s.run_dir / "checkpoints" / name,
+            {
+                "components": s.pipeline.component_states(),
+                "optimizer": s.optimizer.state_dict(),
+                "scheduler": s.scheduler.state_dict() if s.scheduler is not None else None,
+                "precision": s.precision.state_dict(),
+                "rng": capture_rng_state(),
+                "progress": s.progress.state_dict(),
+                "monitor": s.monitor.state_dict(),
+                "best_statistics": s.best_statistics,
+                "running": s.running_state(),
+            },
+        )
+
+    # ---- start to end ----------------------------------------------------------------------
+    def run(self) -> RunResult:
+        s = self.s
+        s.log.info(
+            "training '%s' on %s, seed %d, run folder %s", s.name, s.device, s.seed, s.run_dir
+        )
+        write_running(s.run_dir, s.name)
+        status = limit_reached(s.config.terminal_conditions, s.progress.epoch, s.progress.episode)
+        diverged: Diverged | None = None
+        with s.signals:
+            try:
+                while status is None:
+                    status = self.train_epoch()
+            except Diverged as error:
+                status, diverged = DIVERGED, error
+        if status == INTERRUPTED:
+            self.save("last.pt")
+            s.log.info(
+                "interrupted: last.pt saved; continue with `loom train --resume %s`", s.run_dir
+            )
+        elif status != DIVERGED and s.online and s.validation_data is not None:
+            self.validate(partial=False)
+        result = write_summary(s, status, diverged)
+        if diverged is not None:
+            s.log.error("%s; best.pt is intact", diverged.format())
+        s.close()
+        if diverged is not None:
+            raise diverged
+        return result

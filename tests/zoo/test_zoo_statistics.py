@@ -1,0 +1,71 @@
+"""AccuracyStatistics: the accuracy of a whole set, not the mean of batch accuracies."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torchloom.errors import ComponentError
+from torchloom.zoo.statistics import AccuracyStatistics
+
+
+def batch(targets: list[int], predicted: list[int], classes: int = 4) -> dict[str, torch.Tensor]:
+    """Log-probabilities whose highest class is `predicted`, with their targets."""
+    scores = torch.full((len(targets), classes), -5.0)
+    scores[torch.arange(len(targets)), torch.tensor(predicted)] = 0.0
+    return {"predictions": torch.log_softmax(scores, dim=1), "targets": torch.tensor(targets)}
+
+
+# 2 of 2, 0 of 3, then 5 of 5 right: 7 of 10 over the set, but a mean of batch accuracies of 2/3.
+BATCHES = [
+    batch([0, 1], [0, 1]),
+    batch([1, 2, 3], [0, 0, 0]),
+    batch([3, 2, 1, 0, 3], [3, 2, 1, 0, 3]),
+]
+
+
+def batch_accuracy(values: dict[str, torch.Tensor]) -> float:
+    return float((values["predictions"].argmax(dim=1) == values["targets"]).float().mean())
+
+
+def test_accuracy_is_computed_over_the_whole_set() -> None:
+    accuracy = AccuracyStatistics.create(globals={"num_classes": 4})
+    for values in BATCHES:
+        assert accuracy(values) == {}  # forward() only updates
+    result = accuracy.compute()
+    assert result == {"accuracy": pytest.approx(0.7)}
+    mean_of_batches = sum(batch_accuracy(values) for values in BATCHES) / len(BATCHES)
+    assert mean_of_batches == pytest.approx(2 / 3)
+    assert result["accuracy"] != pytest.approx(mean_of_batches)
+
+
+def test_reset_starts_a_new_set() -> None:
+    accuracy = AccuracyStatistics.create(globals={"num_classes": 4})
+    for values in BATCHES:
+        accuracy.update(values)
+    accuracy.reset()
+    assert math.isnan(accuracy.compute()["accuracy"])  # an empty set has no accuracy
+    accuracy.update(BATCHES[1])
+    assert accuracy.compute() == {"accuracy": 0.0}
+
+
+def test_ignored_targets_are_not_counted() -> None:
+    accuracy = AccuracyStatistics.create(globals={"num_classes": 4})
+    accuracy.update(batch([0, -100, -100, 2], [0, 1, 1, 1]))
+    assert accuracy.compute() == {"accuracy": pytest.approx(0.5)}
+
+
+def test_counters_stay_out_of_checkpoints_and_specs_name_the_streams() -> None:
+    accuracy = AccuracyStatistics.create(globals={"num_classes": 4})
+    accuracy.update(BATCHES[0])
+    assert accuracy.state_dict() == {}
+    assert set(accuracy.input_specs()) == {"predictions", "targets"}
+
+
+def test_num_classes_is_needed() -> None:
+    with pytest.raises(ComponentError) as error:
+        AccuracyStatistics.create(name="accuracy")
+    assert "num_classes" in str(error.value)
+    assert "'accuracy' (AccuracyStatistics)" in str(error.value)
