@@ -1,3 +1,34 @@
-"""torchloom: YAML pipelines of PyTorch components for vision and language."""
+"""torchloom: YAML pipelines of PyTorch components for vision and language.
+
+`import torchloom` stays light: the workers (and torch) load on first use of `train`,
+`process`, and friends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "train": "torchloom.api",
+    "process": "torchloom.api",
+    "RunResult": "torchloom.engine.summary",
+    "ProcessResult": "torchloom.engine.processor",
+}
+
+if TYPE_CHECKING:
+    from torchloom.api import process, train
+    from torchloom.engine.processor import ProcessResult
+    from torchloom.engine.summary import RunResult
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'torchloom' has no attribute '{name}'")
+
+
+__all__ = ["ProcessResult", "RunResult", "__version__", "process", "train"]

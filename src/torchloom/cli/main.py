@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "config": ("config_cmd", "print the merged, resolved config as YAML"),
     "components": ("components", "list registered components, or describe one"),
     "train": ("train", "train a pipeline (offline or online); --resume continues a run"),
+    "process": ("process", "one pass over a section in eval mode, with a run's weights"),
 }
 
 
@@ -79,6 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="0 off, 1 scalars, 2 scalars + weight/gradient histograms",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bar or console log")
+    process = sub.add_parser("process", help=SUBCOMMANDS["process"][1])
+    process.add_argument("source", metavar="CONFIG|RUN_DIR", help="a config, or a run folder")
+    process.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra-style overrides")
+    process.add_argument("--section", default="test", help="training, validation or test")
+    process.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="best|last|PATH",
+        help="weights to use (default: the run's best.pt)",
+    )
+    process.add_argument("--expdir", default="runs", help="parent of a new run folder (CONFIG)")
+    process.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
+    process.add_argument("--disable", default="", metavar="A,B", help="components to leave out")
     components = sub.add_parser("components", help=SUBCOMMANDS["components"][1])
     components.add_argument("name", nargs="?", help="a component type to describe")
     return parser

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from torchloom.engine.run_state import TrainOptions, prepare_training
+from torchloom.engine.run_state import TrainOptions
 from torchloom.engine.trainer import Trainer
+from torchloom.engine.training_setup import prepare_training
 
 
 def run(args: argparse.Namespace) -> int:

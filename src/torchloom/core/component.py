@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -119,6 +120,14 @@ class Component(nn.Module):
 
     def forward(self, inputs: Batch) -> Batch:  # default stream names in, default names out
         raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
+
+    # ---- passes ---------------------------------------------------------------------------
+    def begin_pass(self, section: str, folder: Path) -> None:
+        """A worker starts an evaluation pass whose files go into `folder` (exporters and
+        viewers write there; components never choose folders themselves)."""
+
+    def end_pass(self) -> None:
+        """The pass has ended: flush and close whatever `begin_pass` opened."""
 
     # ---- freezing ---------------------------------------------------------------------------
     def freeze(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -83,3 +84,16 @@ def evaluate(
     values.update(statistic_values(statistics))
     values["samples"] = samples
     return values
+
+
+def statistic_names(pipeline: Pipeline, loss: WeightedLoss, sections: Iterable[str]) -> set[str]:
+    """Every `section.name` a run reports, known before any data is read (statistics are asked
+    for their values while empty). Empty when a statistic cannot answer that early."""
+    keys = {"loss", "samples", *(loss.streams if len(loss.streams) > 1 else [])}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            keys |= set(statistic_values(statistics_copy(pipeline, torch.device("cpu"))))
+    except Exception:  # a third-party statistic that cannot compute while empty
+        return set()
+    return {f"{section}.{key}" for section in sections for key in keys}

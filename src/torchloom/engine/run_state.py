@@ -7,7 +7,6 @@ so nothing drawn during set-up shifts the resumed run.
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,25 +15,17 @@ from typing import Any
 
 import torch
 
-from torchloom.config import dump_config
 from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.component import Statistic
 from torchloom.core.pipeline import Pipeline
-from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
-from torchloom.engine.checkpoint import load_checkpoint
-from torchloom.engine.devices import resolve_device
 from torchloom.engine.divergence import DivergenceGuard
-from torchloom.engine.evaluation import statistics_copy
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.losses import WeightedLoss
-from torchloom.engine.optim import build_optimizer, build_scheduler
 from torchloom.engine.precision import Precision
-from torchloom.engine.reporting import Reporter, close_logger, make_logger
-from torchloom.engine.run_folder import create_run_folder, write_text_atomic
-from torchloom.engine.seeding import restore_rng_state, seed_everything, set_deterministic
+from torchloom.engine.reporting import Reporter, close_logger
+from torchloom.engine.seeding import restore_rng_state
 from torchloom.engine.signals import StopSignals
-from torchloom.engine.terminal import Monitor, make_monitor
-from torchloom.errors import ConfigError, Problem
+from torchloom.engine.terminal import Monitor
 from torchloom.statistics.accumulators import RunningStats
 
 
@@ -159,139 +150,3 @@ class RunState:
     def close(self) -> None:
         self.reporter.close()
         close_logger(self.log)
-
-
-def _section_loader(
-    section: str,
-    pipeline: Pipeline,
-    sections: dict[str, Any],
-    seed: int,
-    where: Any,
-    device: torch.device,
-) -> SectionLoader | None:
-    if section not in pipeline.tasks:
-        return None
-    return SectionLoader(
-        section,
-        pipeline.tasks[section],
-        sections[section],
-        seed,
-        where,
-        pin_memory=device.type == "cuda",
-    )
-
-
-def prepare_training(
-    config: str | Path | None,
-    overrides: Sequence[str],
-    options: TrainOptions,
-    resume: str | Path | None = None,
-) -> RunState:
-    checkpoint = None
-    if resume is not None:
-        run_dir = Path(resume).expanduser()
-        if overrides or config is not None:
-            raise ConfigError(
-                [
-                    Problem(
-                        "command line",
-                        "--resume",
-                        "continues a run exactly as it was configured: give no config or overrides",
-                    )
-                ]
-            )
-        checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.pt")
-        config = run_dir / "config.yaml"
-    assert config is not None
-    loaded, sections = load_and_validate(config, overrides)
-    training = sections.get("training")
-    if not isinstance(training, TrainingConfig):
-        raise ConfigError(
-            [
-                Problem(
-                    loaded.where(),
-                    "section 'training'",
-                    "is required to train",
-                    "add a training section with a task",
-                )
-            ]
-        )
-    limits = training.terminal_conditions
-    if limits.epoch_limit is None and limits.episode_limit is None:
-        raise ConfigError(
-            [
-                Problem(
-                    loaded.where("training", "terminal_conditions"),
-                    "training.terminal_conditions",
-                    "sets no epoch_limit or episode_limit, so the run would never end",
-                    "add e.g. `epoch_limit: 10`",
-                )
-            ]
-        )
-    seed = training.seed if training.seed is not None else secrets.randbelow(2**31)
-    loaded.data["training"]["seed"] = seed  # recorded, so config.yaml reproduces the run
-    seed_everything(seed)
-    set_deterministic(training.deterministic)
-    pipeline = build_checked(loaded, options.disable)
-    device = resolve_device(options.device)
-    name = pipeline_name(loaded)
-    if resume is not None:
-        run_dir = Path(resume).expanduser()
-    else:
-        run_dir = create_run_folder(options.expdir, name, options.tag)
-        if options.disable:
-            disabled = loaded.data.setdefault("pipeline", {}).get("disable") or []
-            loaded.data["pipeline"]["disable"] = [*disabled, *options.disable]
-        header = "".join(f"# override: {o}\n" for o in overrides)
-        write_text_atomic(run_dir / "config.yaml", header + dump_config(loaded.data))
-    log = make_logger(run_dir, options.quiet)
-    pipeline.to(device)
-    validation = sections.get("validation")
-    optimizer = build_optimizer(training.optimizer.model_dump(), pipeline, loaded.where)
-    train_data = _section_loader("training", pipeline, sections, seed, loaded.where, device)
-    assert train_data is not None, "the pipeline builder builds the training task"
-    state = RunState(
-        name=name,
-        config=training,
-        run_dir=run_dir,
-        device=device,
-        seed=seed,
-        pipeline=pipeline,
-        train_data=train_data,
-        validation_data=_section_loader(
-            "validation", pipeline, sections, seed, loaded.where, device
-        ),
-        validation_config=validation if isinstance(validation, ValidationConfig) else None,
-        test_data=_section_loader("test", pipeline, sections, seed, loaded.where, device),
-        optimizer=optimizer,
-        scheduler=build_scheduler(
-            training.scheduler.model_dump() if training.scheduler else None, optimizer, loaded.where
-        ),
-        precision=Precision(
-            training.precision, device, *(_clipping(training) if training.gradient_clipping else ())
-        ),
-        loss=WeightedLoss(pipeline, training.loss_weights, loaded.where),
-        guard=DivergenceGuard(device, [loss.stream_name("loss") for loss in pipeline.losses]),
-        reporter=Reporter(
-            run_dir,
-            log,
-            options.tensorboard,
-            checkpoint["progress"]["episode"] if checkpoint else None,
-        ),
-        log=log,
-        monitor=make_monitor(limits, "validation" in pipeline.tasks),
-        signals=StopSignals(),
-        show_progress=not options.quiet,
-        train_statistics=statistics_copy(pipeline, device),
-        validation_statistics=statistics_copy(pipeline, device),
-    )
-    if checkpoint is not None:
-        state.restore(checkpoint)
-        log.info("resumed from episode %d (epoch %d)", state.progress.episode, state.progress.epoch)
-    return state
-
-
-def _clipping(training: TrainingConfig) -> tuple[float | None, float | None, float]:
-    clip = training.gradient_clipping
-    assert clip is not None
-    return clip.norm, clip.value, clip.norm_type

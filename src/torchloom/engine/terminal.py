@@ -76,6 +76,21 @@ class Monitor:
         self.bad_evaluations = state["bad_evaluations"]
 
 
+def check_monitor(monitor: Monitor, names: set[str], where: str) -> None:
+    """Fail before training, not after the first epoch, when the monitor names no statistic."""
+    if names and monitor.name not in names:
+        raise ConfigError(
+            [
+                Problem(
+                    where,
+                    f"monitor '{monitor.name}'",
+                    "is not a statistic of this pipeline",
+                    did_you_mean(monitor.name, names) or f"statistics: {', '.join(sorted(names))}",
+                )
+            ]
+        )
+
+
 def make_monitor(conditions: TerminalConditions, has_validation: bool) -> Monitor:
     stopping = conditions.early_stopping
     if stopping is not None:

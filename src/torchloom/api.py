@@ -1,0 +1,84 @@
+"""The Python API: the same workers as the `loom` command, as functions.
+
+    import torchloom
+    result = torchloom.train("configs/mnist/lenet5.yml", ["training.optimizer.lr=0.01"])
+    result.run_dir, result.status, result.statistics["test"]["accuracy"]
+    torchloom.process(result.run_dir, section="test").statistics
+
+A config is a YAML path or a mapping (a pipeline described in Python); a mapping's
+`default_configs` entries must be absolute paths or `loom://...`.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from torchloom.config import dump_config
+from torchloom.engine.processor import ProcessResult
+from torchloom.engine.processor import process as _process
+from torchloom.engine.run_state import TrainOptions
+from torchloom.engine.summary import RunResult
+from torchloom.engine.trainer import Trainer
+from torchloom.engine.training_setup import prepare_training
+
+ConfigSource = str | os.PathLike[str] | Mapping[str, Any]
+
+
+@contextmanager
+def _as_file(config: ConfigSource) -> Iterator[Path]:
+    if not isinstance(config, Mapping):
+        yield Path(config)
+        return
+    name = str(config.get("name") or "python_pipeline")
+    with tempfile.TemporaryDirectory(prefix="torchloom-") as folder:
+        path = Path(folder) / f"{name}.yml"
+        path.write_text(dump_config(dict(config)), encoding="utf-8")
+        yield path
+
+
+def train(
+    config: ConfigSource | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    expdir: str = "runs",
+    tag: str = "",
+    device: str | None = None,
+    quiet: bool = True,
+    tensorboard: int = 1,
+    disable: Sequence[str] = (),
+    resume: str | os.PathLike[str] | None = None,
+) -> RunResult:
+    """Train a pipeline (or continue the run folder `resume`); returns its run folder and
+    summary. Raises a `torchloom.errors.LoomError` subclass for anything the user can fix."""
+    options = TrainOptions(
+        expdir=expdir, tag=tag, device=device, quiet=quiet, tensorboard=tensorboard, disable=disable
+    )
+    if resume is not None:
+        return Trainer(prepare_training(None, overrides, options, resume=Path(resume))).run()
+    if config is None:
+        raise TypeError("train() needs a config or resume=")
+    with _as_file(config) as path:
+        state = prepare_training(path, overrides, options)
+    return Trainer(state).run()
+
+
+def process(
+    source: ConfigSource,
+    overrides: Sequence[str] = (),
+    *,
+    section: str = "test",
+    checkpoint: str | None = None,
+    expdir: str = "runs",
+    device: str | None = None,
+    disable: Sequence[str] = (),
+) -> ProcessResult:
+    """One eval pass over `section` of a run folder (its best weights by default) or config."""
+    if isinstance(source, Mapping):
+        with _as_file(source) as path:
+            return _process(path, overrides, section, checkpoint, expdir, device, disable)
+    return _process(Path(source), overrides, section, checkpoint, expdir, device, disable)

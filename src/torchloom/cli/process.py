@@ -1,0 +1,24 @@
+"""`loom process CONFIG|RUN_DIR [--section test] [--checkpoint best|last|PATH]`."""
+
+from __future__ import annotations
+
+import argparse
+
+from torchloom.engine.processor import process
+from torchloom.engine.reporting import format_statistics
+
+
+def run(args: argparse.Namespace) -> int:
+    disable = [name.strip() for name in args.disable.split(",") if name.strip()]
+    result = process(
+        args.source,
+        args.overrides,
+        section=args.section,
+        checkpoint=args.checkpoint,
+        expdir=args.expdir,
+        device=args.device,
+        disable=disable,
+    )
+    print(f"{args.section}: {format_statistics(result.statistics)}")
+    print(f"written to: {result.folder}")
+    return 0

@@ -1,0 +1,145 @@
+"""The processor worker: one pass over a section in eval mode (`loom process`).
+
+Given a run folder it uses that run's config and checkpoint (best, last or a path) and writes
+into a new subfolder of the run; given a config it creates a new run folder. Components that
+export files (StreamFileExporter) write into the same subfolder.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
+from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.devices import resolve_device
+from torchloom.engine.evaluation import evaluate, statistics_copy
+from torchloom.engine.loaders import SectionLoader
+from torchloom.engine.losses import WeightedLoss
+from torchloom.engine.precision import Precision
+from torchloom.engine.run_folder import create_run_folder, write_text_atomic
+from torchloom.engine.seeding import seed_everything
+from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.statistics.csv_log import CsvLog
+
+
+@dataclass
+class ProcessResult:
+    folder: Path
+    statistics: dict[str, float]
+
+
+def _checkpoint_path(run_dir: Path | None, checkpoint: str | None) -> Path | None:
+    if checkpoint in (None, "best", "last") and run_dir is not None:
+        chosen = checkpoint or "best"
+        path = run_dir / "checkpoints" / f"{chosen}.pt"
+        if chosen == "best" and not path.exists():
+            path = run_dir / "checkpoints" / "last.pt"  # a run with no validation has no best
+        return path
+    if checkpoint in ("best", "last"):
+        raise ConfigError(
+            [
+                Problem(
+                    "command line",
+                    f"--checkpoint {checkpoint}",
+                    "needs a run folder, not a config",
+                    "give a checkpoint file path",
+                )
+            ]
+        )
+    return Path(checkpoint).expanduser() if checkpoint else None
+
+
+def process(
+    source: str | Path,
+    overrides: Sequence[str] = (),
+    section: str = "test",
+    checkpoint: str | None = None,
+    expdir: str = "runs",
+    device: str | None = None,
+    disable: Sequence[str] = (),
+) -> ProcessResult:
+    source = Path(source).expanduser()
+    run_dir = source if source.is_dir() else None
+    config = source / "config.yaml" if run_dir is not None else source
+    loaded, _ = load_and_validate(config, overrides)
+    training = loaded.data.get("training") or {}
+    seed_everything(int(training.get("seed") or 0))
+    pipeline = build_checked(loaded, disable)
+    if section not in pipeline.tasks:
+        raise ConfigError(
+            [
+                Problem(
+                    loaded.where(),
+                    f"--section {section}",
+                    "the config has no task for this section",
+                    did_you_mean(section, pipeline.tasks)
+                    or f"sections: {', '.join(pipeline.tasks) or 'none'}",
+                )
+            ]
+        )
+    weights = _checkpoint_path(run_dir, checkpoint)
+    if weights is not None:
+        state = load_checkpoint(weights)
+        for name, component in pipeline.components.items():
+            if name in state["components"]:
+                component.load_state_dict(state["components"][name])
+    torch_device = resolve_device(device)
+    pipeline.to(torch_device)
+    section_config: Any = _section_config(loaded.data, section, loaded.where)
+    loader = SectionLoader(
+        section,
+        pipeline.tasks[section],
+        section_config,
+        0,
+        loaded.where,
+        pin_memory=torch_device.type == "cuda",
+    )
+    if run_dir is not None:
+        folder = create_run_folder(run_dir, "process", section)
+    else:
+        folder = create_run_folder(expdir, pipeline_name(loaded), f"process_{section}")
+        write_text_atomic(folder / "config.yaml", Path(config).read_text(encoding="utf-8"))
+    started = time.perf_counter()
+    for component in pipeline.components.values():
+        component.begin_pass(section, folder)
+    try:
+        loss = (
+            WeightedLoss(pipeline, training.get("loss_weights") or {}, loaded.where)
+            if (pipeline.losses)
+            else None
+        )
+        values = evaluate(
+            pipeline,
+            loader.epoch(0),
+            statistics_copy(pipeline, torch_device),
+            loss,
+            Precision("fp32", torch_device),
+            torch_device,
+        )
+    finally:
+        for component in pipeline.components.values():
+            component.end_pass()
+    CsvLog(folder / f"{section}_statistics.csv").write(values)
+    summary = {
+        "section": section,
+        "source": str(source),
+        "checkpoint": str(weights) if weights else None,
+        "samples": values.get("samples"),
+        "wall_time_seconds": round(time.perf_counter() - started, 3),
+        "statistics": values,
+    }
+    write_text_atomic(folder / f"{section}_summary.json", json.dumps(summary, indent=2) + "\n")
+    return ProcessResult(folder, values)
+
+
+def _section_config(data: dict[str, Any], section: str, where: Any) -> Any:
+    from torchloom.config.schema import SectionConfig
+
+    return SectionConfig.model_validate(
+        {k: v for k, v in data[section].items() if k in SectionConfig.model_fields}
+    )

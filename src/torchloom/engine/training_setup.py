@@ -1,0 +1,190 @@
+"""Setting up a training run from a config (new run) or a run folder (resume).
+
+Every check that can fail happens before the run folder is created, so a rejected config or a
+missing data set leaves nothing behind. Order matters for exact resume: seed, build the
+pipeline (weight init draws from the seeded RNG), set up loaders and optimizer, and only then
+restore a checkpoint's states — RNG last, so nothing drawn during set-up shifts the run.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from torchloom.config import LoadedConfig, dump_config
+from torchloom.config.schema import TrainingConfig, ValidationConfig
+from torchloom.core.pipeline import Pipeline
+from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
+from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.devices import resolve_device
+from torchloom.engine.divergence import DivergenceGuard
+from torchloom.engine.evaluation import statistic_names, statistics_copy
+from torchloom.engine.loaders import SectionLoader
+from torchloom.engine.losses import WeightedLoss
+from torchloom.engine.optim import build_optimizer, build_scheduler
+from torchloom.engine.precision import Precision
+from torchloom.engine.reporting import Reporter, make_logger
+from torchloom.engine.run_folder import create_run_folder, write_text_atomic
+from torchloom.engine.run_state import RunState, TrainOptions
+from torchloom.engine.seeding import seed_everything, set_deterministic
+from torchloom.engine.signals import StopSignals
+from torchloom.engine.terminal import check_monitor, make_monitor
+from torchloom.errors import ConfigError, Problem
+
+
+def _section_loader(
+    section: str,
+    pipeline: Pipeline,
+    sections: Mapping[str, BaseModel],
+    seed: int,
+    where: Callable[..., str],
+    device: torch.device,
+) -> SectionLoader | None:
+    if section not in pipeline.tasks:
+        return None
+    config: Any = sections[section]
+    return SectionLoader(
+        section, pipeline.tasks[section], config, seed, where, pin_memory=device.type == "cuda"
+    )
+
+
+def _training_section(loaded: LoadedConfig, sections: Mapping[str, BaseModel]) -> TrainingConfig:
+    training = sections.get("training")
+    if not isinstance(training, TrainingConfig):
+        raise ConfigError(
+            [
+                Problem(
+                    loaded.where(),
+                    "section 'training'",
+                    "is required to train",
+                    "add a training section with a task",
+                )
+            ]
+        )
+    limits = training.terminal_conditions
+    if limits.epoch_limit is None and limits.episode_limit is None:
+        raise ConfigError(
+            [
+                Problem(
+                    loaded.where("training", "terminal_conditions"),
+                    "training.terminal_conditions",
+                    "sets no epoch_limit or episode_limit, so the run would never end",
+                    "add e.g. `epoch_limit: 10`",
+                )
+            ]
+        )
+    return training
+
+
+def _clipping(training: TrainingConfig) -> tuple[float | None, float | None, float]:
+    clip = training.gradient_clipping
+    if clip is None:
+        return None, None, 2.0
+    return clip.norm, clip.value, clip.norm_type
+
+
+def _new_run_folder(loaded: LoadedConfig, overrides: Sequence[str], options: TrainOptions) -> Path:
+    run_dir = create_run_folder(options.expdir, pipeline_name(loaded), options.tag)
+    if options.disable:  # recorded, so the saved config reproduces the run as it ran
+        pipeline_cfg = loaded.data.setdefault("pipeline", {})
+        pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
+    header = "".join(f"# override: {o}\n" for o in overrides)
+    write_text_atomic(run_dir / "config.yaml", header + dump_config(loaded.data))
+    return run_dir
+
+
+def prepare_training(
+    config: str | Path | None,
+    overrides: Sequence[str],
+    options: TrainOptions,
+    resume: str | Path | None = None,
+) -> RunState:
+    checkpoint = None
+    if resume is not None:
+        if overrides or config is not None:
+            raise ConfigError(
+                [
+                    Problem(
+                        "command line",
+                        "--resume",
+                        "continues a run exactly as it was configured: give no config or overrides",
+                    )
+                ]
+            )
+        checkpoint = load_checkpoint(Path(resume).expanduser() / "checkpoints" / "last.pt")
+        config = Path(resume).expanduser() / "config.yaml"
+    assert config is not None
+    loaded, sections = load_and_validate(config, overrides)
+    training = _training_section(loaded, sections)
+    seed = training.seed if training.seed is not None else secrets.randbelow(2**31)
+    loaded.data["training"]["seed"] = seed  # recorded, so config.yaml reproduces the run
+    seed_everything(seed)
+    set_deterministic(training.deterministic)
+    pipeline = build_checked(loaded, options.disable)
+    device = resolve_device(options.device)
+    pipeline.to(device)
+    loaders = {
+        s: _section_loader(s, pipeline, sections, seed, loaded.where, device)
+        for s in ("training", "validation", "test")
+    }
+    train_data = loaders["training"]
+    assert train_data is not None, "the pipeline builder builds the training task"
+    optimizer = build_optimizer(training.optimizer.model_dump(), pipeline, loaded.where)
+    scheduler = build_scheduler(
+        training.scheduler.model_dump() if training.scheduler else None, optimizer, loaded.where
+    )
+    loss = WeightedLoss(pipeline, training.loss_weights, loaded.where)
+    monitor = make_monitor(training.terminal_conditions, loaders["validation"] is not None)
+    sections_run = ["training", *(["validation"] if loaders["validation"] else [])]
+    check_monitor(
+        monitor,
+        statistic_names(pipeline, loss, sections_run),
+        loaded.where("training", "terminal_conditions", "early_stopping", "monitor"),
+    )
+
+    # Everything is checked: only now is anything written.
+    run_dir = (
+        Path(resume).expanduser()
+        if resume is not None
+        else _new_run_folder(loaded, overrides, options)
+    )
+    log = make_logger(run_dir, options.quiet)
+    validation = sections.get("validation")
+    state = RunState(
+        name=pipeline_name(loaded),
+        config=training,
+        run_dir=run_dir,
+        device=device,
+        seed=seed,
+        pipeline=pipeline,
+        train_data=train_data,
+        validation_data=loaders["validation"],
+        validation_config=validation if isinstance(validation, ValidationConfig) else None,
+        test_data=loaders["test"],
+        optimizer=optimizer,
+        scheduler=scheduler,
+        precision=Precision(training.precision, device, *_clipping(training)),
+        loss=loss,
+        guard=DivergenceGuard(device, loss.streams),
+        reporter=Reporter(
+            run_dir,
+            log,
+            options.tensorboard,
+            checkpoint["progress"]["episode"] if checkpoint else None,
+        ),
+        log=log,
+        monitor=monitor,
+        signals=StopSignals(),
+        show_progress=not options.quiet,
+        train_statistics=statistics_copy(pipeline, device),
+        validation_statistics=statistics_copy(pipeline, device),
+    )
+    if checkpoint is not None:
+        state.restore(checkpoint)
+        log.info("resumed from episode %d (epoch %d)", state.progress.episode, state.progress.epoch)
+    return state

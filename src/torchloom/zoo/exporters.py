@@ -1,0 +1,79 @@
+"""Components that write streams to files during evaluation passes (`loom process`)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+from pydantic import Field
+
+from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
+from torchloom.core.streams import StreamSpec
+
+
+class StreamFileExporterParams(ComponentParams):
+    input_streams: list[str] = Field(
+        min_length=1, description="streams to write, one column each (pipeline-wide names)"
+    )
+    filename: str = Field("exported_streams.csv", description="file name inside the pass folder")
+    separator: str = Field(",", min_length=1, max_length=1, description="CSV field separator")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        if value.ndim == 0:
+            return str(value.item())
+        return " ".join(str(v) for v in value.flatten().tolist())
+    return str(value)
+
+
+class StreamFileExporter(Component):
+    """Writes chosen streams per sample to a CSV file, e.g. predicted answers for a
+    competition submission. Active only in evaluation passes (`loom process`), where the
+    worker gives it the pass folder; tensors are written one row per sample (vectors as
+    space-separated values).
+
+    ```yaml
+    pipeline:
+      exporter:
+        type: StreamFileExporter
+        input_streams: [indices, predicted_labels]
+        filename: submission.csv
+    ```
+    """
+
+    Params = StreamFileExporterParams
+    params: StreamFileExporterParams
+
+    def __init__(self, params: StreamFileExporterParams, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self._handle: IO[str] | None = None
+        self._writer: Any = None
+        self.path: Path | None = None
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        # Reads the named streams whatever they are; the names are pipeline-wide already.
+        return {
+            name: StreamSpec(None, None, "a stream to export") for name in self.params.input_streams
+        }
+
+    def begin_pass(self, section: str, folder: Path) -> None:
+        self.path = folder / self.params.filename
+        self._handle = open(self.path, "w", newline="", encoding="utf-8")  # noqa: SIM115
+        self._writer = csv.writer(self._handle, delimiter=self.params.separator)
+        self._writer.writerow(self.params.input_streams)
+
+    def forward(self, inputs: Batch) -> Batch:
+        if self._writer is None:
+            return {}
+        columns = [inputs[name] for name in self.params.input_streams]
+        for row in zip(*columns, strict=True):
+            self._writer.writerow([_cell(value) for value in row])
+        return {}
+
+    def end_pass(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        self._handle, self._writer = None, None

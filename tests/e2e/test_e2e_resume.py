@@ -1,0 +1,105 @@
+"""Exact resume: a run killed mid-epoch (SIGKILL) or stopped with Ctrl-C, then resumed, ends
+bit-identical to the same run left alone. All runs are real `loom train` processes."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from e2e_helpers import (
+    LOOM,
+    assert_bit_identical,
+    only_run,
+    run_loom,
+    small_config,
+    summary,
+    weights,
+)
+
+OVERRIDES = [
+    "training.task.subset=2048",  # 64 batches per epoch
+    "training.terminal_conditions.epoch_limit=3",
+    "+training.checkpoint_interval=5",
+]
+KILL_AFTER_EPISODE = 80  # mid-way through the second epoch
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, mnist_folder: Path) -> Path:
+    folder = tmp_path_factory.mktemp("reference")
+    config = small_config(folder, mnist_folder)
+    done = run_loom("train", str(config), *OVERRIDES, "--expdir", str(folder / "runs"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    return only_run(folder / "runs")
+
+
+def _logged_episode(run_dirs: list[Path]) -> int:
+    for run in run_dirs:
+        log = run / "training_statistics.csv"
+        if log.exists():
+            rows = log.read_text().strip().splitlines()
+            if len(rows) > 1 and rows[-1].count(",") == rows[0].count(","):
+                return int(rows[-1].split(",")[0])
+    return 0
+
+
+def _rows(path: Path, drop: tuple[str, ...] = ()) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(handle)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop_signal", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "ctrl-c"])
+def test_stopped_and_resumed_run_is_bit_identical(
+    tmp_path: Path, mnist_folder: Path, reference: Path, stop_signal: signal.Signals
+) -> None:
+    config = small_config(tmp_path, mnist_folder)
+    expdir = tmp_path / "runs"
+    process = subprocess.Popen(
+        [*LOOM, "train", str(config), *OVERRIDES, "--expdir", str(expdir), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    deadline = time.monotonic() + 240
+    while _logged_episode(list(expdir.glob("*/*"))) < KILL_AFTER_EPISODE:
+        assert process.poll() is None, f"the run ended before it was stopped: {process.stderr}"
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.01)
+    process.send_signal(stop_signal)
+    _, stderr = process.communicate(timeout=120)
+    run = only_run(expdir)
+    stopped = summary(run)
+    if stop_signal == signal.SIGKILL:
+        assert process.returncode == -signal.SIGKILL
+        assert stopped["status"] == "running"  # killed: nothing had a chance to write
+    else:
+        assert process.returncode == 130, stderr
+        assert "Traceback" not in stderr
+        assert stopped["status"] == "interrupted"
+    assert stopped.get("episodes", 0) < 192
+
+    resumed = run_loom("train", "--resume", str(run), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert summary(run)["status"] == "epoch_limit" and summary(run)["episodes"] == 192
+    assert_bit_identical(weights(reference), weights(run))
+    # The statistics files are exactly those of the uninterrupted run, row for row.
+    for name in ("training_epoch_statistics.csv", "validation_epoch_statistics.csv"):
+        assert _rows(run / name) == _rows(reference / name), name
+    timing = ("samples_per_second",)
+    assert _rows(run / "training_statistics.csv", timing) == _rows(
+        reference / "training_statistics.csv", timing
+    )
+
+
+def test_resume_refuses_overrides_and_missing_runs(tmp_path: Path, reference: Path) -> None:
+    done = run_loom("train", "--resume", str(reference), "training.optimizer.lr=1")
+    assert done.returncode == 2 and "give no config or overrides" in done.stderr
+    done = run_loom("train", "--resume", str(tmp_path / "nowhere"))
+    assert done.returncode == 2 and "last.pt" in done.stderr and "Traceback" not in done.stderr
