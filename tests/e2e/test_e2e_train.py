@@ -92,7 +92,7 @@ def test_python_api_accepts_a_pipeline_described_as_a_mapping(
 
 def test_a_rejected_config_writes_nothing(tmp_path: Path, mnist_folder: Path) -> None:
     config = small_config(tmp_path, mnist_folder)
-    with pytest.raises(LoomError, match="monitor 'validation.acuracy'"):
+    with pytest.raises(LoomError, match=r"monitor 'validation\.acuracy'"):
         torchloom.train(
             config,
             ["training.terminal_conditions.early_stopping.monitor=validation.acuracy"],
