@@ -15,10 +15,14 @@ _LAZY = {
     "process": "torchloom.api",
     "RunResult": "torchloom.engine.summary",
     "ProcessResult": "torchloom.engine.processor",
+    "Trainer": "torchloom.engine.code_first",
+    "outputs": "torchloom.core.outputs",
 }
 
 if TYPE_CHECKING:
     from torchloom.api import process, train
+    from torchloom.core import outputs
+    from torchloom.engine.code_first import Trainer
     from torchloom.engine.processor import ProcessResult
     from torchloom.engine.summary import RunResult
 
@@ -27,8 +31,9 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        return module if module.__name__.endswith(f".{name}") else getattr(module, name)
     raise AttributeError(f"module 'torchloom' has no attribute '{name}'")
 
 
-__all__ = ["ProcessResult", "RunResult", "__version__", "process", "train"]
+__all__ = ["ProcessResult", "RunResult", "Trainer", "__version__", "outputs", "process", "train"]

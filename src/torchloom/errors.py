@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """A ' did you mean 'x'?' suffix for a misspelt name, or '' when nothing is close."""
-    close = difflib.get_close_matches(word, sorted(set(candidates)), n=3, cutoff=0.6)
+    scored = sorted(
+        ((difflib.SequenceMatcher(None, word, c).ratio(), c) for c in set(candidates)),
+        reverse=True,
+    )
+    # Only the best match and those nearly as good: 'validation.acuracy' should suggest
+    # 'validation.accuracy', not every name that shares the 'validation.' prefix.
+    close = [c for r, c in scored if r >= 0.6 and r >= scored[0][0] - 0.05][:3] if scored else []
     if not close:
         return ""
     quoted = " or ".join(f"'{c}'" for c in close)

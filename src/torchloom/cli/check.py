@@ -6,9 +6,11 @@ import argparse
 from pathlib import Path
 
 from torchloom.cli.table import format_table
+from torchloom.config.schema import TrainingConfig
 from torchloom.core.component import Component
 from torchloom.core.streams import StreamSpec
 from torchloom.engine.assemble import Assembled, assemble
+from torchloom.engine.training_parts import build_training_parts
 
 
 def display_path(path: Path) -> str:
@@ -71,5 +73,8 @@ def pipeline_table(assembled: Assembled) -> str:
 def run(args: argparse.Namespace) -> int:
     disable = [name.strip() for name in args.disable.split(",") if name.strip()]
     assembled = assemble(args.config, args.overrides, disable)
+    training = assembled.sections.get("training")
+    if isinstance(training, TrainingConfig):  # what `loom train` would also reject
+        build_training_parts(assembled.pipeline, training, assembled.config.where)
     print(pipeline_table(assembled))
     return 0

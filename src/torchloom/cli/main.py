@@ -2,7 +2,7 @@
 so `loom --help` stays fast and never imports torch.
 
 Exit status: 0 success, 2 a user error (printed plainly; `--debug` adds the traceback),
-1 an internal bug (with its traceback).
+1 an internal bug (with its traceback), 130 a training run stopped by Ctrl-C.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # subcommand -> (module under torchloom.cli, one-line help)
 SUBCOMMANDS = {
@@ -21,16 +21,15 @@ SUBCOMMANDS = {
     "train": ("train", "train a pipeline (offline or online); --resume continues a run"),
     "process": ("process", "one pass over a section in eval mode, with a run's weights"),
 }
+OVERRIDES_HELP = "Hydra-style overrides: a.b=v, +a.b=v (add), ++a.b=v, ~a.b (delete)"
 
 
-def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", help="pipeline config (YAML)")
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="OVERRIDE",
-        help="Hydra-style overrides: a.b=v, +a.b=v (add), ~a.b (delete)",
-    )
+def _config_arguments(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    parser.add_argument("config", nargs="?" if optional else None, help="pipeline config (YAML)")
+    parser.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDES_HELP)
+
+
+def _disable(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disable",
         default="",
@@ -39,67 +38,94 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="loom",
-        description="torchloom: YAML pipelines of PyTorch components for vision and language.",
-    )
-    parser.add_argument(
-        "--debug", action="store_true", help="show the traceback of user errors too"
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.required = True
-    check = sub.add_parser("check", help=SUBCOMMANDS["check"][1])
-    _add_config_arguments(check)
-    config = sub.add_parser("config", help=SUBCOMMANDS["config"][1])
-    config.add_argument("config", help="pipeline config (YAML)")
-    config.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra-style overrides")
-    train = sub.add_parser("train", help=SUBCOMMANDS["train"][1])
-    # Declared here, not in cli/train.py, so that `loom --help` imports no torch.
-    train.add_argument("config", nargs="?", help="pipeline config (YAML)")
-    train.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="OVERRIDE",
-        help="Hydra-style overrides: a.b=v, +a.b=v (add), ~a.b (delete)",
-    )
-    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last.pt")
-    train.add_argument("--expdir", default="runs", help="parent folder of run folders")
-    train.add_argument("--tag", default="", help="suffix of the run folder's name")
-    train.add_argument(
+def _check(p: argparse.ArgumentParser) -> None:
+    _config_arguments(p)
+    _disable(p)
+
+
+def _config(p: argparse.ArgumentParser) -> None:
+    _config_arguments(p)
+
+
+def _components(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", help="a component type to describe")
+
+
+def _train(p: argparse.ArgumentParser) -> None:
+    _config_arguments(p, optional=True)
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last.pt")
+    p.add_argument("--expdir", default="runs", help="parent folder of run folders")
+    p.add_argument("--tag", default="", help="suffix of the run folder's name")
+    p.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)"
     )
-    train.add_argument(
-        "--disable", default="", metavar="A,B", help="comma-separated components to leave out"
-    )
-    train.add_argument(
+    _disable(p)
+    p.add_argument(
         "--tensorboard",
         type=int,
         choices=(0, 1, 2),
         default=1,
         help="0 off, 1 scalars, 2 scalars + weight/gradient histograms",
     )
-    train.add_argument("--quiet", action="store_true", help="no progress bar or console log")
-    process = sub.add_parser("process", help=SUBCOMMANDS["process"][1])
-    process.add_argument("source", metavar="CONFIG|RUN_DIR", help="a config, or a run folder")
-    process.add_argument("overrides", nargs="*", metavar="OVERRIDE", help="Hydra-style overrides")
-    process.add_argument("--section", default="test", help="training, validation or test")
-    process.add_argument(
+    p.add_argument("--quiet", action="store_true", help="no progress bar or console log")
+
+
+def _process(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", metavar="CONFIG|RUN_DIR", help="a config, or a run folder")
+    p.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDES_HELP)
+    p.add_argument("--section", default="test", help="training, validation or test")
+    p.add_argument(
         "--checkpoint",
         default=None,
         metavar="best|last|PATH",
         help="weights to use (default: the run's best.pt)",
     )
-    process.add_argument("--expdir", default="runs", help="parent of a new run folder (CONFIG)")
-    process.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
-    process.add_argument("--disable", default="", metavar="A,B", help="components to leave out")
-    components = sub.add_parser("components", help=SUBCOMMANDS["components"][1])
-    components.add_argument("name", nargs="?", help="a component type to describe")
+    p.add_argument("--expdir", default="runs", help="parent of a new run folder (CONFIG)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
+    _disable(p)
+
+
+ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "check": _check,
+    "config": _config,
+    "components": _components,
+    "train": _train,
+    "process": _process,
+}
+
+
+def command_parser(command: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=f"loom {command}", description=SUBCOMMANDS[command][1])
+    parser.add_argument("--debug", action="store_true", help="show the traceback of user errors")
+    ARGUMENTS[command](parser)
     return parser
 
 
+def build_parser() -> argparse.ArgumentParser:
+    listing = "\n".join(f"  {name:<12} {text}" for name, (_, text) in SUBCOMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="loom",
+        description="torchloom: YAML pipelines of PyTorch components for vision and language.",
+        epilog=f"commands:\n{listing}\n\n`loom COMMAND --help` describes one.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--debug", action="store_true", help="show the traceback of user errors")
+    parser.add_argument("command", choices=list(SUBCOMMANDS), metavar="COMMAND")
+    parser.add_argument("arguments", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    top = build_parser().parse_args(argv)
+    # Subparsers cannot mix options and positionals (`check cfg --disable x a.b=1`); a
+    # command's own parser can.
+    args = command_parser(top.command).parse_intermixed_args(top.arguments)
+    args.command, args.debug = top.command, top.debug or args.debug
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     module = importlib.import_module(f"torchloom.cli.{SUBCOMMANDS[args.command][0]}")
     from torchloom.errors import LoomError  # light: no torch
 

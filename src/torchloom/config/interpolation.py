@@ -8,6 +8,7 @@ reported with its file and line, and the user fixes them all in one pass.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from typing import Any, cast
 
@@ -41,7 +42,7 @@ def resolve_config(config: DictConfig, locate: Locate) -> dict[str, Any]:
     problems: list[Problem] = []
     _check_values(config, raw, (), locate, problems)
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_with_blocking_values(problems, raw, locate))
     try:
         resolved = OmegaConf.to_container(config, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:  # a failure the per-key pass could not see
@@ -83,3 +84,32 @@ def _check_values(
                         f"cannot resolve '{raw_value}': {first_line(exc)}",
                     )
                 )
+
+
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
+
+
+def _with_blocking_values(problems: list[Problem], raw: Any, locate: Locate) -> list[Problem]:
+    """Put first the value that broke interpolations: `training: 5` in the user's file breaks
+    every `${training.task...}` of an included file, and it is the real culprit to name."""
+    culprits: dict[tuple[str, ...], Problem] = {}
+    for problem in problems:
+        for reference in _REFERENCE.findall(problem.message):
+            node, parts = raw, reference.split(".")
+            for depth, part in enumerate(parts):
+                if not isinstance(node, dict):
+                    path = tuple(parts[:depth])
+                    culprits.setdefault(
+                        path,
+                        Problem(
+                            locate(path),
+                            f"key '{dotted(path)}'",
+                            f"is {node!r}, but '${{{reference}}}' refers inside it, so it must be "
+                            "a mapping",
+                        ),
+                    )
+                    break
+                if part not in node:
+                    break
+                node = node[part]
+    return [*culprits.values(), *problems]

@@ -132,6 +132,11 @@ TOP_LEVEL_KEYS: dict[str, type[BaseModel] | None] = {
 }
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _model_in(annotation: Any) -> type[BaseModel] | None:
     """The pydantic model inside an annotation such as `EarlyStoppingConfig | None`."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -148,7 +153,12 @@ def _problems_of(
 ) -> list[Problem]:
     problems = []
     for item in error.errors():
-        loc = tuple(str(p) for p in item["loc"])
+        # A discriminated union (sampler) puts its tag in the path: sampler.subset.fraction.
+        loc = tuple(
+            str(p)
+            for i, p in enumerate(item["loc"])
+            if not (i == 1 and item["loc"][0] == "sampler")
+        )
         path = ".".join((section, *loc))
         if item["type"] == "extra_forbidden":
             parent: type[BaseModel] | None = model
@@ -158,7 +168,7 @@ def _problems_of(
             known = list(parent.model_fields) if parent is not None else []
             problems.append(
                 Problem(
-                    where(section, *loc[:-1]),
+                    where(section, *loc),
                     f"key '{path}'",
                     "unknown key",
                     did_you_mean(loc[-1], known)
@@ -172,7 +182,7 @@ def _problems_of(
                 Problem(
                     where(section, *loc),
                     f"key '{path}'",
-                    f"{item['msg']} (got {item.get('input')!r})",
+                    f"{item['msg']} (got {_short(item.get('input'))})",
                 )
             )
     return problems

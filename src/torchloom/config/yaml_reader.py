@@ -193,7 +193,10 @@ def syntax_problem(exc: yaml.MarkedYAMLError, source: str) -> Problem:
     # A constructor error is well-formed YAML that asks for something a config cannot hold,
     # such as a `!!python/...` tag; calling it a syntax error would send the user astray.
     is_constructor_error = isinstance(exc, yaml.constructor.ConstructorError)
-    return Problem(where, "YAML value" if is_constructor_error else "YAML syntax error", message)
+    hint = "indent with spaces: YAML does not allow tabs" if "'\\t'" in message else ""
+    return Problem(
+        where, "YAML value" if is_constructor_error else "YAML syntax error", message, hint
+    )
 
 
 def describe_type(value: Any) -> str:

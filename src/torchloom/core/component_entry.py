@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from torchloom.core.component import Component, ComponentParams
+from torchloom.core.component import Component, ComponentParams, Task
 from torchloom.core.registry import resolve
 from torchloom.errors import LoomError, Problem, did_you_mean
 
@@ -142,8 +142,10 @@ def parse_entry(
     key_path: tuple[str, ...],
     where: Where,
     index: int,
+    is_task: bool,
 ) -> tuple[ComponentEntry | None, list[Problem]]:
-    """Validate one component entry; returns the entry (None if unusable) and its problems."""
+    """Validate one component entry; returns the entry (None if unusable) and its problems.
+    `is_task`: whether the slot takes a Task (a section's `task`) or any other component."""
     here = where(*key_path)
     subject = f"component '{name}'"
     if not isinstance(raw, Mapping):
@@ -165,6 +167,24 @@ def parse_entry(
             for p in error.problems
         ]
     subject = f"component '{name}' ({cls.__name__})"
+    # The family first: parameter errors of a component in the wrong slot only mislead.
+    if is_task and not issubclass(cls, Task):
+        return None, [
+            Problem(
+                where(*key_path, "type"),
+                subject,
+                f"is a {cls.family}, not a task",
+                "a section's `task` names a data source such as MNIST",
+            )
+        ]
+    if not is_task and issubclass(cls, Task):
+        return None, [
+            Problem(
+                where(*key_path, "type"),
+                subject,
+                "is a task: put it under training.task / validation.task / test.task",
+            )
+        ]
     problems: list[Problem] = []
     streams, found = _string_mapping(
         raw.get("streams"), "streams", where(*key_path, "streams"), subject

@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from torchloom.core.component import Component
@@ -34,7 +35,7 @@ def parameter_rows(cls: type[Component]) -> list[tuple[str, str, str, str]]:
         if field.default is PydanticUndefined and field.default_factory is None:
             default = "required"
         elif field.default_factory is not None:
-            default = repr(field.default_factory())  # type: ignore[call-arg]
+            default = repr(_plain(field.default_factory()))  # type: ignore[call-arg]
         else:
             default = repr(field.default)
         rows.append((name, _type_text(field.annotation), default, field.description or ""))
@@ -54,6 +55,18 @@ def _spec_lines(specs: dict[str, StreamSpec]) -> list[str]:
     return [f"  {key}: {spec} — {spec.description}" for key, spec in specs.items()] or ["  none"]
 
 
+def _plain(value: Any) -> Any:
+    """A default as YAML can write it: pydantic models (e.g. ConvNetEncoder's layers) become
+    mappings."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
 def yaml_snippet(cls: type[Component], name: str) -> str:
     body: dict[str, Any] = {"type": name}
     for param, field in cls.Params.model_fields.items():
@@ -61,9 +74,9 @@ def yaml_snippet(cls: type[Component], name: str) -> str:
         if required:
             body[param] = "???"
         elif field.default_factory is not None:
-            body[param] = field.default_factory()  # type: ignore[call-arg]
+            body[param] = _plain(field.default_factory())  # type: ignore[call-arg]
         else:
-            body[param] = field.default
+            body[param] = _plain(field.default)
     text = yaml.safe_dump({f"my_{name.lower()}": body}, sort_keys=False, default_flow_style=None)
     return text.rstrip()
 
@@ -75,7 +88,11 @@ def describe_component(cls: type[Component], name: str) -> str:
     lines += [f"  {n} ({t}, default {d}): {desc}" for n, t, d, desc in rows] or ["  none"]
     instance = example_instance(cls)
     if instance is None:
-        lines += ["", "streams: depend on required parameters (see above)"]
+        lines += [
+            "",
+            "streams: shown once an example can be built (they depend on required "
+            "parameters or on globals without EXAMPLE_GLOBALS)",
+        ]
     else:
         example = ", ".join(f"{k}={v!r}" for k, v in cls.EXAMPLE_GLOBALS.items())
         suffix = f" (shown with example globals {example})" if example else ""

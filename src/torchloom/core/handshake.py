@@ -158,10 +158,24 @@ def _trainable(components: list[Component]) -> bool:
     return any(p.requires_grad for c in components for p in c.parameters())
 
 
+def _merge_sections(problems: list[Problem]) -> list[Problem]:
+    """One problem per mistake: the same message in training, validation and test (they
+    share the pipeline) is listed once, naming every section it occurs in."""
+    merged: dict[tuple[str, str, str, str], list[str]] = {}
+    for problem in problems:
+        section, _, subject = problem.subject.partition("] ")
+        key = (problem.where, subject, problem.message, problem.suggestion)
+        merged.setdefault(key, []).append(section.lstrip("["))
+    return [
+        Problem(where, f"[{', '.join(sections)}] {subject}", message, suggestion)
+        for (where, subject, message, suggestion), sections in merged.items()
+    ]
+
+
 def handshake_problems(pipeline: Pipeline, where: Where) -> list[Problem]:
-    problems: list[Problem] = []
-    for section in pipeline.tasks:
-        problems += _check_section(section, pipeline, where)
+    problems = _merge_sections(
+        [p for section in pipeline.tasks for p in _check_section(section, pipeline, where)]
+    )
     if "training" in pipeline.tasks:
         if not pipeline.losses:
             problems.append(

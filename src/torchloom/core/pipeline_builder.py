@@ -95,18 +95,10 @@ def _parse_entries(
         section_cfg = config.get(section)
         if isinstance(section_cfg, Mapping) and section_cfg.get("task") is not None:
             entry, found = parse_entry(
-                f"{section}.task", section_cfg["task"], (section, "task"), where, -1
+                f"{section}.task", section_cfg["task"], (section, "task"), where, -1, True
             )
             problems += found
-            if entry is not None and not issubclass(entry.cls, Task):
-                problems.append(
-                    Problem(
-                        where(section, "task", "type"),
-                        entry.label,
-                        f"is a {entry.cls.family}, not a task",
-                    )
-                )
-            elif entry is not None:
+            if entry is not None:
                 entries.append(entry)
     for index, name in enumerate(component_names):
         if name in disabled or name in disable:
@@ -120,18 +112,11 @@ def _parse_entries(
                 )
             )
             continue
-        entry, found = parse_entry(name, pipeline_cfg[name], ("pipeline", name), where, index)
+        entry, found = parse_entry(
+            name, pipeline_cfg[name], ("pipeline", name), where, index, False
+        )
         problems += found
         if entry is None:
-            continue
-        if issubclass(entry.cls, Task):
-            problems.append(
-                Problem(
-                    where("pipeline", name, "type"),
-                    entry.label,
-                    "is a task: put it under training.task / validation.task",
-                )
-            )
             continue
         entry.freeze = entry.freeze or name in frozen
         entries.append(entry)
@@ -252,6 +237,16 @@ def build_pipeline(
     """Build every task and component of `config`; raises one ComponentError listing all
     problems. `where(*keys)` names the file and line a config key came from."""
     entries, _, problems = _parse_entries(config, where, disable)
+    if not entries and not problems:
+        problems.append(
+            Problem(
+                where(),
+                "config",
+                "defines no task and no component",
+                "add a `pipeline:` section and a section task such as "
+                "training.task (see `loom components`)",
+            )
+        )
     for entry in entries:
         problems += _check_global_renames(entry, where)
     ordered, found = _construction_order(entries, where)

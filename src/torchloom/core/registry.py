@@ -40,12 +40,12 @@ def _refuse(type_name: str, where: str, message: str, suggestion: str = "") -> C
 
 def _check_component_class(obj: object, type_name: str, where: str) -> type[Component]:
     if not (inspect.isclass(obj) and issubclass(obj, Component)):
-        kind = "a class" if inspect.isclass(obj) else type(obj).__name__
+        kind = "a class" if inspect.isclass(obj) else f"a {type(obj).__name__}"
         raise _refuse(
             type_name,
             where,
-            f"is {kind}, not a torchloom Component subclass; only Component subclasses can be "
-            "built from a config",
+            f"names {kind}, not a torchloom Component subclass; only Component subclasses can "
+            "be built from a config",
         )
     return obj
 

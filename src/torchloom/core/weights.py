@@ -29,9 +29,17 @@ def read_weights_file(path: Path, where: str, subject: str) -> Mapping[str, Any]
 
             return load_file(str(path))
         loaded = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # unreadable or not weights-only: say so, plainly
+    except Exception as error:  # unreadable, or pickled code: never load it unsafely
         raise WeightsError(
-            [Problem(where, subject, f"cannot read weights file '{path}': {error}".splitlines()[0])]
+            [
+                Problem(
+                    where,
+                    subject,
+                    f"cannot read weights file '{path}': it is not a state dict of "
+                    "tensors (torchloom never unpickles code, so `weights_only=False` is not an option)",
+                    "save weights with torch.save(model.state_dict(), path) or safetensors",
+                )
+            ]
         ) from error
     if not isinstance(loaded, Mapping):
         raise WeightsError(

@@ -23,17 +23,15 @@ from torchloom.engine.assemble import build_checked, load_and_validate, pipeline
 from torchloom.engine.checkpoint import load_checkpoint
 from torchloom.engine.devices import resolve_device
 from torchloom.engine.divergence import DivergenceGuard
-from torchloom.engine.evaluation import statistic_names, statistics_copy
+from torchloom.engine.evaluation import statistics_copy
 from torchloom.engine.loaders import SectionLoader
-from torchloom.engine.losses import WeightedLoss
-from torchloom.engine.optim import build_optimizer, build_scheduler
 from torchloom.engine.precision import Precision
 from torchloom.engine.reporting import Reporter, make_logger
 from torchloom.engine.run_folder import create_run_folder, write_text_atomic
 from torchloom.engine.run_state import RunState, TrainOptions
 from torchloom.engine.seeding import seed_everything, set_deterministic
 from torchloom.engine.signals import StopSignals
-from torchloom.engine.terminal import check_monitor, make_monitor
+from torchloom.engine.training_parts import build_training_parts
 from torchloom.errors import ConfigError, Problem
 
 
@@ -66,18 +64,6 @@ def _training_section(loaded: LoadedConfig, sections: Mapping[str, BaseModel]) -
                 )
             ]
         )
-    limits = training.terminal_conditions
-    if limits.epoch_limit is None and limits.episode_limit is None:
-        raise ConfigError(
-            [
-                Problem(
-                    loaded.where("training", "terminal_conditions"),
-                    "training.terminal_conditions",
-                    "sets no epoch_limit or episode_limit, so the run would never end",
-                    "add e.g. `epoch_limit: 10`",
-                )
-            ]
-        )
     return training
 
 
@@ -88,22 +74,13 @@ def _clipping(training: TrainingConfig) -> tuple[float | None, float | None, flo
     return clip.norm, clip.value, clip.norm_type
 
 
-def _new_run_folder(loaded: LoadedConfig, overrides: Sequence[str], options: TrainOptions) -> Path:
-    run_dir = create_run_folder(options.expdir, pipeline_name(loaded), options.tag)
-    if options.disable:  # recorded, so the saved config reproduces the run as it ran
-        pipeline_cfg = loaded.data.setdefault("pipeline", {})
-        pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
-    header = "".join(f"# override: {o}\n" for o in overrides)
-    write_text_atomic(run_dir / "config.yaml", header + dump_config(loaded.data))
-    return run_dir
-
-
 def prepare_training(
     config: str | Path | None,
     overrides: Sequence[str],
     options: TrainOptions,
     resume: str | Path | None = None,
 ) -> RunState:
+    """A run from a YAML config (new) or from a run folder (`resume`)."""
     checkpoint = None
     if resume is not None:
         if overrides or config is not None:
@@ -126,37 +103,57 @@ def prepare_training(
     seed_everything(seed)
     set_deterministic(training.deterministic)
     pipeline = build_checked(loaded, options.disable)
+    if options.disable:  # recorded, so the saved config reproduces the run as it ran
+        pipeline_cfg = loaded.data.setdefault("pipeline", {})
+        pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
+    header = "".join(f"# override: {o}\n" for o in overrides)
+    return build_run_state(
+        pipeline,
+        sections,
+        pipeline_name(loaded),
+        seed,
+        options,
+        loaded.where,
+        header + dump_config(loaded.data),
+        checkpoint,
+        Path(resume).expanduser() if resume is not None else None,
+    )
+
+
+def build_run_state(
+    pipeline: Pipeline,
+    sections: Mapping[str, BaseModel],
+    name: str,
+    seed: int,
+    options: TrainOptions,
+    where: Callable[..., str],
+    config_text: str,
+    checkpoint: dict[str, Any] | None = None,
+    resume_dir: Path | None = None,
+) -> RunState:
+    """Set up a run of a built pipeline (from YAML or from Python). Everything that can fail
+    is checked before the run folder is created; config_text is saved as its config.yaml."""
+    training = sections["training"]
+    assert isinstance(training, TrainingConfig)
     device = resolve_device(options.device)
     pipeline.to(device)
+    parts = build_training_parts(pipeline, training, where)  # config checks before any data
     loaders = {
-        s: _section_loader(s, pipeline, sections, seed, loaded.where, device)
+        s: _section_loader(s, pipeline, sections, seed, where, device)
         for s in ("training", "validation", "test")
     }
     train_data = loaders["training"]
-    assert train_data is not None, "the pipeline builder builds the training task"
-    optimizer = build_optimizer(training.optimizer.model_dump(), pipeline, loaded.where)
-    scheduler = build_scheduler(
-        training.scheduler.model_dump() if training.scheduler else None, optimizer, loaded.where
-    )
-    loss = WeightedLoss(pipeline, training.loss_weights, loaded.where)
-    monitor = make_monitor(training.terminal_conditions, loaders["validation"] is not None)
-    sections_run = ["training", *(["validation"] if loaders["validation"] else [])]
-    check_monitor(
-        monitor,
-        statistic_names(pipeline, loss, sections_run),
-        loaded.where("training", "terminal_conditions", "early_stopping", "monitor"),
-    )
-
+    assert train_data is not None, "a training run has a training task"
     # Everything is checked: only now is anything written.
-    run_dir = (
-        Path(resume).expanduser()
-        if resume is not None
-        else _new_run_folder(loaded, overrides, options)
-    )
+    if resume_dir is not None:
+        run_dir = resume_dir
+    else:
+        run_dir = create_run_folder(options.expdir, name, options.tag)
+        write_text_atomic(run_dir / "config.yaml", config_text)
     log = make_logger(run_dir, options.quiet)
     validation = sections.get("validation")
     state = RunState(
-        name=pipeline_name(loaded),
+        name=name,
         config=training,
         run_dir=run_dir,
         device=device,
@@ -166,11 +163,11 @@ def prepare_training(
         validation_data=loaders["validation"],
         validation_config=validation if isinstance(validation, ValidationConfig) else None,
         test_data=loaders["test"],
-        optimizer=optimizer,
-        scheduler=scheduler,
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
         precision=Precision(training.precision, device, *_clipping(training)),
-        loss=loss,
-        guard=DivergenceGuard(device, loss.streams),
+        loss=parts.loss,
+        guard=DivergenceGuard(device, parts.loss.streams),
         reporter=Reporter(
             run_dir,
             log,
@@ -178,7 +175,7 @@ def prepare_training(
             checkpoint["progress"]["episode"] if checkpoint else None,
         ),
         log=log,
-        monitor=monitor,
+        monitor=parts.monitor,
         signals=StopSignals(),
         show_progress=not options.quiet,
         train_statistics=statistics_copy(pipeline, device),

@@ -37,6 +37,7 @@ class AccuracyStatistics(Statistic):
 
     Params = AccuracyStatisticsParams
     params: AccuracyStatisticsParams
+    EXAMPLE_GLOBALS = {"num_classes": 10}
     NEEDS_GLOBALS = {"num_classes": "number of classes the predictions score"}
 
     def __init__(self, params: AccuracyStatisticsParams, context: BuildContext) -> None:

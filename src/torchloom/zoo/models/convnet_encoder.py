@@ -69,6 +69,7 @@ class ConvNetEncoder(Model):
 
     Params = ConvNetEncoderParams
     params: ConvNetEncoderParams
+    EXAMPLE_GLOBALS = {"input_depth": 1, "input_height": 28, "input_width": 28}
     NEEDS_GLOBALS = {
         "input_depth": "number of channels of the input images",
         "input_height": "height of the input images",

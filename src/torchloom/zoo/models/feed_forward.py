@@ -57,6 +57,7 @@ class FeedForwardNetwork(Model):
 
     Params = FeedForwardNetworkParams
     params: FeedForwardNetworkParams
+    EXAMPLE_GLOBALS = {"input_size": 784, "prediction_size": 10}
     NEEDS_GLOBALS = {
         "input_size": "number of input features per sample",
         "prediction_size": "number of outputs, usually the number of classes",

@@ -63,6 +63,12 @@ class LeNet5(Model):
 
     Params = LeNet5Params
     params: LeNet5Params
+    EXAMPLE_GLOBALS = {
+        "input_depth": 1,
+        "input_height": 28,
+        "input_width": 28,
+        "prediction_size": 10,
+    }
     NEEDS_GLOBALS = {
         "input_depth": "number of channels of the input images",
         "input_height": "height of the input images",

@@ -1,0 +1,90 @@
+"""The few `loom` checks that need a real process: help without torch, the exit status of a
+user error and of an internal bug, and what each prints on stderr."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from loom_cli_harness import GOOD_CONFIG, run_loom_process, write_config
+
+HELP_PROBE = textwrap.dedent(
+    """
+    import contextlib, io, json, sys
+    from torchloom.cli.main import main
+    results = {}
+    for argv in (["--help"], ["check", "--help"], ["config", "--help"],
+                 ["components", "--help"], ["train", "--help"]):
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                main(argv)
+            status = None
+        except SystemExit as exit_:
+            status = exit_.code
+        results[" ".join(argv)] = {"status": status, "out": out.getvalue()}
+    heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchvision"))
+    print(json.dumps({"results": results, "heavy": heavy}))
+    """
+)
+
+
+def test_help_never_imports_torch() -> None:
+    probe = subprocess.run(
+        [sys.executable, "-c", HELP_PROBE], capture_output=True, text=True, timeout=60, check=True
+    )
+    report = json.loads(probe.stdout)
+    assert report["heavy"] == [], "help imported: " + ", ".join(report["heavy"][:5])
+    for argv, result in report["results"].items():
+        assert result["status"] == 0, argv
+        assert result["out"].startswith("usage: loom"), (argv, result["out"][:200])
+    top = report["results"]["--help"]["out"]
+    for command in ("check", "config", "components", "train", "--debug"):
+        assert command in top
+    check = report["results"]["check --help"]["out"]
+    for part in ("config", "OVERRIDE", "--disable"):
+        assert part in check
+
+
+def test_user_error_exits_2_without_traceback_and_writes_nothing(tmp_path: Path) -> None:
+    configs, work = tmp_path / "configs", tmp_path / "work"
+    configs.mkdir()
+    work.mkdir()
+    bad = write_config(configs, GOOD_CONFIG + "training:\n  optimiser: {}\n")
+    done = run_loom_process("check", str(bad), cwd=work)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "bad.yml:9" in done.stderr and "did you mean 'optimizer'?" in done.stderr
+    assert done.stdout == ""
+    assert list(work.iterdir()) == []
+
+
+BROKEN_PLUGIN = '''
+"""A component with a bug in it: building it raises what no user could fix."""
+from torchloom.core.component import Component
+
+
+class Broken(Component):
+    def __init__(self, params, context):
+        super().__init__(params, context)
+        self.ratio = 1 / 0
+'''
+
+
+def test_internal_bug_exits_1_with_its_traceback(tmp_path: Path) -> None:
+    plugins, work = tmp_path / "plugins", tmp_path / "work"
+    plugins.mkdir()
+    work.mkdir()
+    (plugins / "loom_cli_broken_plugin.py").write_text(BROKEN_PLUGIN, encoding="utf-8")
+    config = write_config(
+        tmp_path, GOOD_CONFIG + "  broken: {type: 'loom_cli_broken_plugin:Broken'}\n", "buggy.yml"
+    )
+    done = run_loom_process("check", str(config), cwd=work, extra_path=plugins)
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "ZeroDivisionError" in done.stderr
+    assert "loom_cli_broken_plugin.py" in done.stderr
+    assert list(work.iterdir()) == []
