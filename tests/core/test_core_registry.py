@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import builtins
 import os
+from pathlib import Path
 
 import pytest
 
 import toy_components
 from torchloom.core.component import Component
-from torchloom.core.registry import registered_names, resolve
+from torchloom.core.registry import clear_cache, registered_names, resolve
 from torchloom.errors import ComponentError
 
 
@@ -62,3 +63,31 @@ def test_missing_module_and_attribute() -> None:
 def test_malformed_types(bad: object) -> None:
     with pytest.raises(ComponentError):
         resolve(bad)
+
+
+def _plugin(root: Path, dist: str, names: dict[str, str]) -> None:
+    info = root / f"{dist}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    lines = "".join(f"{name} = {target}\n" for name, target in names.items())
+    (info / "entry_points.txt").write_text(f"[torchloom.components]\n{lines}")
+
+
+def test_plugins_cannot_shadow_builtins_and_clashes_are_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _plugin(
+        tmp_path,
+        "plugin_a",
+        {"LeNet5": "toy_components:ToyLinear", "Shared": "toy_components:ToyLinear"},
+    )
+    _plugin(tmp_path, "plugin_b", {"Shared": "toy_components:Echo"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    clear_cache()
+    try:
+        assert resolve("LeNet5").__module__ == "torchloom.zoo.models.lenet5"
+        with pytest.raises(ComponentError, match=r"registered by several packages.*plugin_a"):
+            resolve("Shared")
+    finally:
+        monkeypatch.undo()
+        clear_cache()

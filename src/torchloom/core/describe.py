@@ -6,8 +6,8 @@ reference in docs/ is generated from it, so docs and code cannot drift apart.
 from __future__ import annotations
 
 import inspect
-import re
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel
@@ -23,9 +23,20 @@ def first_line(cls: type[Component]) -> str:
 
 
 def _type_text(annotation: Any) -> str:
-    text = getattr(annotation, "__name__", None) if isinstance(annotation, type) else None
-    text = text or str(annotation)
-    return re.sub(r"\b(typing|torchloom\.[\w.]+)\.", "", text).replace("NoneType", "None")
+    """A type as a user reads it: `int | None`, `list[ConvLayer]`, `'relu' | 'tanh'`."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _type_text(args[0])
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin in (Union, UnionType):
+        return " | ".join(_type_text(a) for a in args)
+    if origin is not None:
+        name = getattr(origin, "__name__", str(origin))
+        return f"{name}[{', '.join(_type_text(a) for a in args)}]" if args else name
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", str(annotation))
 
 
 def parameter_rows(cls: type[Component]) -> list[tuple[str, str, str, str]]:
@@ -77,7 +88,8 @@ def yaml_snippet(cls: type[Component], name: str) -> str:
             body[param] = _plain(field.default_factory())  # type: ignore[call-arg]
         else:
             body[param] = _plain(field.default)
-    text = yaml.safe_dump({f"my_{name.lower()}": body}, sort_keys=False, default_flow_style=None)
+    key = f"my_{cls.__name__.lower()}"  # also for a `package.module:Class` type
+    text = yaml.safe_dump({key: body}, sort_keys=False, default_flow_style=None)
     return text.rstrip()
 
 

@@ -20,14 +20,35 @@ from torchloom.errors import ComponentError, Problem, did_you_mean
 ENTRY_POINT_GROUP = "torchloom.components"
 
 
+def _distribution(entry_point: EntryPoint) -> str:
+    dist = getattr(entry_point, "dist", None)
+    return str(getattr(dist, "name", "?"))
+
+
 @cache
-def registered_entry_points() -> dict[str, EntryPoint]:
-    """Entry points by component name. Cached: installed packages do not change in a run."""
-    found: dict[str, EntryPoint] = {}
+def _claims() -> dict[str, list[EntryPoint]]:
+    """Every entry point by component name. Cached: installed packages do not change in a run."""
+    claims: dict[str, list[EntryPoint]] = {}
     for entry_point in entry_points(group=ENTRY_POINT_GROUP):
-        # The first distribution to claim a name keeps it; a plugin cannot shadow a built-in.
-        found.setdefault(entry_point.name, entry_point)
-    return found
+        same = [e for e in claims.get(entry_point.name, []) if e.value == entry_point.value]
+        if not same:  # the same package seen twice on the path is one claim
+            claims.setdefault(entry_point.name, []).append(entry_point)
+    return claims
+
+
+def clear_cache() -> None:
+    """Forget what was found (tests that install a plugin on the fly)."""
+    _claims.cache_clear()
+
+
+def registered_entry_points() -> dict[str, EntryPoint]:
+    """One entry point per name. A built-in (the torchloom distribution) keeps its name, so a
+    plugin can never shadow it; a name two plugins claim is an error when used."""
+    chosen = {}
+    for name, claims in _claims().items():
+        builtin = [e for e in claims if _distribution(e) == "torchloom"]
+        chosen[name] = (builtin or claims)[0]
+    return chosen
 
 
 def registered_names() -> list[str]:
@@ -79,6 +100,16 @@ def resolve(type_name: object, where: str = "") -> type[Component]:
         raise _refuse(str(type_name), where, "a component type must be a non-empty string")
     if ":" in type_name:
         return _import_dotted(type_name, where)
+    claims = _claims().get(type_name, [])
+    builtin = [e for e in claims if _distribution(e) == "torchloom"]
+    if len(claims) > 1 and not builtin:
+        raise _refuse(
+            type_name,
+            where,
+            "is registered by several packages: "
+            + ", ".join(f"{_distribution(e)} ({e.value})" for e in claims),
+            "name the one you mean as 'package.module:Class'",
+        )
     entry_point = registered_entry_points().get(type_name)
     if entry_point is None:
         raise _refuse(

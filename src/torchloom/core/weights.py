@@ -35,8 +35,8 @@ def read_weights_file(path: Path, where: str, subject: str) -> Mapping[str, Any]
                 Problem(
                     where,
                     subject,
-                    f"cannot read weights file '{path}': it is not a state dict of "
-                    "tensors (torchloom never unpickles code, so `weights_only=False` is not an option)",
+                    f"cannot read weights file '{path}': it is not a state dict of tensors "
+                    "(torchloom never unpickles code, so `weights_only=False` is no option)",
                     "save weights with torch.save(model.state_dict(), path) or safetensors",
                 )
             ]

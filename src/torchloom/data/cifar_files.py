@@ -10,6 +10,7 @@ CIFAR-100); the meta file holds the class names.
 
 from __future__ import annotations
 
+import codecs
 import importlib
 import os
 import pickle
@@ -141,7 +142,8 @@ def _extract(archive: Path, data_folder: Path, release: CifarRelease) -> None:
         )
 
 
-# What the batches may reference: numpy arrays and dtypes, nothing that runs code.
+# What the batches may reference: numpy arrays and dtypes (and codecs.encode, which turns a
+# string into bytes), nothing that runs code.
 def _multiarray() -> Any:
     try:
         return importlib.import_module("numpy._core.multiarray")  # numpy 2
@@ -176,6 +178,8 @@ class _NumpyOnlyUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if module in _NUMPY_MODULES and name in _ALLOWED_GLOBALS:
             return _ALLOWED_GLOBALS[name]()
+        if (module, name) == ("_codecs", "encode"):  # how protocol 2 writes Python 3 bytes
+            return codecs.encode
         raise pickle.UnpicklingError(f"refusing to load {module}.{name}: not a numpy array")
 
 
@@ -236,7 +240,7 @@ def read_batches(
                 f"{label_key!r} must hold one class index per image ({data.shape[0]}), "
                 f"found {batch_labels.dtype} {list(batch_labels.shape)}",
             )
-        if batch_labels.size and not (0 <= batch_labels.min() and batch_labels.max() < num_classes):
+        if batch_labels.size and not (batch_labels.min() >= 0 and batch_labels.max() < num_classes):
             raise _malformed(
                 path,
                 f"{label_key!r} must be class indices 0 to {num_classes - 1}, found "

@@ -20,10 +20,9 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
-from torchloom.data.sources import _write_verified, ensure_files, md5_of
-from torchloom.errors import DataError, Problem
+from torchloom.data.sources import check_md5, create_folder, ensure_files, write_verified
 
 
 @dataclass(frozen=True)
@@ -37,29 +36,14 @@ class GzippedFile:
         return self.name.removesuffix(".gz")
 
 
-def _check(path: Path, expected: str, what: str) -> None:
-    actual = md5_of(path)
-    if actual != expected:
-        raise DataError(
-            [
-                Problem(
-                    str(path),
-                    f"file '{path.name}'",
-                    f"has md5 {actual}, expected {expected} ({what}); it is left untouched",
-                    "delete it (it is fetched again) or replace it with the original",
-                )
-            ]
-        )
-
-
 def _in_folder(folder: Path, file: GzippedFile) -> Path | None:
     """The verified copy of `file` already in `folder`, or None when there is none."""
     compressed, decompressed = folder / file.name, folder / file.decompressed_name
     if compressed.exists():
-        _check(compressed, file.md5, "the file as published")
+        check_md5(compressed, file.md5, "the file as published")
         return compressed
     if decompressed.exists():
-        _check(decompressed, file.content_md5, f"the decompressed content of {file.name}")
+        check_md5(decompressed, file.content_md5, f"the decompressed content of {file.name}")
         return decompressed
     return None
 
@@ -67,8 +51,8 @@ def _in_folder(folder: Path, file: GzippedFile) -> Path | None:
 def _write_from(source: Path, dest: Path, md5: str, decompress: bool) -> bool:
     try:
         with open(source, "rb") as raw:
-            stream: BinaryIO = gzip.GzipFile(fileobj=raw) if decompress else raw
-            return _write_verified(stream, dest, md5) is None
+            stream = gzip.GzipFile(fileobj=raw) if decompress else raw
+            return write_verified(cast(BinaryIO, stream), dest, md5) is None
     except (OSError, EOFError, zlib.error):  # unreadable, or a corrupted gzip stream
         return False
 
@@ -112,12 +96,7 @@ def ensure_gzipped_files(
     missing = [file for file in files if file.name not in found]
     existing_sources = [p for p in packaged if p.is_dir()]
     if missing and existing_sources:
-        created_folder = not folder.exists()
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            problem = Problem(str(folder), "data folder", f"cannot be created: {error}")
-            raise DataError([problem]) from error
+        created_folder = create_folder(folder)
         for file in missing:
             path = _copy_packaged(folder, file, existing_sources)
             if path is not None:

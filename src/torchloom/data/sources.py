@@ -60,8 +60,28 @@ def packaged_copy(package: str, relative_dir: str) -> Path | None:
     return None
 
 
-def _write_verified(source: BinaryIO, dest: Path, md5: str) -> str | None:
-    """Copy a stream into `dest` atomically if its md5 is `md5`; else return the actual md5."""
+def check_md5(path: Path, expected: str, what: str = "") -> None:
+    """Raise a `DataError` naming `path` and both md5s unless the file's md5 is `expected`;
+    `what` says what the checksum is of, when a file may have more than one."""
+    actual = md5_of(path)
+    if actual != expected:
+        of = f" ({what})" if what else ""
+        raise DataError(
+            [
+                Problem(
+                    str(path),
+                    f"file '{path.name}'",
+                    f"has md5 {actual}, expected {expected}{of}; it is left untouched",
+                    "delete it (it is fetched again) or replace it with the original",
+                )
+            ]
+        )
+
+
+def write_verified(source: BinaryIO, dest: Path, md5: str) -> str | None:
+    """Copy a stream into `dest` atomically if its md5 is `md5`; else return the actual md5.
+
+    The stream may be a file, a download or a decompressing reader (`gzipped_files`)."""
     digest = hashlib.md5(usedforsecurity=False)
     # A unique hidden name next to `dest` (so the rename is atomic), created with the umask's
     # usual permissions: mkstemp would make the data file private to this user.
@@ -81,6 +101,18 @@ def _write_verified(source: BinaryIO, dest: Path, md5: str) -> str | None:
         temporary.unlink(missing_ok=True)
 
 
+def create_folder(folder: Path) -> bool:
+    """Create the data folder and its parents; True when it did not exist (so that a failed
+    attempt can remove it again), a `DataError` when it cannot be created."""
+    existed = folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file in the way, no permission, a read-only disk
+        problem = Problem(str(folder), "data folder", f"cannot be created: {error}")
+        raise DataError([problem]) from error
+    return not existed
+
+
 def download(url_list: Sequence[str], dest: str | Path, md5: str, timeout: float = 60.0) -> Path:
     """Download one file to `dest`, trying each URL in turn until one gives the right md5.
 
@@ -91,7 +123,7 @@ def download(url_list: Sequence[str], dest: str | Path, md5: str, timeout: float
     for url in url_list:
         try:
             with urllib.request.urlopen(url, timeout=timeout) as response:
-                actual = _write_verified(response, dest, md5)
+                actual = write_verified(response, dest, md5)
         # URLError, HTTPError and timeouts are OSErrors; a cut connection is an HTTPException.
         except (OSError, ValueError, http.client.HTTPException) as error:
             failures.append(f"{url}: {error}")
@@ -105,7 +137,7 @@ def download(url_list: Sequence[str], dest: str | Path, md5: str, timeout: float
 
 def _copy_verified(source: Path, dest: Path, md5: str) -> bool:
     with open(source, "rb") as file:
-        return _write_verified(file, dest, md5) is None
+        return write_verified(file, dest, md5) is None
 
 
 def ensure_files(
@@ -133,27 +165,11 @@ def ensure_files(
         if not path.exists():
             missing.append(name)
             continue
-        actual = md5_of(path)
-        if actual != md5:
-            raise DataError(
-                [
-                    Problem(
-                        str(path),
-                        f"file '{name}'",
-                        f"has md5 {actual}, expected {md5}; it is left untouched",
-                        "delete it (it is fetched again) or replace it with the original",
-                    )
-                ]
-            )
+        check_md5(path, md5)
     if not missing:
         return folder
 
-    created_folder = not folder.exists()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as error:  # a file in the way, no permission, a read-only disk
-        problem = Problem(str(folder), "data folder", f"cannot be created: {error}")
-        raise DataError([problem]) from error
+    created_folder = create_folder(folder)
     problems: list[Problem] = []
     still_missing = []
     can_download = allow_download and bool(mirrors)

@@ -52,14 +52,18 @@ def evaluate(
     precision: Precision,
     device: torch.device,
     max_batches: int | None = None,
-    on_batch: object = None,
 ) -> dict[str, float]:
-    """Eval mode, no gradients; statistics over the whole pass (never means of batches)."""
+    """Eval mode, no gradients; everything over the whole pass, never a mean of batch values:
+    `loss` is the mean over samples (each batch's mean loss weighted by its size), with
+    `loss_min/max/std` over batches; statistics come from their set-level counts."""
     was_training = pipeline.training
     pipeline.eval()
     for statistic in statistics.values():
         statistic.reset()
-    totals, parts = RunningStats(), {s: RunningStats() for s in (loss.streams if loss else [])}
+    # "loss" is the weighted total; each loss's own stream is reported too when there are several
+    streams = ["loss", *(loss.streams if loss and len(loss.streams) > 1 else [])]
+    per_batch = {name: RunningStats() for name in streams}
+    weighted: dict[str, torch.Tensor] = {}
     samples = 0
     with torch.no_grad():
         for index, batch in enumerate(batches):
@@ -68,19 +72,21 @@ def evaluate(
             batch = to_device(batch, device)
             with precision.autocast():
                 pipeline(batch)
-                if loss is not None:
-                    totals.add(loss(batch))
-            if loss is not None and len(parts) > 1:
-                for stream, stats in parts.items():
-                    stats.add(batch[stream])
+                total = loss(batch) if loss is not None else None
+            size = batch_size_of(batch)
+            for name in streams:
+                if total is None:
+                    break
+                value = (total if name == "loss" else batch[name]).detach().to(torch.float64)
+                per_batch[name].add(value)
+                weighted[name] = weighted.get(name, 0) + value * size
             pipeline.update_statistics(batch, statistics)
-            samples += batch_size_of(batch)
-            if callable(on_batch):
-                on_batch(batch)
+            samples += size
     pipeline.train(was_training)
-    values = {**totals.values("loss")}
-    for stream, stats in parts.items() if len(parts) > 1 else ():
-        values.update(stats.values(stream))
+    values: dict[str, float] = {}
+    for name in streams if weighted else ():
+        values.update(per_batch[name].values(name))
+        values[name] = float(weighted[name]) / max(samples, 1)
     values.update(statistic_values(statistics))
     values["samples"] = samples
     return values

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchloom.config import dump_config
 from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint
 from torchloom.engine.devices import resolve_device
@@ -103,7 +104,8 @@ def process(
         folder = create_run_folder(run_dir, "process", section)
     else:
         folder = create_run_folder(expdir, pipeline_name(loaded), f"process_{section}")
-        write_text_atomic(folder / "config.yaml", Path(config).read_text(encoding="utf-8"))
+        header = "".join(f"# override: {o}\n" for o in overrides)
+        write_text_atomic(folder / "config.yaml", header + dump_config(loaded.data))
     started = time.perf_counter()
     for component in pipeline.components.values():
         component.begin_pass(section, folder)

@@ -44,7 +44,7 @@ class Progress:
     epoch: int = 0  # completed epochs
     episode: int = 0  # batches trained on
     batch_in_epoch: int = 0
-    wall_time: float = 0.0  # seconds, summed over resumed sessions
+    wall_time: float = 0.0  # seconds spent in earlier sessions of this run (resumed ones)
 
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))
@@ -117,7 +117,11 @@ class RunState:
         return self.signals.requested
 
     def wall_time(self) -> float:
+        """Seconds of training over every session of this run, this one included."""
         return self.progress.wall_time + time.perf_counter() - self.session_started
+
+    def progress_state(self) -> dict[str, Any]:
+        return {**self.progress.state_dict(), "wall_time": self.wall_time()}
 
     def running_state(self) -> dict[str, Any]:
         return {

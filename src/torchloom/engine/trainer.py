@@ -34,10 +34,14 @@ class Trainer:
 
     def __init__(self, state: RunState) -> None:
         self.s = state
+        # The epoch whose data was trained on last: validation visits that epoch's data, which
+        # matters when its sampler changes with the epoch (k-fold's held-out fold rotates).
+        self.trained_epoch = max(state.progress.epoch - 1, 0)
 
     # ---- the loop --------------------------------------------------------------------------
     def train_epoch(self) -> str | None:
         s, p = self.s, self.s.progress
+        self.trained_epoch = p.epoch
         loader = s.train_data.epoch(p.epoch, start_batch=p.batch_in_epoch)
         bar = progress_bar(
             s.train_data.batches_per_epoch(), p.epoch, s.show_progress, p.batch_in_epoch
@@ -90,7 +94,7 @@ class Trainer:
             elapsed = max(time.perf_counter() - s.interval_started, 1e-9)
             row = {
                 "episode": p.episode,
-                "epoch": p.epoch,
+                "epoch": p.epoch + 1,  # the epoch in progress, numbered as in epoch rows
                 **s.interval_loss.values("loss"),
                 "batch_size": batch_size_of(batch),
                 "samples_per_second": s.interval_samples / elapsed,
@@ -151,7 +155,7 @@ class Trainer:
         batches = s.partial_batches if partial else None
         values = evaluate(
             s.pipeline,
-            s.validation_data.epoch(0),
+            s.validation_data.epoch(self.trained_epoch),
             s.validation_statistics,
             s.loss,
             s.precision,
@@ -173,7 +177,9 @@ class Trainer:
     def judge(self, statistics: dict[str, float]) -> str | None:
         s, p = self.s, self.s.progress
         if s.monitor.update(statistics, p.epoch):
-            s.best_statistics = dict(statistics)
+            s.best_statistics = {
+                k: v for k, v in statistics.items() if not k.endswith((".epoch", ".episode", ".lr"))
+            }
             self.save("best.pt")
         if converged(s.config.terminal_conditions, statistics, s.validation_data is not None):
             return CONVERGED
@@ -183,7 +189,6 @@ class Trainer:
 
     def save(self, name: str) -> None:
         s = self.s
-        s.progress.wall_time = s.wall_time()
         save_checkpoint(
             s.run_dir / "checkpoints" / name,
             {
@@ -192,7 +197,7 @@ class Trainer:
                 "scheduler": s.scheduler.state_dict() if s.scheduler is not None else None,
                 "precision": s.precision.state_dict(),
                 "rng": capture_rng_state(),
-                "progress": s.progress.state_dict(),
+                "progress": s.progress_state(),
                 "monitor": s.monitor.state_dict(),
                 "best_statistics": s.best_statistics,
                 "running": s.running_state(),
@@ -223,7 +228,8 @@ class Trainer:
             self.validate(partial=False)
         result = write_summary(s, status, diverged)
         if diverged is not None:
-            s.log.error("%s; best.pt is intact", diverged.format())
+            kept = (s.run_dir / "checkpoints" / "best.pt").exists()
+            s.log.error("%s%s", diverged.format(), "; best.pt is intact" if kept else "")
         s.close()
         if diverged is not None:
             raise diverged

@@ -1,8 +1,9 @@
 """Running loss statistics kept on the device, so a step never waits for the host.
 
-Values are read (one sync) only when a row is written: at the logging interval and at the
-end of an epoch. Std is the population std of the per-batch values, computed from running
-sums in float64.
+A step only appends the detached loss tensor (no arithmetic, no sync); values are reduced
+when a row is written — at the logging interval and at the end of an epoch — or every
+`FOLD_EVERY` values to bound memory. Std is the population std of the per-batch values,
+from running sums in float64.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 
 import torch
 
+FOLD_EVERY = 1024
+
 
 class RunningStats:
     """count, mean, min, max, std of a stream of scalar tensors."""
@@ -20,32 +23,41 @@ class RunningStats:
         self.reset()
 
     def reset(self) -> None:
-        self._sum: torch.Tensor | None = None
-        self._sum_sq: torch.Tensor | None = None
-        self._min: torch.Tensor | None = None
-        self._max: torch.Tensor | None = None
+        self._pending: list[torch.Tensor] = []
+        self._totals: torch.Tensor | None = None  # [sum, sum of squares, min, max], float64
         self.count = 0
 
     def add(self, value: torch.Tensor) -> None:
-        value = value.detach().to(torch.float64)
-        if self._sum is None:
-            self._sum, self._sum_sq = value.clone(), value * value
-            self._min, self._max = value.clone(), value.clone()
-        else:
-            assert self._sum_sq is not None and self._min is not None and self._max is not None
-            self._sum += value
-            self._sum_sq += value * value
-            self._min = torch.minimum(self._min, value)
-            self._max = torch.maximum(self._max, value)
+        self._pending.append(value.detach())
         self.count += 1
+        if len(self._pending) >= FOLD_EVERY:
+            self._fold()
+
+    def _fold(self) -> None:
+        if not self._pending:
+            return
+        values = torch.stack(self._pending).to(torch.float64)
+        self._pending = []
+        folded = torch.stack([values.sum(), (values * values).sum(), values.min(), values.max()])
+        if self._totals is None:
+            self._totals = folded
+        else:
+            old = self._totals
+            self._totals = torch.stack(
+                [
+                    old[0] + folded[0],
+                    old[1] + folded[1],
+                    torch.minimum(old[2], folded[2]),
+                    torch.maximum(old[3], folded[3]),
+                ]
+            )
 
     def values(self, prefix: str) -> dict[str, float]:
         """{prefix: mean, prefix_min, prefix_max, prefix_std}; empty when nothing was added."""
-        if self._sum is None or self.count == 0:
+        self._fold()
+        if self._totals is None or self.count == 0:
             return {}
-        assert self._sum_sq is not None and self._min is not None and self._max is not None
-        packed = torch.stack([self._sum, self._sum_sq, self._min, self._max]).cpu().tolist()
-        total, total_sq, low, high = packed
+        total, total_sq, low, high = self._totals.cpu().tolist()
         mean = total / self.count
         variance = max(total_sq / self.count - mean * mean, 0.0)
         return {
@@ -56,14 +68,11 @@ class RunningStats:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        tensors = [self._sum, self._sum_sq, self._min, self._max]
-        return {
-            "count": self.count,
-            "tensors": None if self._sum is None else [t.cpu() for t in tensors if t is not None],
-        }
+        self._fold()
+        return {"count": self.count, "totals": None if self._totals is None else self._totals.cpu()}
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device) -> None:
         self.reset()
         self.count = int(state["count"])
-        if state["tensors"] is not None:
-            self._sum, self._sum_sq, self._min, self._max = (t.to(device) for t in state["tensors"])
+        if state["totals"] is not None:
+            self._totals = state["totals"].to(device)

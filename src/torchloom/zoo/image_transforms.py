@@ -10,7 +10,8 @@ training:
 The steps always run in one order: pixels to floats in [0, 1] -> `resize` -> `random_crop` ->
 `horizontal_flip` -> normalisation (the task's own `normalize`, or `transforms.normalize`).
 The deterministic steps before the first random one are computed once when the data is
-loaded (when the result fits in memory), the others per sample. Random steps draw from
+loaded (when the result fits in memory and they do more than convert to floats), the others
+per sample. Random steps draw from
 torch's global generator, which the engine seeds (and DataLoader workers derive their seeds
 from), so augmented epochs are reproducible. Augmentation happens only where a config asks for
 it: put random steps in the training task, not in validation or test.
@@ -79,17 +80,14 @@ class ImageTransforms(_Strict):
         "the task's own (set the task's `normalize: false`).",
     )
 
-    @property
-    def is_random(self) -> bool:
-        return self.random_crop is not None or self.horizontal_flip > 0
 
-
-class ImagePipeline:
+class ImageTransformer:
     """The transforms of one task for images of a known depth and size.
 
     `precompute(images)` takes the whole [count, depth, height, width] uint8 set and returns
     what the task should keep; `__call__` takes one kept image and returns the sample. A kept
-    image that is still uint8 (the set was too large to precompute) runs every step.
+    image that is still uint8 (the set was too large to precompute, or there was nothing but
+    the conversion to floats to precompute) runs every step.
     """
 
     def __init__(
@@ -123,14 +121,18 @@ class ImagePipeline:
                 _per_channel(normalization.mean, depth), _per_channel(normalization.std, depth)
             )
             (random if random else deterministic).append(normalize)
+        # With nothing but the conversion to floats before the random steps, keeping the set
+        # as uint8 (4 times smaller) costs next to nothing per sample.
+        self._worth_precomputing = len(deterministic) > 1
         self._deterministic = v2.Compose(deterministic)
         self._random = v2.Compose(random) if random else None
 
     def precompute(self, images: torch.Tensor) -> torch.Tensor:
-        """The deterministic steps on a whole uint8 set, unless the result would be too big."""
+        """The deterministic steps on a whole uint8 set, unless the result would be too big or
+        they only convert to floats."""
         count = images.shape[0]
         float_bytes = count * self.depth * self.resized_height * self.resized_width * 4
-        if float_bytes > PRECOMPUTE_LIMIT_BYTES:
+        if not self._worth_precomputing or float_bytes > PRECOMPUTE_LIMIT_BYTES:
             return images
         return self._deterministic(images).contiguous()
 
@@ -146,7 +148,7 @@ def _per_channel(values: Sequence[float], depth: int) -> list[float]:
     return list(values) * depth if len(values) == 1 else list(values)
 
 
-def build_image_pipeline(
+def build_image_transformer(
     transforms: ImageTransforms,
     depth: int,
     height: int,
@@ -155,8 +157,8 @@ def build_image_pipeline(
     *,
     subject: str,
     where: str,
-) -> ImagePipeline:
-    """An `ImagePipeline`, after checking the transforms against the images they will get.
+) -> ImageTransformer:
+    """An `ImageTransformer`, after checking the transforms against the images they will get.
 
     `normalization` is the task's own (None when its `normalize` is off); a task that has one
     and a `transforms.normalize` as well is told to choose. Problems are a `ComponentError`
@@ -185,4 +187,4 @@ def build_image_pipeline(
             )
     if problems:
         raise ComponentError([Problem(where, subject, message) for message in problems])
-    return ImagePipeline(transforms, depth, height, width, chosen)
+    return ImageTransformer(transforms, depth, height, width, chosen)

@@ -45,8 +45,13 @@ class AccuracyStatistics(Statistic):
         self.num_classes = int(self.global_value("num_classes"))
         # A submodule, so its counters follow the pipeline to its device; torchmetrics keeps
         # them out of the state_dict, so checkpoints do not change.
+        # validate_args=False: torchmetrics' per-batch checks cost a host sync and half of the
+        # update's time; the handshake has checked dtypes and the loss rejects bad targets.
         self.metric = MulticlassAccuracy(
-            num_classes=self.num_classes, average="micro", ignore_index=params.ignore_index
+            num_classes=self.num_classes,
+            average="micro",
+            ignore_index=params.ignore_index,
+            validate_args=False,
         )
 
     def input_specs(self) -> dict[str, StreamSpec]:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
-from pydantic import Field, PositiveInt
+from pydantic import Field
 
-from torchloom.core.component import BuildContext, ComponentParams
+from torchloom.core.component import BuildContext
 from torchloom.data import cifar_files
 from torchloom.data.cifar_files import CifarRelease, locate_batches, read_batches, read_label_names
 from torchloom.errors import DataError, Problem
-from torchloom.zoo.image_transforms import ImageTransforms, Normalization
-from torchloom.zoo.tasks.image_classification import ImageClassificationTask, split_range
+from torchloom.zoo.image_transforms import Normalization
+from torchloom.zoo.tasks.image_classification import (
+    FixedSplitImageClassification,
+    FixedSplitParams,
+)
 
-TRAINING_SET_SIZE = 50_000
 IMAGE_SIZE = 32
 
 CIFAR10_CLASSES = (
@@ -31,63 +32,142 @@ CIFAR10_CLASSES = (
     "truck",
 )
 # In the order of the meta file (alphabetical), which is the order of the label indices.
-CIFAR100_FINE_CLASSES = tuple(
-    """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus
-    butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch
-    crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
-    keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain
-    mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain
-    plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk
-    skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper table tank
-    telephone television tiger tractor train trout tulip turtle wardrobe whale willow_tree wolf
-    woman worm""".split()
+CIFAR100_FINE_CLASSES = (
+    "apple",
+    "aquarium_fish",
+    "baby",
+    "bear",
+    "beaver",
+    "bed",
+    "bee",
+    "beetle",
+    "bicycle",
+    "bottle",
+    "bowl",
+    "boy",
+    "bridge",
+    "bus",
+    "butterfly",
+    "camel",
+    "can",
+    "castle",
+    "caterpillar",
+    "cattle",
+    "chair",
+    "chimpanzee",
+    "clock",
+    "cloud",
+    "cockroach",
+    "couch",
+    "crab",
+    "crocodile",
+    "cup",
+    "dinosaur",
+    "dolphin",
+    "elephant",
+    "flatfish",
+    "forest",
+    "fox",
+    "girl",
+    "hamster",
+    "house",
+    "kangaroo",
+    "keyboard",
+    "lamp",
+    "lawn_mower",
+    "leopard",
+    "lion",
+    "lizard",
+    "lobster",
+    "man",
+    "maple_tree",
+    "motorcycle",
+    "mountain",
+    "mouse",
+    "mushroom",
+    "oak_tree",
+    "orange",
+    "orchid",
+    "otter",
+    "palm_tree",
+    "pear",
+    "pickup_truck",
+    "pine_tree",
+    "plain",
+    "plate",
+    "poppy",
+    "porcupine",
+    "possum",
+    "rabbit",
+    "raccoon",
+    "ray",
+    "road",
+    "rocket",
+    "rose",
+    "sea",
+    "seal",
+    "shark",
+    "shrew",
+    "skunk",
+    "skyscraper",
+    "snail",
+    "snake",
+    "spider",
+    "squirrel",
+    "streetcar",
+    "sunflower",
+    "sweet_pepper",
+    "table",
+    "tank",
+    "telephone",
+    "television",
+    "tiger",
+    "tractor",
+    "train",
+    "trout",
+    "tulip",
+    "turtle",
+    "wardrobe",
+    "whale",
+    "willow_tree",
+    "wolf",
+    "woman",
+    "worm",
 )
-CIFAR100_COARSE_CLASSES = tuple(
-    """aquatic_mammals fish flowers food_containers fruit_and_vegetables
-    household_electrical_devices household_furniture insects large_carnivores
-    large_man-made_outdoor_things large_natural_outdoor_scenes large_omnivores_and_herbivores
-    medium_mammals non-insect_invertebrates people reptiles small_mammals trees vehicles_1
-    vehicles_2""".split()
+CIFAR100_COARSE_CLASSES = (
+    "aquatic_mammals",
+    "fish",
+    "flowers",
+    "food_containers",
+    "fruit_and_vegetables",
+    "household_electrical_devices",
+    "household_furniture",
+    "insects",
+    "large_carnivores",
+    "large_man-made_outdoor_things",
+    "large_natural_outdoor_scenes",
+    "large_omnivores_and_herbivores",
+    "medium_mammals",
+    "non-insect_invertebrates",
+    "people",
+    "reptiles",
+    "small_mammals",
+    "trees",
+    "vehicles_1",
+    "vehicles_2",
 )
 # Per-channel mean and standard deviation of the training pixels in [0, 1].
 CIFAR10_NORMALIZATION = Normalization(mean=[0.4914, 0.4822, 0.4465], std=[0.2470, 0.2435, 0.2616])
 CIFAR100_NORMALIZATION = Normalization(mean=[0.5071, 0.4865, 0.4409], std=[0.2673, 0.2564, 0.2762])
 
 
-class CIFAR10Params(ComponentParams):
+class CIFAR10Params(FixedSplitParams):
+    TRAINING_SIZE = 50_000
+
     data_folder: str = Field(
         "~/data/cifar10",
         description="Folder holding cifar-10-batches-py/ (as extracted) or the archive "
         "cifar-10-python.tar.gz, or receiving the download; `~` is expanded.",
-    )
-    split: Literal["train", "validation", "test"] = Field(
-        "train",
-        description="train: the first 50,000 - validation_size training images; validation: "
-        "the last validation_size training images; test: the 10,000 test images.",
-    )
-    validation_size: int = Field(
-        5000,
-        ge=0,
-        lt=TRAINING_SET_SIZE,
-        description="How many images at the end of the training set form the validation split.",
-    )
-    subset: PositiveInt | None = Field(
-        None,
-        description="Use only the first N samples of the split (quick runs, tests); "
-        "a subset larger than the split is clipped to the split.",
-    )
-    normalize: bool = Field(
-        True,
-        description="Standardise every channel with the mean and std of the training pixels; "
-        "otherwise pixels are in [0, 1].",
-    )
-    download: bool = Field(
-        True, description="Download the archive (and check its md5) when it is missing."
-    )
-    transforms: ImageTransforms = Field(
-        default_factory=ImageTransforms,
-        description="Image transforms: {resize, random_crop: {size, padding}, horizontal_flip, "
-        "normalize: {mean, std}}; random ones are training-time augmentation.",
     )
 
 
@@ -102,7 +182,7 @@ class CIFAR100Params(CIFAR10Params):
     )
 
 
-class _CIFARTask(ImageClassificationTask):
+class _CIFARTask(FixedSplitImageClassification):
     RELEASE: ClassVar[CifarRelease]
     NORMALIZATION: ClassVar[Normalization]
     IMAGES_DESCRIPTION = "colour images"
@@ -110,13 +190,6 @@ class _CIFARTask(ImageClassificationTask):
 
     def __init__(self, params: CIFAR10Params, context: BuildContext) -> None:
         super().__init__(params, context)
-        if params.split == "validation" and params.validation_size == 0:
-            raise self._param_error(
-                "validation_size",
-                "split 'validation' is empty because validation_size is 0",
-                "set validation_size to the number of validation images, e.g. 5000",
-            )
-        self.data_folder = Path(params.data_folder).expanduser()
         # The class names are fixed by the dataset, so they are published without reading the
         # meta file; prepare() checks that the files agree.
         normalization = self.NORMALIZATION if params.normalize else None
@@ -149,16 +222,15 @@ class _CIFARTask(ImageClassificationTask):
         split = self.params.split
         names = release.test_files if split == "test" else release.train_files
         images, labels = read_batches(folder, names, label_key, len(self.class_names))
-        source = str(folder / names[-1])
-        start, stop = split_range(split, images.shape[0], self.params.validation_size, source)
-        if self.params.subset is not None:
-            stop = min(stop, start + self.params.subset)
-        return images[start:stop], labels[start:stop].tolist()
+        chosen = self._split_slice(images.shape[0], str(folder / names[-1]))
+        return images[chosen], labels[chosen].tolist()
 
 
 class CIFAR10(_CIFARTask):
-    """CIFAR-10 (Krizhevsky 2009): 50,000 training and 10,000 test 32x32 colour images of ten
-    classes (airplane, automobile, bird, cat, deer, dog, frog, horse, ship, truck).
+    """CIFAR-10 (Krizhevsky 2009): 60,000 32x32 colour images in ten classes.
+
+    50,000 training and 10,000 test images of airplane, automobile, bird, cat, deer, dog,
+    frog, horse, ship and truck.
 
     Reads the standard "python version": `data_folder/cifar-10-batches-py/` with
     `data_batch_1` to `data_batch_5`, `test_batch` and `batches.meta`. When those are missing
@@ -195,8 +267,10 @@ class CIFAR10(_CIFARTask):
 
 
 class CIFAR100(_CIFARTask):
-    """CIFAR-100 (Krizhevsky 2009): 50,000 training and 10,000 test 32x32 colour images of 100
-    fine classes grouped in 20 coarse superclasses; `fine_labels` picks which are the targets.
+    """CIFAR-100 (Krizhevsky 2009): 60,000 32x32 colour images in 100 (or 20 coarse) classes.
+
+    50,000 training and 10,000 test images of 100 fine classes grouped in 20 coarse
+    superclasses; `fine_labels` picks which are the targets.
 
     Reads the standard "python version": `data_folder/cifar-100-python/` with `train`,
     `test` and `meta`. When those are missing the archive `cifar-100-python.tar.gz` is taken

@@ -56,9 +56,7 @@ FASHION_MNIST = IdxDataset(
     # Mean and standard deviation of the 60,000 training images' pixels in [0, 1].
     pixel_mean=0.2860,
     pixel_std=0.3530,
-    layout_hint=(
-        "the four Fashion-MNIST files, gzipped as published or decompressed "
-        f"({', '.join(file.name for file in FASHION_MNIST_FILES)}); "
+    where_else=(
         f"`apt-get install dataset-fashion-mnist` also provides them in {DEBIAN_FASHION_MNIST}"
     ),
     packaged_folders=(DEBIAN_FASHION_MNIST,),
@@ -74,8 +72,10 @@ class FashionMNISTParams(IdxClassificationParams):
 
 
 class FashionMNIST(IdxImageClassification):
-    """Fashion-MNIST (Xiao et al. 2017): Zalando's drop-in replacement for MNIST, with the
-    same file format, sizes and parameters as the `MNIST` task.
+    """Fashion-MNIST (Xiao et al. 2017): 70,000 28x28 grey-scale images of clothes, ten classes.
+
+    Zalando's drop-in replacement for MNIST, with the same file format, sizes and parameters
+    as the `MNIST` task.
 
     The files are looked up in `data_folder`, then in the Debian package
     `dataset-fashion-mnist` (checked by the md5 of their content, since Debian re-compresses

@@ -1,5 +1,5 @@
-"""Image classification from the four IDX files of MNIST-like datasets (Fashion-MNIST, and
-any other 28x28 grey-scale set published the same way: KMNIST, MNIST itself).
+"""Image classification from the four IDX files of MNIST-like datasets (MNIST, Fashion-MNIST,
+and any other 28x28 grey-scale set published the same way, such as KMNIST).
 
 A dataset is described once as an `IdxDataset` (files and checksums, mirrors, packaged
 copies, class names, pixel statistics); a task is then a subclass of `IdxImageClassification`
@@ -15,15 +15,16 @@ from typing import Annotated, ClassVar, Literal, NoReturn
 import torch
 from pydantic import Field, PositiveInt
 
-from torchloom.core.component import BuildContext, ComponentParams
+from torchloom.core.component import BuildContext
 from torchloom.data.gzipped_files import GzippedFile, ensure_gzipped_files
 from torchloom.data.idx import read_idx_images, read_idx_labels
 from torchloom.data.sources import packaged_copy
 from torchloom.errors import DataError, Problem
-from torchloom.zoo.image_transforms import ImageTransforms, Normalization
-from torchloom.zoo.tasks.image_classification import ImageClassificationTask, split_range
-
-TRAINING_FILE_SIZE = 60_000
+from torchloom.zoo.image_transforms import Normalization
+from torchloom.zoo.tasks.image_classification import (
+    FixedSplitImageClassification,
+    FixedSplitParams,
+)
 
 
 @dataclass(frozen=True)
@@ -37,14 +38,26 @@ class IdxDataset:
     class_names: tuple[str, ...]
     pixel_mean: float  # of the training pixels scaled to [0, 1]
     pixel_std: float
-    layout_hint: str  # what the data folder should hold, for the error when it does not
+    where_else: str  # where else the files can be had, for the error when they are missing
     packaged_folders: tuple[str, ...] = ()  # absolute folders (apt packages)
     packaged_in_packages: tuple[tuple[str, str], ...] = ()  # (pip package, folder inside)
     image_size: int = 28
+    # Whether preparing any split fetches all four files rather than the split's two (MNIST
+    # always has: a test run leaves a folder that a later, maybe offline, training run can use).
+    fetch_every_split: bool = False
 
     def file(self, prefix: str, kind: Literal["images", "labels"]) -> GzippedFile:
         name = f"{prefix}-{kind}-idx{3 if kind == 'images' else 1}-ubyte.gz"
         return next(file for file in self.files if file.name == name)
+
+    @property
+    def layout_hint(self) -> str:
+        """What the data folder should hold, for the error when it does not."""
+        names = ", ".join(file.name for file in self.files)
+        return (
+            f"the four {self.name} files, gzipped as published or decompressed ({names}); "
+            f"{self.where_else}"
+        )
 
     def packaged(self) -> list[Path]:
         """Installed copies, without importing the packages that hold them."""
@@ -56,50 +69,23 @@ class IdxDataset:
         return [folder for folder in folders if folder.is_dir()]
 
 
-class IdxClassificationParams(ComponentParams):
+class IdxClassificationParams(FixedSplitParams):
+    TRAINING_SIZE = 60_000
+
     data_folder: str = Field(
         ...,
         description="Folder holding (or receiving) the four IDX files, gzipped as published "
         "or decompressed; `~` is expanded.",
     )
-    split: Literal["train", "validation", "test"] = Field(
-        "train",
-        description="train: the first 60,000 - validation_size training images; validation: "
-        "the last validation_size training images; test: the 10,000 test images.",
-    )
-    validation_size: int = Field(
-        5000,
-        ge=0,
-        lt=TRAINING_FILE_SIZE,
-        description="How many images at the end of the training file form the validation split.",
-    )
-    subset: PositiveInt | None = Field(
-        None,
-        description="Use only the first N samples of the split (quick runs, tests); "
-        "a subset larger than the split is clipped to the split.",
-    )
-    normalize: bool = Field(
-        True,
-        description="Standardise pixels with the mean and std of the training pixels; "
-        "otherwise pixels are in [0, 1].",
-    )
+    # Older than `transforms` (MNIST had it first), kept so that configs keep working.
     resize: Annotated[list[PositiveInt], Field(min_length=2, max_length=2)] | None = Field(
         None,
         description="[height, width] to resize every image to (bilinear, once when the data "
         "is loaded), e.g. [32, 32]; the same as transforms.resize.",
     )
-    download: bool = Field(
-        True,
-        description="Download missing files from the mirrors when no packaged copy is installed.",
-    )
-    transforms: ImageTransforms = Field(
-        default_factory=ImageTransforms,
-        description="Image transforms: {resize, random_crop: {size, padding}, horizontal_flip, "
-        "normalize: {mean, std}}; random ones are training-time augmentation.",
-    )
 
 
-class IdxImageClassification(ImageClassificationTask):
+class IdxImageClassification(FixedSplitImageClassification):
     """Base of the IDX tasks; a subclass sets `DATASET` and `Params`."""
 
     DATASET: ClassVar[IdxDataset]
@@ -108,12 +94,6 @@ class IdxImageClassification(ImageClassificationTask):
 
     def __init__(self, params: IdxClassificationParams, context: BuildContext) -> None:
         super().__init__(params, context)
-        if params.split == "validation" and params.validation_size == 0:
-            raise self._param_error(
-                "validation_size",
-                "split 'validation' is empty because validation_size is 0",
-                "set validation_size to the number of validation images, e.g. 5000",
-            )
         transforms = params.transforms
         if params.resize is not None:
             if transforms.resize is not None:
@@ -129,7 +109,6 @@ class IdxImageClassification(ImageClassificationTask):
             if params.normalize
             else None
         )
-        self.data_folder = Path(params.data_folder).expanduser()
         size = dataset.image_size
         self._setup_images(1, size, size, dataset.class_names, transforms, normalization)
 
@@ -137,10 +116,9 @@ class IdxImageClassification(ImageClassificationTask):
         dataset = self.DATASET
         prefix = "t10k" if self.params.split == "test" else "train"
         images_file, labels_file = dataset.file(prefix, "images"), dataset.file(prefix, "labels")
-        # Only the split's two files: a test run does not need the training files.
         paths = ensure_gzipped_files(
             self.data_folder,
-            [images_file, labels_file],
+            dataset.files if dataset.fetch_every_split else (images_file, labels_file),
             packaged=dataset.packaged(),
             mirrors=dataset.mirrors,
             allow_download=self.params.download,
@@ -157,18 +135,14 @@ class IdxImageClassification(ImageClassificationTask):
                 f"found shape {list(images.shape)}",
             )
         classes = len(dataset.class_names)
-        if labels.numel() and not (0 <= int(labels.min()) and int(labels.max()) < classes):
+        if labels.numel() and not (int(labels.min()) >= 0 and int(labels.max()) < classes):
             self._malformed(
                 paths[labels_file.name],
                 f"labels must be class indices 0 to {classes - 1}, found "
                 f"{int(labels.min())} to {int(labels.max())}",
             )
-        start, stop = split_range(
-            self.params.split, images.shape[0], self.params.validation_size, str(images_path)
-        )
-        if self.params.subset is not None:
-            stop = min(stop, start + self.params.subset)
-        return images[start:stop].unsqueeze(1), labels[start:stop].tolist()
+        split = self._split_slice(images.shape[0], str(images_path))
+        return images[split].unsqueeze(1), labels[split].tolist()
 
     def _malformed(self, path: Path, message: str) -> NoReturn:
         raise DataError([Problem(str(path), f"{self.DATASET.name} file", message)])

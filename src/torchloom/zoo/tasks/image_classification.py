@@ -4,24 +4,31 @@ A subclass says what its images are (depth, size, class names, the normalisation
 `normalize` switch applies) by calling `_setup_images` from `__init__`, which reads no data,
 and loads them in `_load` (called once by `prepare`) as either a uint8 tensor
 [count, depth, height, width] or a list of files read per sample by `_read_image`. Samples are
-dicts of the default stream names `indices`, `inputs`, `targets` and `labels`.
+dicts of the default stream names `indices`, `inputs`, `targets` and `labels`. Pixels become
+floats here, by `unit_floats`, before the transformer sees them.
+
+Datasets published as a training and a test set (MNIST-like IDX files, CIFAR) share more:
+`FixedSplitParams` and `FixedSplitImageClassification`, whose validation split is the end of
+the training set.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import torch
+from pydantic import Field, PositiveInt, field_validator
 
-from torchloom.core.component import Batch, Task
+from torchloom.core.component import Batch, BuildContext, ComponentParams, Task
 from torchloom.core.streams import StreamSpec
 from torchloom.errors import ComponentError, DataError, Problem
 from torchloom.zoo.image_transforms import (
-    ImagePipeline,
+    ImageTransformer,
     ImageTransforms,
     Normalization,
-    build_image_pipeline,
+    build_image_transformer,
 )
 
 IMAGE_GLOBALS = {
@@ -49,7 +56,7 @@ class ImageClassificationTask(Task):
         normalization: Normalization | None,
     ) -> None:
         """Check the transforms, then publish the globals; call from `__init__`."""
-        self.pipeline: ImagePipeline = build_image_pipeline(
+        self.transformer: ImageTransformer = build_image_transformer(
             transforms,
             depth,
             height,
@@ -65,8 +72,8 @@ class ImageClassificationTask(Task):
         self._targets: list[int] = []
         self._loaded = False
         self.publish_global("input_depth", depth)
-        self.publish_global("input_height", self.pipeline.height)
-        self.publish_global("input_width", self.pipeline.width)
+        self.publish_global("input_height", self.transformer.height)
+        self.publish_global("input_width", self.transformer.width)
         self.publish_global("num_classes", len(self.class_names))
         self.publish_global(
             "label_word_mappings", {name: index for index, name in enumerate(self.class_names)}
@@ -79,12 +86,14 @@ class ImageClassificationTask(Task):
 
     # ---- streams ----------------------------------------------------------------------------
     def output_specs(self) -> dict[str, StreamSpec]:
-        pipeline = self.pipeline
+        transformer = self.transformer
         images = self.IMAGES_DESCRIPTION + (", standardised" if self.normalized else "")
         return {
             "indices": StreamSpec(("batch",), torch.int64, "position of each sample in the split"),
             "inputs": StreamSpec(
-                ("batch", pipeline.depth, pipeline.height, pipeline.width), torch.float32, images
+                ("batch", transformer.depth, transformer.height, transformer.width),
+                torch.float32,
+                images,
             ),
             "targets": StreamSpec(("batch",), torch.int64, "class index"),
             "labels": StreamSpec(("batch",), str, "class name"),
@@ -108,7 +117,13 @@ class ImageClassificationTask(Task):
         if self._loaded:
             return
         images, targets = self._load()
-        self._images = None if images is None else self.pipeline.precompute(images)
+        if images is not None:
+            floats = unit_floats(images)
+            kept = self.transformer.precompute(floats)
+            # Given back as it was (too big to keep as floats, or nothing to compute but the
+            # conversion): keep the uint8 set, 4 times smaller, and convert each sample.
+            images = images if kept is floats else kept
+        self._images = images
         self._targets = targets
         self._loaded = True
 
@@ -129,35 +144,115 @@ class ImageClassificationTask(Task):
         if not 0 <= index < size:
             raise IndexError(f"index {index} out of range for {size} samples")
         image = self._images[index] if self._images is not None else self._read_image(index)
+        if image.dtype == torch.uint8:  # not precomputed: the same steps, on this image alone
+            image = self.transformer.precompute(unit_floats(image).unsqueeze(0))[0]
         target = self._targets[index]
         sample: dict[str, Any] = {
             "indices": index,
-            "inputs": self.pipeline(image),
+            "inputs": self.transformer(image),
             "targets": target,
             "labels": self.class_names[target],
         }
         return sample
 
 
-def split_range(split: str, file_size: int, validation_size: int, source: str) -> tuple[int, int]:
-    """[start, stop) of a split whose validation part is the end of the training file
-    (`source`, named in the error when validation_size leaves no training images); the test
-    split is a file of its own, read whole."""
-    if split != "test" and validation_size >= file_size:
-        raise DataError(
-            [
-                Problem(
-                    source,
-                    "training images",
-                    f"validation_size {validation_size} leaves no training images out of "
-                    f"{file_size}",
-                    f"set validation_size below {file_size}",
-                )
-            ]
+def unit_floats(images: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels as float32 in [0, 1], divided by 255.
+
+    Tasks convert before the transformer (which takes float images as converted, and then only
+    resizes, crops, flips and normalises) because torchvision's conversion multiplies by 1/255
+    instead: that differs in the last bit for 126 of the 256 values, and 255 times it is not
+    always the pixel back. MNIST has always divided: its samples stay bit-identical to those
+    of earlier versions.
+    """
+    return images.to(torch.float32).div_(255.0)
+
+
+class FixedSplitParams(ComponentParams):
+    """Parameters of a dataset published as a training and a test set; a subclass sets
+    `data_folder` (its default and description) and `TRAINING_SIZE`."""
+
+    # Images in the training set: validation_size must leave some (checked when the config is).
+    TRAINING_SIZE: ClassVar[int]
+
+    data_folder: str = Field(
+        ..., description="Folder holding (or receiving) the dataset's files; `~` is expanded."
+    )
+    split: Literal["train", "validation", "test"] = Field(
+        "train",
+        description="train: the training images but the last validation_size; validation: "
+        "the last validation_size training images; test: the test images.",
+    )
+    validation_size: int = Field(
+        5000,
+        ge=0,
+        description="How many images at the end of the training set form the validation split.",
+    )
+    subset: PositiveInt | None = Field(
+        None,
+        description="Use only the first N samples of the split (quick runs, tests); "
+        "a subset larger than the split is clipped to the split.",
+    )
+    normalize: bool = Field(
+        True,
+        description="Standardise every channel with the mean and std of the training pixels; "
+        "otherwise pixels are in [0, 1].",
+    )
+    download: bool = Field(
+        True,
+        description="Download what is missing (and check its md5) when no local or packaged "
+        "copy is found.",
+    )
+    transforms: ImageTransforms = Field(
+        default_factory=ImageTransforms,
+        description="Image transforms: {resize, random_crop: {size, padding}, horizontal_flip, "
+        "normalize: {mean, std}}; random ones are training-time augmentation.",
+    )
+
+    @field_validator("validation_size")
+    @classmethod
+    def _leaves_training_images(cls, value: int) -> int:
+        if value >= cls.TRAINING_SIZE:
+            raise ValueError(f"must be less than the {cls.TRAINING_SIZE} training images")
+        return value
+
+
+class FixedSplitImageClassification(ImageClassificationTask):
+    """Base of the tasks on `FixedSplitParams`: checks the split when built, cuts it on load."""
+
+    params: FixedSplitParams
+
+    def __init__(self, params: FixedSplitParams, context: BuildContext) -> None:
+        super().__init__(params, context)
+        if params.split == "validation" and params.validation_size == 0:
+            raise self._param_error(
+                "validation_size",
+                "split 'validation' is empty because validation_size is 0",
+                "set validation_size to the number of validation images, e.g. 5000",
+            )
+        self.data_folder = Path(params.data_folder).expanduser()
+
+    def _split_slice(self, file_size: int, source: str) -> slice:
+        """The samples of the split (and subset) in a file of `file_size` samples: the test
+        set, read whole, or the training set (`source`, named in the error when
+        validation_size leaves no training images), whose end is the validation split."""
+        split, validation_size = self.params.split, self.params.validation_size
+        if split != "test" and validation_size >= file_size:
+            raise DataError(
+                [
+                    Problem(
+                        source,
+                        "training images",
+                        f"validation_size {validation_size} leaves no training images out of "
+                        f"{file_size}",
+                        f"set validation_size below {file_size}",
+                    )
+                ]
+            )
+        boundary = file_size - validation_size
+        start, stop = {"train": (0, boundary), "validation": (boundary, file_size)}.get(
+            split, (0, file_size)
         )
-    boundary = file_size - validation_size
-    if split == "train":
-        return 0, boundary
-    if split == "validation":
-        return boundary, file_size
-    return 0, file_size
+        if self.params.subset is not None:
+            stop = min(stop, start + self.params.subset)
+        return slice(start, stop)

@@ -1,0 +1,222 @@
+"""CIFAR10 and CIFAR100 on tiny batches written in the real python-pickle format: splits,
+labels, the archive path (checked and extracted), the errors, augmentation under a seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import pickle
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from pydantic import ValidationError
+
+from torchloom.data import cifar_files
+from torchloom.data.sources import md5_of
+from torchloom.errors import ComponentError, DataError
+from torchloom.zoo.tasks.cifar import (
+    CIFAR10,
+    CIFAR10_CLASSES,
+    CIFAR100,
+    CIFAR100_COARSE_CLASSES,
+    CIFAR100_FINE_CLASSES,
+)
+
+PER_BATCH, TEST_SIZE = 6, 8
+
+
+def images(count: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (count, 3072), dtype=np.uint8)
+
+
+def dump(path: Path, value: dict[bytes, Any]) -> None:
+    path.write_bytes(pickle.dumps(value, protocol=2))
+
+
+def write_cifar10(folder: Path) -> Path:
+    batches = folder / "cifar-10-batches-py"
+    batches.mkdir(parents=True)
+    for number in range(1, 6):
+        labels = [(number + i) % 10 for i in range(PER_BATCH)]
+        dump(
+            batches / f"data_batch_{number}",
+            {b"data": images(PER_BATCH, number), b"labels": labels, b"batch_label": b"x"},
+        )
+    dump(batches / "test_batch", {b"data": images(TEST_SIZE, 0), b"labels": list(range(8))})
+    names = [name.encode() for name in CIFAR10_CLASSES]
+    dump(batches / "batches.meta", {b"label_names": names, b"num_cases_per_batch": PER_BATCH})
+    return batches
+
+
+def write_cifar100(folder: Path) -> Path:
+    batches = folder / "cifar-100-python"
+    batches.mkdir(parents=True)
+    for name, count, seed in [("train", 10, 1), ("test", TEST_SIZE, 2)]:
+        fine = np.arange(count) * 7 % 100
+        dump(
+            batches / name,
+            {
+                b"data": images(count, seed),
+                b"fine_labels": list(fine),
+                b"coarse_labels": list(fine % 20),
+            },
+        )
+    dump(
+        batches / "meta",
+        {
+            b"fine_label_names": [n.encode() for n in CIFAR100_FINE_CLASSES],
+            b"coarse_label_names": [n.encode() for n in CIFAR100_COARSE_CLASSES],
+        },
+    )
+    return batches
+
+
+@pytest.fixture(scope="module")
+def cifar10_folder(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("cifar10")
+    write_cifar10(folder)
+    return str(folder)
+
+
+def test_cifar10_splits_pixels_and_labels(cifar10_folder: str) -> None:
+    common = {"data_folder": cifar10_folder, "validation_size": 4, "normalize": False}
+    train = CIFAR10.create(**common)
+    validation = CIFAR10.create(split="validation", **common)
+    test = CIFAR10.create(split="test", **common)
+    assert (len(train), len(validation), len(test)) == (26, 4, TEST_SIZE)
+    # Sample 7 of the training set is image 1 of data_batch_2; the validation set is the end
+    # of data_batch_5.
+    expected = torch.from_numpy(images(PER_BATCH, 2)[1].reshape(3, 32, 32)).float() / 255
+    assert torch.allclose(train[7]["inputs"], expected)
+    assert train[7]["targets"] == 3 and train[7]["labels"] == "cat"
+    last = torch.from_numpy(images(PER_BATCH, 5)[-1].reshape(3, 32, 32)).float() / 255
+    assert torch.allclose(validation[-1]["inputs"], last)
+    assert test.sample_targets().tolist() == list(range(8))
+    assert [test[i]["labels"] for i in (0, 1)] == ["airplane", "automobile"]
+
+
+def test_cifar10_normalisation_globals_and_batches(cifar10_folder: str) -> None:
+    task = CIFAR10.create(data_folder=cifar10_folder, split="test")
+    raw = CIFAR10.create(data_folder=cifar10_folder, split="test", normalize=False)
+    mean = torch.tensor([0.4914, 0.4822, 0.4465])[:, None, None]
+    std = torch.tensor([0.2470, 0.2435, 0.2616])[:, None, None]
+    assert torch.allclose(task[2]["inputs"], (raw[2]["inputs"] - mean) / std, atol=1e-5)
+    assert task.global_value("num_classes") == 10
+    assert task.global_value("label_word_mappings")["truck"] == 9
+    loader = torch.utils.data.DataLoader(task, batch_size=5, collate_fn=task.collate)
+    batch = next(iter(loader))
+    assert batch["inputs"].shape == (5, 3, 32, 32) and batch["targets"].dtype == torch.int64
+    assert task.output_specs()["inputs"].shape_text() == "[batch, 3, 32, 32]"
+
+
+def test_cifar100_fine_and_coarse_labels(tmp_path: Path) -> None:
+    write_cifar100(tmp_path)
+    fine = CIFAR100.create(data_folder=str(tmp_path), validation_size=2)
+    coarse = CIFAR100.create(data_folder=str(tmp_path), validation_size=2, fine_labels=False)
+    assert len(fine) == len(coarse) == 8
+    assert fine[3]["targets"] == 21 and fine[3]["labels"] == "chimpanzee"
+    assert coarse[3]["targets"] == 1 and coarse[3]["labels"] == "fish"
+    assert fine.dimension_sizes() == {"classes": 100}
+    assert coarse.global_value("num_classes") == 20
+
+
+def test_the_archive_is_checked_extracted_and_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = tmp_path / "source"
+    batches = write_cifar10(source)
+    folder = tmp_path / "data"
+    folder.mkdir()
+    archive = folder / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(batches, arcname="cifar-10-batches-py")
+        extra = b"should not be extracted"
+        info = tarfile.TarInfo("../outside")
+        info.size = len(extra)
+        tar.addfile(info, io.BytesIO(extra))
+    release = dataclasses.replace(cifar_files.CIFAR10, archive_md5=md5_of(archive))
+    monkeypatch.setattr(CIFAR10, "RELEASE", release)
+
+    task = CIFAR10.create(data_folder=str(folder), split="test", download=False)
+    assert len(task) == TEST_SIZE
+    extracted = sorted(p.name for p in (folder / "cifar-10-batches-py").iterdir())
+    assert extracted == sorted(release.files)
+    assert not (tmp_path / "outside").exists()
+    os.remove(archive)  # the extracted folder is used as it is from now on
+    assert len(CIFAR10.create(data_folder=str(folder), split="test", download=False)) == 8
+
+
+def test_a_wrong_archive_is_reported_and_left_untouched(tmp_path: Path) -> None:
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    archive.write_bytes(b"half a download")
+    with pytest.raises(DataError) as error:
+        CIFAR10.create(data_folder=str(tmp_path), download=False).prepare()
+    assert "c58f30108f718f92721af3b95e74349a" in str(error.value)
+    assert archive.read_bytes() == b"half a download"
+
+
+def test_missing_data_names_the_folder_and_the_layout(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar100"
+    with pytest.raises(DataError) as error:
+        CIFAR100.create(data_folder=str(folder), download=False).prepare()
+    message = str(error.value)
+    assert str(folder) in message
+    assert "cifar-100-python/{train, test, meta}" in message
+    assert "cifar-100-python.tar.gz" in message and "https://www.cs.toronto.edu/~kriz/" in message
+
+
+def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path) -> None:
+    batches = write_cifar10(tmp_path)
+
+    class Exploit:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (os.system, ("echo pwned",))
+
+    dump(batches / "test_batch", {b"data": Exploit(), b"labels": []})  # type: ignore[dict-item]
+    with pytest.raises(DataError, match="refusing to load"):
+        CIFAR10.create(data_folder=str(tmp_path), split="test").prepare()
+
+
+def test_malformed_batches_and_meta_are_data_errors(tmp_path: Path) -> None:
+    batches = write_cifar10(tmp_path)
+    dump(batches / "test_batch", {b"data": images(3, 0)[:, :100], b"labels": [0, 1, 2]})
+    with pytest.raises(DataError, match=r"uint8 \[count, 3072\]"):
+        CIFAR10.create(data_folder=str(tmp_path), split="test").prepare()
+    dump(batches / "test_batch", {b"data": images(3, 0), b"labels": [0, 1, 10]})
+    with pytest.raises(DataError, match="class indices 0 to 9"):
+        CIFAR10.create(data_folder=str(tmp_path), split="test").prepare()
+    dump(batches / "batches.meta", {b"label_names": [b"cat", b"dog"]})
+    with pytest.raises(DataError, match=r"batches\.meta"):
+        CIFAR10.create(data_folder=str(tmp_path), split="test").prepare()
+
+
+def test_build_errors() -> None:
+    with pytest.raises(ComponentError, match="validation_size"):
+        CIFAR10.create(split="validation", validation_size=0)
+    with pytest.raises(ValidationError, match="less than the 50000 training images"):
+        CIFAR10.create(validation_size=50_000)
+    with pytest.raises(ComponentError, match="larger than the 32x32 images"):
+        CIFAR10.create(transforms={"random_crop": {"size": [40, 40]}})
+
+
+def test_augmentation_is_reproducible_and_flip_one_flips(cifar10_folder: str) -> None:
+    augment = {"random_crop": {"size": [32, 32], "padding": 4}, "horizontal_flip": 0.5}
+    first = CIFAR10.create(data_folder=cifar10_folder, split="test", transforms=augment)
+    second = CIFAR10.create(data_folder=cifar10_folder, split="test", transforms=augment)
+    torch.manual_seed(3)
+    a = torch.stack([first[i]["inputs"] for i in range(TEST_SIZE)])
+    torch.manual_seed(3)
+    b = torch.stack([second[i]["inputs"] for i in range(TEST_SIZE)])
+    assert torch.equal(a, b)
+    assert not torch.equal(a, torch.stack([second[i]["inputs"] for i in range(TEST_SIZE)]))
+
+    plain = CIFAR10.create(data_folder=cifar10_folder, split="test")
+    flipped = CIFAR10.create(
+        data_folder=cifar10_folder, split="test", transforms={"horizontal_flip": 1.0}
+    )
+    assert torch.equal(flipped[4]["inputs"], plain[4]["inputs"].flip(-1))

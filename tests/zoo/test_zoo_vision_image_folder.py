@@ -1,0 +1,126 @@
+"""ImageFolder on a handful of tiny PNG and JPEG files written by PIL: classes, seeded splits
+that never overlap, sizes and channels, and the errors that name the culprit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pydantic
+import pytest
+import torch
+from PIL import Image
+
+from torchloom.errors import ComponentError, DataError
+from torchloom.zoo.tasks.image_folder import ImageFolder
+
+COUNTS = {"cat": 10, "dog": 10, "bird": 5}
+
+
+def write_image(path: Path, value: int, size: tuple[int, int] = (6, 8)) -> None:
+    pixels = np.full((size[0], size[1], 3), value, dtype=np.uint8)
+    pixels[:, 0] = (value + 100) % 256  # a distinct left column, to see flips and resizes
+    Image.fromarray(pixels).save(path)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("images")
+    for class_index, (name, count) in enumerate(COUNTS.items()):
+        (root / name).mkdir()
+        for i in range(count):
+            suffix = ".jpg" if name == "bird" else ".png"
+            write_image(root / name / f"{i:02d}{suffix}", 20 * class_index + i)
+    (root / "cat" / "notes.txt").write_text("not an image")
+    (root / ".hidden").mkdir()
+    return root
+
+
+def create(folder: Path, **params: object) -> ImageFolder:
+    task = ImageFolder.create(data_folder=str(folder), image_size=[4, 5], **params)
+    assert isinstance(task, ImageFolder)
+    return task
+
+
+def test_classes_are_the_sorted_sub_folders(folder: Path) -> None:
+    task = create(folder)
+    assert task.global_value("label_word_mappings") == {"bird": 0, "cat": 1, "dog": 2}
+    assert task.dimension_sizes() == {"classes": 3}
+    assert len(task) == 25
+    assert sorted(task.sample_targets().tolist()) == [0] * 5 + [1] * 10 + [2] * 10
+    sample = task[0]
+    assert sample["labels"] == ["bird", "cat", "dog"][sample["targets"]]
+    assert sample["inputs"].shape == (3, 4, 5) and sample["inputs"].dtype == torch.float32
+    assert float(sample["inputs"].min()) >= 0.0 and float(sample["inputs"].max()) <= 1.0
+
+
+def test_splits_are_seeded_disjoint_and_stratified(folder: Path) -> None:
+    fractions = {"validation_fraction": 0.2, "test_fraction": 0.2}
+    splits = {s: create(folder, split=s, **fractions) for s in ("train", "validation", "test")}
+    for task in splits.values():
+        task.prepare()
+    files = {s: set(task._files) for s, task in splits.items()}
+    assert [len(files[s]) for s in ("train", "validation", "test")] == [15, 5, 5]
+    assert not (files["train"] & files["validation"] or files["train"] & files["test"])
+    assert not files["validation"] & files["test"]
+    assert sorted(splits["test"].sample_targets().tolist()) == [0, 1, 1, 2, 2]
+    again = create(folder, split="test", **fractions)
+    again.prepare()
+    assert again._files == splits["test"]._files
+    other_seed = create(folder, split="test", split_seed=1, **fractions)
+    other_seed.prepare()
+    assert set(other_seed._files) != files["test"]
+
+
+def test_grayscale_subset_given_classes_and_transforms(folder: Path) -> None:
+    task = create(
+        folder,
+        grayscale=True,
+        classes=["dog", "cat"],
+        subset=4,
+        transforms={"horizontal_flip": 1.0, "normalize": {"mean": [0.5], "std": [0.5]}},
+    )
+    assert task.global_value("input_depth") == 1
+    assert task.global_value("label_word_mappings") == {"dog": 0, "cat": 1}
+    assert len(task) == 4
+    batch = task.collate([task[i] for i in range(4)])
+    assert batch["inputs"].shape == (4, 1, 4, 5)
+    assert set(batch["labels"]) <= {"dog", "cat"}
+    plain = create(folder, grayscale=True, classes=["dog", "cat"], subset=4)
+    expected = (plain[1]["inputs"].flip(-1) - 0.5) / 0.5
+    assert torch.allclose(task[1]["inputs"], expected)
+
+
+def test_missing_or_empty_folders_are_data_errors(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        ImageFolder.create(data_folder=str(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match="no class sub-folders"):
+        ImageFolder.create(data_folder=str(tmp_path))
+    (tmp_path / "empty_class").mkdir()
+    (tmp_path / "empty_class" / "readme.md").write_text("no images here")
+    task = ImageFolder.create(data_folder=str(tmp_path))  # listing the classes is fine...
+    with pytest.raises(DataError, match="class 'empty_class' has no images") as error:
+        task.prepare()  # ...reading them is not
+    assert str(tmp_path / "empty_class") in str(error.value)
+    with pytest.raises(DataError, match="class 'ghost' has no folder"):
+        ImageFolder.create(data_folder=str(tmp_path), classes=["ghost"]).prepare()
+
+
+def test_an_unreadable_image_is_named(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    broken = tmp_path / "a" / "broken.png"
+    broken.write_bytes(b"\x89PNG not really")
+    task = ImageFolder.create(data_folder=str(tmp_path), image_size=[4, 4])
+    with pytest.raises(DataError) as error:
+        task[0]
+    assert str(broken) in str(error.value)
+    assert "cannot be read as an image" in str(error.value)
+
+
+def test_build_errors() -> None:
+    with pytest.raises(ComponentError, match="validation_fraction is 0"):
+        ImageFolder.create(data_folder="/x", classes=["a"], split="validation")
+    with pytest.raises(pydantic.ValidationError, match="must be below 1"):
+        ImageFolder.create(
+            data_folder="/x", classes=["a"], validation_fraction=0.5, test_fraction=0.5
+        )

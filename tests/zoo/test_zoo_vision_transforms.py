@@ -1,0 +1,122 @@
+"""The `transforms:` of image tasks: order, sizes, reproducibility under torch's seed, the
+precomputed and the per-sample paths agreeing, and the build errors."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+import torch
+
+from torchloom.errors import ComponentError
+from torchloom.zoo import image_transforms
+from torchloom.zoo.image_transforms import ImageTransforms, Normalization, build_image_transformer
+
+
+def transformer(
+    depth: int = 3, size: int = 8, normalization: Normalization | None = None, **transforms: object
+) -> image_transforms.ImageTransformer:
+    return build_image_transformer(
+        ImageTransforms.model_validate(transforms),
+        depth,
+        size,
+        size,
+        normalization,
+        subject="component 'task' (Test)",
+        where="test.yml:3",
+    )
+
+
+@pytest.fixture
+def images() -> torch.Tensor:
+    return torch.randint(0, 256, (6, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator())
+
+
+def test_no_transforms_give_floats_in_0_1(images: torch.Tensor) -> None:
+    steps = transformer()
+    kept = steps.precompute(images)
+    assert kept.dtype == torch.uint8  # converting each sample is cheaper than 4x the memory
+    assert torch.allclose(steps(kept[2]), images[2].float() / 255)
+    assert (steps.height, steps.width) == (8, 8)
+
+
+def test_flip_probability_one_flips_every_image(images: torch.Tensor) -> None:
+    steps = transformer(horizontal_flip=1.0)
+    kept = steps.precompute(images)
+    for index in range(len(images)):
+        assert torch.allclose(steps(kept[index]), images[index].flip(-1).float() / 255)
+
+
+def test_random_steps_are_reproducible_under_torch_s_seed(images: torch.Tensor) -> None:
+    settings = {"random_crop": {"size": [8, 8], "padding": 2}, "horizontal_flip": 0.5}
+    first, second = transformer(**settings), transformer(**settings)
+    kept_first, kept_second = first.precompute(images), second.precompute(images)
+
+    def epoch(steps: image_transforms.ImageTransformer, kept: torch.Tensor) -> torch.Tensor:
+        return torch.stack([steps(kept[i]) for i in range(len(kept))])
+
+    torch.manual_seed(7)
+    a = epoch(first, kept_first)
+    torch.manual_seed(7)
+    b = epoch(second, kept_second)
+    c = epoch(second, kept_second)  # the generator has moved on: other crops and flips
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_padding_is_black_before_normalisation() -> None:
+    normalization = Normalization(mean=[0.5], std=[0.25])
+    steps = transformer(
+        depth=1, size=4, normalization=normalization, random_crop={"size": [6, 6], "padding": 1}
+    )
+    white = torch.full((1, 1, 4, 4), 255, dtype=torch.uint8)
+    sample = steps(steps.precompute(white)[0])
+    assert sample.shape == (1, 6, 6)
+    assert float(sample[0, 0, 0]) == (0 - 0.5) / 0.25  # a padded pixel: black, normalised
+    assert float(sample[0, 2, 2]) == (1 - 0.5) / 0.25
+
+
+def test_resize_then_crop_set_the_output_size() -> None:
+    steps = transformer(resize=[16, 12], random_crop={"size": [10, 10]})
+    assert (steps.height, steps.width) == (10, 10)
+    image = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    assert steps(steps.precompute(image[None])[0]).shape == (3, 10, 10)
+
+
+def test_a_set_too_large_to_precompute_is_transformed_per_sample(
+    images: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    normalization = Normalization(mean=[0.4, 0.5, 0.6], std=[0.2, 0.3, 0.25])
+    precomputed = transformer(normalization=normalization, resize=[5, 5])
+    expected = precomputed.precompute(images)
+    assert expected.dtype == torch.float32 and expected.shape == (6, 3, 5, 5)
+    monkeypatch.setattr(image_transforms, "PRECOMPUTE_LIMIT_BYTES", 0)
+    per_sample = transformer(normalization=normalization, resize=[5, 5])
+    kept = per_sample.precompute(images)
+    assert kept.dtype == torch.uint8
+    for index in range(len(images)):
+        assert torch.allclose(per_sample(kept[index]), expected[index], atol=1e-6)
+
+
+def test_build_errors_name_the_component_and_every_problem() -> None:
+    with pytest.raises(ComponentError) as error:
+        transformer(
+            depth=3,
+            normalization=Normalization(mean=[0.5], std=[0.5]),
+            normalize={"mean": [0.1, 0.2], "std": [0.3, 0.4]},
+            random_crop={"size": [20, 20], "padding": 2},
+        )
+    message = str(error.value)
+    assert "2 problems" not in message  # three of them
+    assert "3 problems" in message and "test.yml:3" in message and "'task'" in message
+    assert "normalize: false" in message
+    assert "2 means and stds for images of 3 channel(s)" in message
+    assert "20x20 is larger than the 12x12 images" in message
+
+
+def test_schema_rejects_unknown_keys_and_bad_values() -> None:
+    with pytest.raises(pydantic.ValidationError):
+        ImageTransforms.model_validate({"horizontal_flip": 1.5})
+    with pytest.raises(pydantic.ValidationError):
+        ImageTransforms.model_validate({"random_crop": {"size": [8, 8], "pading": 2}})
+    with pytest.raises(pydantic.ValidationError, match="mean has 2 values but std has 1"):
+        ImageTransforms.model_validate({"normalize": {"mean": [0.1, 0.2], "std": [0.3]}})
