@@ -85,14 +85,18 @@ class Reporter:
                     self.writer.add_scalar(f"{section}/{key}", value, episode)
 
     def histograms(self, pipeline: Pipeline, episode: int) -> None:
+        """Weight and gradient histograms per component (`--tensorboard 2`); called at an
+        optimizer step, before the gradients are cleared."""
         if self.tensorboard_level < 2 or self.writer is None:
             return
-        for name, parameter in pipeline.named_parameters():
-            self.writer.add_histogram(f"weights/{name}", parameter.detach().cpu(), episode)
-            if parameter.grad is not None:
-                self.writer.add_histogram(
-                    f"gradients/{name}", parameter.grad.detach().cpu(), episode
-                )
+        for component, module in pipeline.components.items():
+            for name, parameter in module.named_parameters():
+                tag = f"{component}/{name}"
+                self.writer.add_histogram(f"weights/{tag}", parameter.detach().cpu(), episode)
+                if parameter.grad is not None:
+                    self.writer.add_histogram(
+                        f"gradients/{tag}", parameter.grad.detach().cpu(), episode
+                    )
 
     def close(self) -> None:
         if self._writer is not None:

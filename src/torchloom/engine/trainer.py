@@ -37,6 +37,7 @@ class Trainer:
         # The epoch whose data was trained on last: validation visits that epoch's data, which
         # matters when its sampler changes with the epoch (k-fold's held-out fold rotates).
         self.trained_epoch = max(state.progress.epoch - 1, 0)
+        self.histogram_episode = state.progress.episode
 
     # ---- the loop --------------------------------------------------------------------------
     def train_epoch(self) -> str | None:
@@ -77,6 +78,9 @@ class Trainer:
     def optimizer_step(self) -> None:
         s = self.s
         s.precision.step(s.optimizer, s.parameters)
+        if s.progress.episode - self.histogram_episode >= s.config.logging_interval:
+            s.reporter.histograms(s.pipeline, s.progress.episode)  # while gradients exist
+            self.histogram_episode = s.progress.episode
         s.optimizer.zero_grad(set_to_none=True)
         if s.scheduler is not None and s.scheduler_interval == "step":
             s.scheduler.step()
@@ -101,7 +105,6 @@ class Trainer:
                 **statistic_values(s.train_statistics),
             }
             s.reporter.row("training_statistics", row, p.episode)
-            s.reporter.histograms(s.pipeline, p.episode)
             if bar is not None:
                 bar.set_postfix(
                     loss=f"{row['loss']:.4f}", samples_s=f"{row['samples_per_second']:.0f}"

@@ -1,0 +1,88 @@
+"""Training options end to end: precision, accumulation, clipping, schedulers, deterministic
+mode, histograms, several weighted losses, devices. CUDA checks skip where there is none."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+from e2e_helpers import small_config
+
+import torchloom
+from torchloom.errors import LoomError
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_bf16_accumulation_clipping_and_a_per_step_scheduler(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    config = small_config(tmp_path, mnist_folder)
+    result = torchloom.train(
+        config,
+        [
+            "+training.precision=bf16",
+            "+training.gradient_accumulation=2",
+            "+training.gradient_clipping={norm: 1.0}",
+            "+training.scheduler={type: StepLR, step_size: 16, gamma: 0.5, interval: step}",
+            "+training.deterministic=true",
+        ],
+        expdir=str(tmp_path / "runs"),
+    )
+    assert result.status == "epoch_limit"
+    rows = _rows(result.run_dir / "training_epoch_statistics.csv")
+    # 32 batches an epoch, 2 per optimizer step: 16 steps, so the rate halves once an epoch.
+    assert [float(r["lr"]) for r in rows] == [5.0e-4, 2.5e-4]
+    assert result.statistics["validation"]["accuracy"] > 0.3
+
+
+def test_histograms_and_two_weighted_losses(tmp_path: Path, mnist_folder: Path) -> None:
+    config = small_config(tmp_path, mnist_folder, base="loom://mnist/2lenet5_2losses.yml")
+    result = torchloom.train(
+        config,
+        ["training.terminal_conditions.epoch_limit=1", "training.logging_interval=10"],
+        expdir=str(tmp_path / "runs"),
+        tensorboard=2,
+    )
+    validation = result.statistics["validation"]
+    # One backward pass over loss_a + 0.5 * loss_b; each loss reported on its own too.
+    assert validation["loss"] == pytest.approx(validation["loss_a"] + 0.5 * validation["loss_b"])
+    assert {"accuracy_a.accuracy", "accuracy_b.accuracy"} <= validation.keys()
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(result.run_dir / "tensorboard"), size_guidance={"histograms": 0})
+    events.Reload()
+    histograms = events.Tags()["histograms"]
+    assert any(t.startswith("weights/lenet_a/") for t in histograms)
+    assert any(t.startswith("gradients/lenet_b/") for t in histograms)
+    assert "training/loss" in events.Tags()["scalars"]
+
+
+def test_asking_for_cuda_without_it_is_a_clear_error(tmp_path: Path, mnist_folder: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the error path cannot be shown here")
+    with pytest.raises(LoomError, match="CUDA is not available"):
+        torchloom.train(
+            small_config(tmp_path, mnist_folder), device="cuda", expdir=str(tmp_path / "runs")
+        )
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_cuda_training_with_mixed_precision(
+    tmp_path: Path, mnist_folder: Path, precision: str
+) -> None:
+    result = torchloom.train(
+        small_config(tmp_path, mnist_folder),
+        [f"+training.precision={precision}", "+training.dataloader.pin_memory=true"],
+        device="cuda",
+        expdir=str(tmp_path / "runs"),
+    )
+    assert result.summary["device"].startswith("cuda")
+    assert result.statistics["validation"]["accuracy"] > 0.5
