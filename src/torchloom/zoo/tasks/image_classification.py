@@ -249,10 +249,11 @@ class FixedSplitImageClassification(ImageClassificationTask):
                     )
                 ]
             )
-        boundary = file_size - validation_size
-        start, stop = {"train": (0, boundary), "validation": (boundary, file_size)}.get(
-            split, (0, file_size)
-        )
+        start, stop = 0, file_size
+        if split == "train":
+            stop = file_size - validation_size
+        elif split == "validation":
+            start = file_size - validation_size
         if self.params.subset is not None:
             stop = min(stop, start + self.params.subset)
         return slice(start, stop)
