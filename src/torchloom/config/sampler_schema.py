@@ -25,7 +25,7 @@ SHUFFLE_DESCRIPTION = (
 
 class _Strict(BaseModel):
     # A misspelt key must be an error, never a silently ignored setting.
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: faster import
 
 
 class RandomSamplerConfig(_Strict):

@@ -16,7 +16,7 @@ from torchloom.errors import ConfigError, Problem, did_you_mean
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: faster import
 
 
 class DataLoaderConfig(_Strict):
@@ -33,7 +33,7 @@ class DataLoaderConfig(_Strict):
 class OptimizerConfig(BaseModel):
     """`type` names a torch.optim class; every other key is passed to it (checked there)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
     type: str = Field("Adam", description="torch.optim class name, e.g. Adam, SGD, AdamW")
     param_groups: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
@@ -44,7 +44,7 @@ class OptimizerConfig(BaseModel):
 class SchedulerConfig(BaseModel):
     """`type` names a torch.optim.lr_scheduler class; other keys are passed to it."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
     type: str = Field(description="lr_scheduler class name, e.g. StepLR, CosineAnnealingLR")
     interval: Literal["epoch", "step"] = Field("epoch", description="when to step it")
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import copy
+import sys
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
-from torchmetrics import Metric
 
 from torchloom.core.component import Batch, Statistic
 from torchloom.core.pipeline import Pipeline
@@ -23,8 +23,11 @@ def statistics_copy(pipeline: Pipeline, device: torch.device) -> dict[str, Stati
     for statistic in pipeline.statistics:
         clone = copy.deepcopy(statistic).to(device)
         clone.reset()
-        for module in clone.modules():
-            if isinstance(module, Metric):
+        # torchmetrics is imported by the statistics that use it, not here: importing it costs
+        # seconds (it pulls in torchvision and torch._dynamo). No such statistic, no Metric.
+        metrics = sys.modules.get("torchmetrics")
+        for module in clone.modules() if metrics is not None else ():
+            if isinstance(module, metrics.Metric):
                 module.persistent(True)  # running counts go into checkpoints: exact resume
         copies[statistic.name] = clone
     return copies
@@ -52,6 +55,7 @@ def evaluate(
     precision: Precision,
     device: torch.device,
     max_batches: int | None = None,
+    observe: Callable[[Batch], None] | None = None,
 ) -> dict[str, float]:
     """Eval mode, no gradients; everything over the whole pass, never a mean of batch values:
     `loss` is the mean over samples (each batch's mean loss weighted by its size), with
@@ -81,6 +85,8 @@ def evaluate(
                 per_batch[name].add(value)
                 weighted[name] = weighted.get(name, 0) + value * size
             pipeline.update_statistics(batch, statistics)
+            if observe is not None:
+                observe(batch)  # hooks: per-sample analysis of the pass
             samples += size
     pipeline.train(was_training)
     values: dict[str, float] = {}

@@ -19,6 +19,7 @@ from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.component import Statistic
 from torchloom.core.pipeline import Pipeline
 from torchloom.engine.divergence import DivergenceGuard
+from torchloom.engine.hooks import Hook, Hooks
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.losses import WeightedLoss
 from torchloom.engine.precision import Precision
@@ -37,6 +38,7 @@ class TrainOptions:
     quiet: bool = False
     tensorboard: int = 1
     disable: Sequence[str] = ()
+    hooks: Sequence[Hook] = ()  # analysis, viewers: built by the caller (engine imports none)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class RunState:
     show_progress: bool
     train_statistics: dict[str, Statistic]
     validation_statistics: dict[str, Statistic]
+    hooks: Hooks = field(default_factory=Hooks)
     progress: Progress = field(default_factory=Progress)
     best_statistics: dict[str, float] = field(default_factory=dict)
     latest: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -149,6 +152,7 @@ class RunState:
         for name, statistic in self.train_statistics.items():
             statistic.load_state_dict(running["train_statistics"][name])
         self.latest = running["latest"]
+        self.hooks.load_state_dict(checkpoint.get("hooks", {}))
         restore_rng_state(checkpoint["rng"])
 
     def close(self) -> None:

@@ -61,7 +61,11 @@ def _test_pass(state: RunState) -> dict[str, float]:
         state.loss,
         state.precision,
         state.device,
+        observe=(lambda batch: state.hooks.eval_batch(state, "test", batch))
+        if state.hooks
+        else None,
     )
+    state.hooks.after_eval(state, "test", values, False)
     CsvLog(state.run_dir / "test_statistics.csv").write(
         {"epoch": state.progress.epoch, "episode": state.progress.episode, **values}
     )

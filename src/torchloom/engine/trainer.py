@@ -92,6 +92,8 @@ class Trainer:
         s.epoch_loss.add(loss)
         s.pipeline.update_statistics(batch, s.train_statistics)
         s.interval_samples += batch_size_of(batch)
+        if s.hooks:
+            s.hooks.after_step(s, batch, loss)
         if bar is not None:
             bar.update(1)
         if p.episode % s.config.logging_interval == 0:
@@ -111,6 +113,7 @@ class Trainer:
                 )
             s.interval_loss.reset()
             s.interval_samples, s.interval_started = 0, time.perf_counter()
+            s.hooks.after_interval(s)
 
     def after_step(self) -> str | None:
         s, p = self.s, self.s.progress
@@ -136,6 +139,7 @@ class Trainer:
             "lr": s.optimizer.param_groups[0]["lr"],
         }
         s.latest["training"] = {f"training.{k}": v for k, v in row.items()}
+        s.hooks.after_training_epoch(s, row)
         s.reporter.row("training_epoch_statistics", row, p.episode)
         s.log.info("epoch %d (episode %d) training: %s", p.epoch, p.episode, format_statistics(row))
         s.epoch_loss.reset()
@@ -164,7 +168,9 @@ class Trainer:
             s.precision,
             s.device,
             max_batches=batches,
+            observe=(lambda batch: s.hooks.eval_batch(s, "validation", batch)) if s.hooks else None,
         )
+        s.hooks.after_eval(s, "validation", values, partial)
         kind = "validation_statistics" if partial else "validation_epoch_statistics"
         s.reporter.row(kind, {"epoch": p.epoch, "episode": p.episode, **values}, p.episode)
         s.log.info(
@@ -204,6 +210,7 @@ class Trainer:
                 "monitor": s.monitor.state_dict(),
                 "best_statistics": s.best_statistics,
                 "running": s.running_state(),
+                "hooks": s.hooks.state_dict(),
             },
         )
 
@@ -214,6 +221,7 @@ class Trainer:
             "training '%s' on %s, seed %d, run folder %s", s.name, s.device, s.seed, s.run_dir
         )
         write_running(s.run_dir, s.name)
+        s.hooks.before_train(s)
         status = limit_reached(s.config.terminal_conditions, s.progress.epoch, s.progress.episode)
         diverged: Diverged | None = None
         with s.signals:
@@ -230,6 +238,7 @@ class Trainer:
         elif status != DIVERGED and s.online and s.validation_data is not None:
             self.validate(partial=False)
         result = write_summary(s, status, diverged)
+        s.hooks.after_train(s, result.summary)
         if diverged is not None:
             kept = (s.run_dir / "checkpoints" / "best.pt").exists()
             s.log.error("%s%s", diverged.format(), "; best.pt is intact" if kept else "")

@@ -24,6 +24,7 @@ from torchloom.engine.checkpoint import load_checkpoint
 from torchloom.engine.devices import resolve_device
 from torchloom.engine.divergence import DivergenceGuard
 from torchloom.engine.evaluation import statistics_copy
+from torchloom.engine.hooks import Hooks
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.precision import Precision
 from torchloom.engine.reporting import Reporter, make_logger
@@ -180,6 +181,7 @@ def build_run_state(
         show_progress=not options.quiet,
         train_statistics=statistics_copy(pipeline, device),
         validation_statistics=statistics_copy(pipeline, device),
+        hooks=Hooks(options.hooks),
     )
     if checkpoint is not None:
         state.restore(checkpoint)
