@@ -23,13 +23,15 @@ def statistics_copy(pipeline: Pipeline, device: torch.device) -> dict[str, Stati
     for statistic in pipeline.statistics:
         clone = copy.deepcopy(statistic).to(device)
         clone.reset()
+        copies[statistic.name] = clone
         # torchmetrics is imported by the statistics that use it, not here: importing it costs
         # seconds (it pulls in torchvision and torch._dynamo). No such statistic, no Metric.
         metrics = sys.modules.get("torchmetrics")
-        for module in clone.modules() if metrics is not None else ():
+        if metrics is None:
+            continue
+        for module in clone.modules():
             if isinstance(module, metrics.Metric):
                 module.persistent(True)  # running counts go into checkpoints: exact resume
-        copies[statistic.name] = clone
     return copies
 
 
