@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from torchloom.analysis.build import build_hooks
 from torchloom.config import dump_config
 from torchloom.engine.processor import ProcessResult
 from torchloom.engine.processor import process as _process
@@ -52,11 +53,19 @@ def train(
     tensorboard: int = 1,
     disable: Sequence[str] = (),
     resume: str | os.PathLike[str] | None = None,
+    analysis: bool = True,
 ) -> RunResult:
     """Train a pipeline (or continue the run folder `resume`); returns its run folder and
-    summary. Raises a `torchloom.errors.LoomError` subclass for anything the user can fix."""
+    summary. `analysis=False` skips the config's analysis section (reports, plots). Raises a
+    `torchloom.errors.LoomError` subclass for anything the user can fix."""
     options = TrainOptions(
-        expdir=expdir, tag=tag, device=device, quiet=quiet, tensorboard=tensorboard, disable=disable
+        expdir=expdir,
+        tag=tag,
+        device=device,
+        quiet=quiet,
+        tensorboard=tensorboard,
+        disable=disable,
+        hook_factory=build_hooks if analysis else None,
     )
     if resume is not None:
         return Trainer(prepare_training(None, overrides, options, resume=Path(resume))).run()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from torchloom.analysis.build import build_hooks
 from torchloom.engine.run_state import TrainOptions
 from torchloom.engine.trainer import Trainer
 from torchloom.engine.training_setup import prepare_training
@@ -17,6 +18,7 @@ def run(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         tensorboard=args.tensorboard,
         disable=[n.strip() for n in args.disable.split(",") if n.strip()],
+        hook_factory=build_hooks,  # the config's analysis section
     )
     if args.resume and args.config:
         # argparse fills `config` positionally; with --resume it must be empty.

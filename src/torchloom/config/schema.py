@@ -129,6 +129,7 @@ TOP_LEVEL_KEYS: dict[str, type[BaseModel] | None] = {
     "validation": ValidationConfig,
     "test": SectionConfig,
     "pipeline": None,
+    "analysis": None,  # validated by torchloom.analysis (its schema lives with its hooks)
 }
 
 

@@ -8,7 +8,7 @@ so nothing drawn during set-up shifts the resumed run.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,12 @@ class TrainOptions:
     quiet: bool = False
     tensorboard: int = 1
     disable: Sequence[str] = ()
-    hooks: Sequence[Hook] = ()  # analysis, viewers: built by the caller (engine imports none)
+    hooks: Sequence[Hook] = ()
+    # Builds more hooks from the loaded config and the built pipeline (the analysis section);
+    # given by the caller, so the engine never imports the analysis package.
+    hook_factory: Callable[[Mapping[str, Any], Pipeline, Callable[..., str]], Sequence[Hook]] | (
+        None
+    ) = None
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,9 @@ def prepare_training(
         pipeline_cfg = loaded.data.setdefault("pipeline", {})
         pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
     header = "".join(f"# override: {o}\n" for o in overrides)
+    if options.hook_factory is not None:
+        extra = options.hook_factory(loaded.data, pipeline, loaded.where)
+        options = replace(options, hooks=[*options.hooks, *extra])
     return build_run_state(
         pipeline,
         sections,
