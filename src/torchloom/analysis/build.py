@@ -18,6 +18,9 @@ from torchloom.errors import ConfigError, Problem, did_you_mean
 
 # hook class -> (module, the items that switch it on)
 HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # filled in as each analysis lands (see PLANNED_HOOKS)
+}
+PLANNED_HOOKS = {
     "ModelSummary": ("torchloom.analysis.model_summary", ("model_summary",)),
     "ClassificationAnalysis": (
         "torchloom.analysis.classification",
