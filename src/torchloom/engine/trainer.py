@@ -221,6 +221,8 @@ class Trainer:
             "training '%s' on %s, seed %d, run folder %s", s.name, s.device, s.seed, s.run_dir
         )
         write_running(s.run_dir, s.name)
+        for component in s.pipeline.components.values():
+            component.begin_pass("training", s.run_dir)  # viewers write into the run folder
         s.hooks.before_train(s)
         status = limit_reached(s.config.terminal_conditions, s.progress.epoch, s.progress.episode)
         diverged: Diverged | None = None
@@ -237,6 +239,8 @@ class Trainer:
             )
         elif status != DIVERGED and s.online and s.validation_data is not None:
             self.validate(partial=False)
+        for component in s.pipeline.components.values():
+            component.end_pass()
         result = write_summary(s, status, diverged)
         s.hooks.after_train(s, result.summary)
         if diverged is not None:

@@ -19,6 +19,10 @@ class StreamFileExporterParams(ComponentParams):
     )
     filename: str = Field("exported_streams.csv", description="file name inside the pass folder")
     separator: str = Field(",", min_length=1, max_length=1, description="CSV field separator")
+    sections: list[str] = Field(
+        default_factory=lambda: ["validation", "test"],
+        description="passes that export (a training run's own batches are section 'training')",
+    )
 
 
 def _cell(value: Any) -> str:
@@ -31,9 +35,9 @@ def _cell(value: Any) -> str:
 
 class StreamFileExporter(Component):
     """Writes chosen streams per sample to a CSV file, e.g. predicted answers for a
-    competition submission. Active only in evaluation passes (`loom process`), where the
-    worker gives it the pass folder; tensors are written one row per sample (vectors as
-    space-separated values).
+    competition submission. Active in the passes of `loom process` whose section is listed
+    in `sections` (validation and test by default), where the worker gives it the pass
+    folder; tensors are written one row per sample (vectors as space-separated values).
 
     ```yaml
     pipeline:
@@ -60,6 +64,8 @@ class StreamFileExporter(Component):
         }
 
     def begin_pass(self, section: str, folder: Path) -> None:
+        if section not in self.params.sections:
+            return
         self.path = folder / self.params.filename
         self._handle = open(self.path, "w", newline="", encoding="utf-8")  # noqa: SIM115
         self._writer = csv.writer(self._handle, delimiter=self.params.separator)
