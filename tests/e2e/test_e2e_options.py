@@ -86,3 +86,52 @@ def test_cuda_training_with_mixed_precision(
     )
     assert result.summary["device"].startswith("cuda")
     assert result.statistics["validation"]["accuracy"] > 0.5
+
+
+def test_precision_recall_statistics_can_be_monitored(tmp_path: Path, mnist_folder: Path) -> None:
+    result = torchloom.train(
+        small_config(tmp_path, mnist_folder),
+        [
+            "+pipeline.scores.type=PrecisionRecallStatistics",
+            "training.terminal_conditions.early_stopping.monitor=validation.f1_macro",
+        ],
+        expdir=str(tmp_path / "runs"),
+    )
+    validation = result.statistics["validation"]
+    assert 0 < validation["f1_macro"] <= 1 and validation["f1_micro"] == pytest.approx(
+        validation["accuracy"], abs=1e-6
+    )  # single-label: micro F1 is the accuracy
+    assert result.summary["monitor"]["name"] == "validation.f1_macro"
+
+
+def test_loss_stop_threshold_converges(tmp_path: Path, mnist_folder: Path) -> None:
+    result = torchloom.train(
+        small_config(tmp_path, mnist_folder),
+        [
+            "training.terminal_conditions.epoch_limit=5",
+            "+training.terminal_conditions.loss_stop_threshold=100.0",  # met after the first epoch
+        ],
+        expdir=str(tmp_path / "runs"),
+    )
+    assert result.status == "converged" and result.summary["epochs"] == 1
+
+
+def test_process_exports_streams_per_sample(tmp_path: Path, mnist_folder: Path) -> None:
+    run = torchloom.train(
+        small_config(tmp_path, mnist_folder),
+        ["training.terminal_conditions.epoch_limit=1"],
+        expdir=str(tmp_path / "runs"),
+    )
+    processed = torchloom.process(
+        run.run_dir,
+        [
+            "+pipeline.decision={type: ArgMaxPrediction, labels: true}",
+            "+pipeline.export={type: StreamFileExporter, input_streams: [indices, predicted_labels,"
+            " targets], filename: answers.csv}",
+        ],
+        section="test",
+    )
+    rows = _rows(processed.folder / "answers.csv")
+    assert len(rows) == 256 and list(rows[0]) == ["indices", "predicted_labels", "targets"]
+    correct = sum(r["predicted_labels"] == r["targets"] for r in rows) / len(rows)
+    assert correct == pytest.approx(processed.statistics["accuracy"], abs=1e-6)

@@ -30,7 +30,8 @@ from torchloom.engine.terminal import (
 
 
 class Trainer:
-    """Runs one `RunState` (built by `run_state.prepare_training`) to its end."""
+    """Runs one `RunState` (built by `training_setup.prepare_training`) to its end; hooks
+    (analysis, viewers) observe it through the events in `engine/hooks.py`."""
 
     def __init__(self, state: RunState) -> None:
         self.s = state
