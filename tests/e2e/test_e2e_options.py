@@ -135,3 +135,12 @@ def test_process_exports_streams_per_sample(tmp_path: Path, mnist_folder: Path) 
     assert len(rows) == 256 and list(rows[0]) == ["indices", "predicted_labels", "targets"]
     correct = sum(r["predicted_labels"] == r["targets"] for r in rows) / len(rows)
     assert correct == pytest.approx(processed.statistics["accuracy"], abs=1e-6)
+
+
+def test_stream_viewer_lines_reach_the_run_log(tmp_path: Path, mnist_folder: Path) -> None:
+    result = torchloom.train(small_config(tmp_path, mnist_folder), [
+        "training.terminal_conditions.epoch_limit=1",
+        "+pipeline.viewer={type: StreamViewer, input_streams: [targets, labels], interval: 10}",
+    ], expdir=str(tmp_path / "runs"))
+    log = (result.run_dir / "run.log").read_text()
+    assert "targets" in log and "labels" in log

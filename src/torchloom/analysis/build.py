@@ -11,14 +11,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from torchloom.analysis.schema import AnalysisConfig
+from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig
 from torchloom.core.pipeline import Pipeline
 from torchloom.engine.hooks import Hook
 from torchloom.errors import ConfigError, Problem, did_you_mean
 
 # hook class -> (module, the items that switch it on)
 HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    # filled in as each analysis lands (see PLANNED_HOOKS)
+    "WorstSamples": ("torchloom.analysis.worst_samples", ("worst_samples",)),
+    "SampleExport": ("torchloom.analysis.sample_export", ("random_samples", "augmentation")),
+    "EmbeddingExport": ("torchloom.analysis.embeddings", ("embeddings",)),
+    "LayerStatistics": ("torchloom.analysis.layer_statistics", ("layer_statistics",)),
 }
 PLANNED_HOOKS = {
     "ModelSummary": ("torchloom.analysis.model_summary", ("model_summary",)),
@@ -90,8 +93,20 @@ def check_outputs(
                         did_you_mean(stream, available),
                     )
                 )
-    if problems and explicit:
-        raise ConfigError(problems)
+    embeddings = config.embeddings
+    named = [] if not isinstance(embeddings, EmbeddingsConfig) else embeddings.streams
+    unknown = [
+        Problem(
+            where("analysis", "embeddings", "streams"),
+            f"embedding stream '{stream}'",
+            "is produced by no component or task",
+            did_you_mean(stream, available),
+        )
+        for stream in named
+        if stream not in available
+    ]
+    if unknown or (problems and explicit):
+        raise ConfigError(unknown + (problems if explicit else []))
     return not problems
 
 

@@ -20,6 +20,9 @@ SUBCOMMANDS = {
     "components": ("components", "list registered components, or describe one"),
     "train": ("train", "train a pipeline (offline or online); --resume continues a run"),
     "process": ("process", "one pass over a section in eval mode, with a run's weights"),
+    "report": ("report", "write RUN_DIR/report.html: one self-contained page about a run"),
+    "runs": ("runs", "a table of the runs under an experiments folder, for model selection"),
+    "compare": ("compare", "one HTML page comparing runs: statistics, curves, config changes"),
 }
 OVERRIDES_HELP = "Hydra-style overrides: a.b=v, +a.b=v (add), ++a.b=v, ~a.b (delete)"
 
@@ -85,12 +88,66 @@ def _process(p: argparse.ArgumentParser) -> None:
     _disable(p)
 
 
+def _report(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="a run folder (<expdir>/<pipeline>/<date>)"
+    )
+
+
+def _runs(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "expdir",
+        nargs="?",
+        default="runs",
+        metavar="EXPDIR",
+        help="experiments folder (default: runs)",
+    )
+    p.add_argument(
+        "--sort",
+        default=None,
+        metavar="STAT",
+        help="sort by a statistic, e.g. validation.accuracy or test.loss (its value "
+        "at the best epoch; best first; runs without it last)",
+    )
+    p.add_argument("--limit", type=int, default=None, metavar="N", help="show the first N runs")
+    direction = p.add_mutually_exclusive_group()
+    direction.add_argument(
+        "--ascending",
+        dest="descending",
+        action="store_false",
+        default=None,
+        help="lowest first (the default for losses and errors)",
+    )
+    direction.add_argument(
+        "--descending",
+        dest="descending",
+        action="store_true",
+        default=None,
+        help="highest first (the default for other statistics)",
+    )
+
+
+def _compare(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="two or more run folders")
+    p.add_argument(
+        "-o",
+        "--output",
+        default="compare.html",
+        metavar="OUT.html",
+        help="the page to write (default: ./compare.html)",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite OUT.html when it exists")
+
+
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "check": _check,
     "config": _config,
     "components": _components,
     "train": _train,
     "process": _process,
+    "report": _report,
+    "runs": _runs,
+    "compare": _compare,
 }
 
 

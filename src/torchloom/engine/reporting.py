@@ -18,6 +18,7 @@ from torchloom.core.pipeline import Pipeline
 from torchloom.statistics.csv_log import CsvLog
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+COMPONENT_LOGGERS = ("torchloom.viewer",)
 
 
 def make_logger(run_dir: Path, quiet: bool) -> logging.Logger:
@@ -33,11 +34,21 @@ def make_logger(run_dir: Path, quiet: bool) -> logging.Logger:
         console = logging.StreamHandler(sys.stderr)
         console.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(console)
+    # Components log to their own loggers (StreamViewer: "torchloom.viewer"); during a run
+    # their lines go where the run's go.
+    for name in COMPONENT_LOGGERS:
+        component_logger = logging.getLogger(name)
+        component_logger.setLevel(logging.INFO)
+        component_logger.propagate = False
+        for handler in logger.handlers:
+            component_logger.addHandler(handler)
     return logger
 
 
 def close_logger(logger: logging.Logger) -> None:
     for handler in list(logger.handlers):
+        for name in COMPONENT_LOGGERS:
+            logging.getLogger(name).removeHandler(handler)
         handler.close()
         logger.removeHandler(handler)
 

@@ -1,0 +1,471 @@
+"""Classification reports per output and split: confusion matrix, precision/recall/F1, ROC
+curves, and the misclassified samples.
+
+Memory does not grow with the data: a pass is summarised by counts kept on the device — the
+confusion matrix, and per class a histogram of scores split by positives and negatives (from
+which ROC curves follow) — and misclassified samples are streamed to a CSV file. Training
+batches are counted in `after_step` with device operations only (no host sync); counts are
+read once per pass. Files, in `reports/` of the run folder:
+
+    <output>-<split>-cm.png / -cm.csv   row-normalised confusion matrix (image / numbers)
+    <output>-<split>-report.md          accuracy, per-class table, averages, top confusions
+    <output>-<split>-roc.png / -roc.csv ROC curves with AUC (binary, or one-vs-rest + micro)
+    <output>-<split>-errors.csv         misclassified samples (validation and test)
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from torchloom.analysis.plotting import budget_for, figure, save_png
+from torchloom.analysis.schema import AnalysisConfig, OutputSpec
+from torchloom.core.component import Batch
+from torchloom.engine.hooks import Hook
+from torchloom.engine.run_folder import write_text_atomic
+
+if TYPE_CHECKING:
+    from torchloom.engine.run_state import RunState
+
+# Scores are binned on the logit of the softmax probability, log(p / (1 - p)): a monotone
+# map of p, so the ROC curve is the same, but trained models put most samples at p ~ 0 or
+# p ~ 1, where equal-width probability bins would lump them together. 400 bins over
+# [-20, 20] give 0.1 logit a bin; float32 probabilities saturate at a logit of about 17.
+ROC_BINS = 400
+LOGIT_RANGE = 20.0
+ERROR_COLUMNS = ("id", "truth", "prediction", "confidence", "truth_name", "prediction_name")
+
+
+def score_bins(scores: torch.Tensor) -> torch.Tensor:
+    """Per sample and class, the bin of the softmax probability ([batch, classes] -> long).
+    Logits and log-probabilities give the same bins (softmax(log_softmax(x)) = softmax(x))."""
+    log_p = torch.log_softmax(scores.float(), dim=1)
+    # log(1 - p), accurate near p = 1 (expm1) and near p = 0 (log1p).
+    log_rest = torch.where(
+        log_p > -math.log(2), torch.log(-torch.expm1(log_p)), torch.log1p(-torch.exp(log_p))
+    )
+    position = (log_p - log_rest + LOGIT_RANGE) * (ROC_BINS / (2 * LOGIT_RANGE))
+    return torch.nan_to_num(position, nan=0.0).clamp(0, ROC_BINS - 1).long()
+
+
+class ClassCounts:
+    """Confusion and binned-score counts of one output over one pass, kept on the device.
+    Targets outside [0, classes) (ignore indices) go to a last, discarded bin: filtering them
+    out would need a host sync."""
+
+    def __init__(self, classes: int, device: torch.device, with_scores: bool) -> None:
+        self.classes = classes
+        self.confusion = torch.zeros(classes * classes + 1, dtype=torch.long, device=device)
+        size = 2 * classes * ROC_BINS + 1 if with_scores else 0
+        self.scores = torch.zeros(size, dtype=torch.long, device=device)
+
+    def add(self, scores: torch.Tensor, targets: torch.Tensor) -> None:
+        c = self.classes
+        scores, targets = scores.detach(), targets.detach().reshape(-1).long()
+        valid = (targets >= 0) & (targets < c)
+        cell = torch.where(valid, targets * c + scores.argmax(dim=1), c * c)
+        # scatter_add_ on a 1-D tensor: deterministic on CUDA, and unlike bincount no sync.
+        self.confusion.scatter_add_(0, cell, torch.ones_like(cell))
+        if self.scores.numel():
+            classes = torch.arange(c, device=scores.device)
+            positive = (targets[:, None] == classes).long()
+            index = positive * (c * ROC_BINS) + classes * ROC_BINS + score_bins(scores)
+            index = torch.where(valid[:, None], index, 2 * c * ROC_BINS).reshape(-1)
+            self.scores.scatter_add_(0, index, torch.ones_like(index))
+
+    def host(self) -> tuple[np.ndarray, np.ndarray | None]:
+        """(confusion [true, predicted], scores [negative/positive, class, bin] or None)."""
+        c = self.classes
+        confusion = self.confusion[:-1].cpu().numpy().reshape(c, c)
+        if not self.scores.numel():
+            return confusion, None
+        return confusion, self.scores[:-1].cpu().numpy().reshape(2, c, ROC_BINS)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"confusion": self.confusion.cpu(), "scores": self.scores.cpu()}
+
+    def load(self, state: Mapping[str, torch.Tensor]) -> None:
+        if state["confusion"].shape == self.confusion.shape:
+            self.confusion.copy_(state["confusion"])
+        if state["scores"].shape == self.scores.shape:
+            self.scores.copy_(state["scores"])
+
+
+def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    """Element-wise division that gives 0 where the denominator is 0 (sklearn's default)."""
+    out = np.zeros(numerator.shape, dtype=float)
+    np.divide(numerator, denominator, out=out, where=denominator != 0)
+    return out
+
+
+def classification_report(
+    counts: np.ndarray, class_names: Sequence[str], top: int = 3
+) -> dict[str, Any]:
+    """Accuracy, per-class precision/recall/F1/support, macro and weighted averages, and each
+    class's most frequent wrong predictions, from a confusion matrix [true, predicted].
+    Macro averages go over the classes that occur as truth or prediction (as sklearn's)."""
+    counts = np.asarray(counts, dtype=np.int64)
+    support, predicted, correct = counts.sum(1), counts.sum(0), np.diag(counts)
+    precision, recall = _ratio(correct, predicted), _ratio(correct, support)
+    f1 = _ratio(2 * precision * recall, precision + recall)
+    total = int(counts.sum())
+    present = (support > 0) | (predicted > 0)
+    keys = ("name", "precision", "recall", "f1", "support")
+    columns = (class_names, precision.tolist(), recall.tolist(), f1.tolist(), support.tolist())
+    classes = [dict(zip(keys, values, strict=True)) for values in zip(*columns, strict=True)]
+
+    def average(weights: np.ndarray) -> dict[str, float]:
+        scale = max(float(weights.sum()), 1e-300)
+        return {
+            key: float((values * weights).sum() / scale)
+            for key, values in (("precision", precision), ("recall", recall), ("f1", f1))
+        } | {"support": total}
+
+    confusions: dict[str, list[dict[str, Any]]] = {}
+    for truth, row in enumerate(counts):
+        wrong = [(int(n), k) for k, n in enumerate(row) if k != truth and n > 0]
+        wrong.sort(key=lambda item: (-item[0], item[1]))
+        if wrong:
+            confusions[class_names[truth]] = [
+                {"predicted": class_names[k], "count": n, "share": n / int(support[truth])}
+                for n, k in wrong[:top]
+            ]
+    return {
+        "samples": total,
+        "accuracy": float(correct.sum() / total) if total else 0.0,
+        "classes": classes,
+        "macro": average(present.astype(float)),
+        "weighted": average(support.astype(float)),
+        "confusions": confusions,
+    }
+
+
+@dataclass
+class RocCurve:
+    name: str
+    fpr: np.ndarray
+    tpr: np.ndarray
+    auc: float
+
+
+def binned_roc(name: str, positive: np.ndarray, negative: np.ndarray) -> RocCurve | None:
+    """The ROC curve through the bin edges (thresholds from the highest score down); None
+    without positives or negatives. Samples within a bin count as ties: the trapezoid."""
+    if positive.sum() == 0 or negative.sum() == 0:
+        return None
+    tp = np.concatenate([[0], np.cumsum(positive[::-1])])
+    fp = np.concatenate([[0], np.cumsum(negative[::-1])])
+    tpr, fpr = tp / tp[-1], fp / fp[-1]
+    auc = float(np.sum(np.diff(fpr) * (tpr[1:] + tpr[:-1]) / 2))
+    return RocCurve(name, fpr, tpr, auc)
+
+
+def roc_curves(scores: np.ndarray, class_names: Sequence[str]) -> list[RocCurve]:
+    """Binary: one curve, the second class as positive. More classes: one-vs-rest per class,
+    then the micro average (every sample-class pair pooled) last."""
+    negative, positive = scores[0], scores[1]
+    if len(class_names) == 2:
+        curve = binned_roc(f"{class_names[1]} vs {class_names[0]}", positive[1], negative[1])
+        return [curve] if curve else []
+    curves = [binned_roc(n, positive[k], negative[k]) for k, n in enumerate(class_names)]
+    curves.append(binned_roc("micro average", positive.sum(0), negative.sum(0)))
+    return [c for c in curves if c is not None]
+
+
+# ---- files -------------------------------------------------------------------------------
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def report_markdown(title: str, report: Mapping[str, Any], curves: Sequence[RocCurve]) -> str:
+    lines = [
+        f"# {title}",
+        "",
+        f"{report['samples']} samples, accuracy {report['accuracy']:.4f}",
+        "",
+        "| class | precision | recall | F1 | support |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    rows = [(_cell(c["name"]), c) for c in report["classes"]]
+    rows += [("**macro avg**", report["macro"]), ("**weighted avg**", report["weighted"])]
+    for name, v in rows:
+        lines.append(
+            f"| {name} | {v['precision']:.4f} | {v['recall']:.4f} | {v['f1']:.4f} "
+            f"| {v['support']} |"
+        )
+    if curves:
+        lines += ["", "ROC AUC: " + ", ".join(f"{_cell(c.name)} {c.auc:.4f}" for c in curves)]
+    if report["confusions"]:
+        lines += ["", "## Top confusions", "", "| true class | most often predicted as |"]
+        lines.append("|---|---|")
+        for truth, wrong in report["confusions"].items():
+            shown = ", ".join(
+                f"{_cell(w['predicted'])} ({w['count']}, {w['share']:.1%})" for w in wrong
+            )
+            lines.append(f"| {_cell(truth)} | {shown} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write_csv(path: Path, rows: Sequence[Sequence[Any]]) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    with open(temporary, "w", newline="", encoding="utf-8") as handle:
+        csv.writer(handle).writerows(rows)
+    os.replace(temporary, path)
+
+
+def row_normalised(counts: np.ndarray) -> np.ndarray:
+    return _ratio(counts.astype(float), counts.sum(1, keepdims=True).astype(float))
+
+
+def draw_confusion(path: Path, title: str, counts: np.ndarray, names: Sequence[str]) -> None:
+    classes, shares = len(names), row_normalised(counts)
+    side = min(4.0 + 0.45 * classes, 20.0)
+    fig = figure(side + 1.2, side)
+    ax = fig.add_subplot()
+    image = ax.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0, interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="share of the true class")
+    if classes <= 40:
+        ax.set_xticks(range(classes), labels=names, rotation=90 if classes > 10 else 0)
+        ax.set_yticks(range(classes), labels=names)
+    if classes <= 20:  # counts readable in their cells
+        for (i, j), n in np.ndenumerate(counts):
+            if n:
+                colour = "white" if shares[i, j] > 0.5 else "black"
+                ax.text(j, i, str(n), ha="center", va="center", color=colour, fontsize=8)
+    ax.set(xlabel="predicted", ylabel="true", title=title)
+    save_png(fig, path, {"classes": list(names), "row_normalised": shares.round(6).tolist()})
+
+
+def draw_roc(path: Path, title: str, curves: Sequence[RocCurve]) -> None:
+    fig = figure(6.0, 5.0)
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=0.8)
+    labelled = len(curves) <= 11
+    for curve in curves:
+        micro = curve.name == "micro average"  # drawn bold; per-class labels only if few
+        label = f"{curve.name} (AUC {curve.auc:.3f})" if labelled or micro else None
+        style = {"linewidth": 2.0, "color": "black"} if micro else {"linewidth": 1.0}
+        ax.plot(curve.fpr, curve.tpr, label=label, **style)
+    ax.set(xlabel="false positive rate", ylabel="true positive rate", title=title)
+    ax.set(xlim=(0, 1), ylim=(0, 1.01))
+    if curves:
+        ax.legend(loc="lower right", fontsize=7)
+    save_png(fig, path, {"auc": {curve.name: round(curve.auc, 6) for curve in curves}})
+
+
+class ErrorStream:
+    """Misclassified samples of one pass, streamed to a temporary CSV that becomes the
+    report only when the pass completes (partial validation passes are dropped). Batches
+    wait on the device and are read `FLUSH` samples at a time, not one sync per batch."""
+
+    FLUSH = 8192
+
+    def __init__(self, path: Path, names: Sequence[str]) -> None:
+        self.path, self.names = path, names
+        self.temporary = path.with_name(f".{path.name}.tmp")
+        self.handle: IO[str] = open(self.temporary, "w", newline="", encoding="utf-8")  # noqa: SIM115
+        self.writer = csv.writer(self.handle)
+        self.writer.writerow(ERROR_COLUMNS)
+        self.waiting: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.seen = self.flushed = 0
+
+    def add(self, ids: Any, scores: torch.Tensor, targets: torch.Tensor) -> None:
+        confidence, predicted = torch.softmax(scores.detach().float(), dim=1).max(dim=1)
+        if ids is None:  # no id stream: the position in the pass
+            ids = torch.arange(self.seen, self.seen + len(predicted))
+        self.waiting.append((ids, targets.detach().reshape(-1), predicted, confidence))
+        self.seen += len(predicted)
+        if self.seen - self.flushed >= self.FLUSH:
+            self.flush()
+
+    def flush(self) -> None:
+        for ids, *tensors in self.waiting:
+            truth, guess, sure = (tensor.cpu().tolist() for tensor in tensors)
+            names = ids.cpu().tolist() if isinstance(ids, torch.Tensor) else list(ids)
+            for sample, t, p, c in zip(names, truth, guess, sure, strict=True):
+                if t != p and 0 <= t < len(self.names):
+                    self.writer.writerow((sample, t, p, f"{c:.6f}", self.names[t], self.names[p]))
+        self.waiting, self.flushed = [], self.seen
+
+    def finish(self, keep: bool) -> None:
+        if keep:
+            self.flush()
+        self.handle.close()
+        if keep:
+            os.replace(self.temporary, self.path)
+        else:
+            self.temporary.unlink(missing_ok=True)
+
+
+@dataclass
+class FinishedPass:
+    """What one pass left, on the host: enough to draw its plots later."""
+
+    title: str
+    stem: Path  # reports/<output>-<split>
+    names: list[str]
+    confusion: np.ndarray
+    curves: list[RocCurve]
+
+
+class ClassificationAnalysis(Hook):
+    """Confusion matrix, classification report, ROC curves and prediction errors for every
+    output of the `analysis:` section, on training, validation and test passes."""
+
+    name = "classification_analysis"
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        self.outputs = list(config.outputs)
+        self.confusion_matrix = config.enabled("confusion_matrix")
+        self.report = config.enabled("classification_report")
+        self.roc = config.enabled("roc")
+        self.prediction_errors = config.enabled("prediction_errors")
+        self.counts: dict[tuple[str, str], ClassCounts] = {}
+        self.errors: dict[tuple[str, str], ErrorStream] = {}
+        self.open_passes: set[str] = set()
+        self.pending: dict[tuple[str, str], FinishedPass] = {}
+        self.names: dict[str, list[str]] = {}
+        self.restored: dict[str, Any] = {}
+        self.skipped: set[str] = set()
+
+    # ---- events ----------------------------------------------------------------------------
+    def after_step(self, run: RunState, batch: Batch, loss: torch.Tensor) -> None:
+        for output in self.outputs:
+            self._count(run, "training", output, batch)
+
+    def after_training_epoch(self, run: RunState, values: dict[str, Any]) -> None:
+        self._finish(run, "training", keep=True)
+
+    def eval_batch(self, run: RunState, section: str, batch: Batch) -> None:
+        if section not in self.open_passes:  # the first batch of a pass: start afresh
+            self._finish(run, section, keep=False)
+            self.open_passes.add(section)
+        for output in self.outputs:
+            counts = self._count(run, section, output, batch)
+            if counts is not None and self.prediction_errors:
+                key = (output.name, section)
+                if key not in self.errors:
+                    path = self._reports(run) / f"{output.name}-{section}-errors.csv"
+                    self.errors[key] = ErrorStream(path, self.names[output.name])
+                self.errors[key].add(
+                    batch.get(output.ids), batch[output.predictions], batch[output.targets]
+                )
+
+    def after_eval(
+        self, run: RunState, section: str, values: dict[str, Any], partial: bool
+    ) -> None:
+        self.open_passes.discard(section)
+        self._finish(run, section, keep=not partial)
+
+    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+        self._draw(run, force=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        # Training counts of an epoch in progress, so a run resumed mid-epoch reports the
+        # whole epoch. Evaluation passes never span a checkpoint.
+        return {
+            name: counts.state_dict()
+            for (name, split), counts in self.counts.items()
+            if split == "training"
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.restored = dict(state)
+
+    # ---- counting and reporting ------------------------------------------------------------
+    def _count(
+        self, run: RunState, split: str, output: OutputSpec, batch: Batch
+    ) -> ClassCounts | None:
+        scores, targets = batch.get(output.predictions), batch.get(output.targets)
+        if not isinstance(scores, torch.Tensor) or not isinstance(targets, torch.Tensor):
+            return None
+        key = (output.name, split)
+        counts = self.counts.get(key)
+        if counts is None:
+            if scores.ndim != 2:
+                if output.name not in self.skipped:  # say it once, not every batch
+                    self.skipped.add(output.name)
+                    message = "analysis: output '%s' skipped: '%s' is not [batch, classes]"
+                    run.log.warning(message, output.name, output.predictions)
+                return None
+            classes = int(scores.shape[1])
+            self.names.setdefault(output.name, _class_names(run, output, classes))
+            counts = self.counts[key] = ClassCounts(classes, scores.device, self.roc)
+            if split == "training" and output.name in self.restored:
+                counts.load(self.restored.pop(output.name))
+        counts.add(scores, targets)
+        return counts
+
+    def _finish(self, run: RunState, split: str, keep: bool) -> None:
+        """End a pass: write its reports (keep) or drop it (a partial validation pass)."""
+        for output in self.outputs:
+            key = (output.name, split)
+            counts = self.counts.pop(key, None)
+            errors = self.errors.pop(key, None)
+            if errors is not None:
+                errors.finish(keep)
+            if counts is None or not keep:
+                continue
+            confusion, scores = counts.host()  # the one read of this pass's counts
+            names = self.names[output.name]
+            curves = roc_curves(scores, names) if scores is not None else []
+            stem = self._reports(run) / f"{output.name}-{split}"
+            where = f"epoch {run.progress.epoch}, episode {run.progress.episode}"
+            title = f"{output.name}, {split} ({where})"
+            if self.report:
+                report = classification_report(confusion, names)
+                path = stem.with_name(stem.name + "-report.md")
+                write_text_atomic(path, report_markdown(title, report, curves))
+            if self.confusion_matrix:
+                shares = [[f"{v:.6g}" for v in row] for row in row_normalised(confusion)]
+                rows = [["true \\ predicted", *names]]
+                rows += [[n, *row] for n, row in zip(names, shares, strict=True)]
+                _write_csv(stem.with_name(stem.name + "-cm.csv"), rows)
+            if self.roc:
+                rows = [["curve", "auc"], *[[c.name, f"{c.auc:.6f}"] for c in curves]]
+                _write_csv(stem.with_name(stem.name + "-roc.csv"), rows)
+            self.pending[key] = FinishedPass(title, stem, names, confusion, curves)
+        self._draw(run, force=False)
+
+    def _draw(self, run: RunState, force: bool) -> None:
+        budget = budget_for(run.run_dir)
+        if not self.pending or not (force or budget.due()):
+            return  # drawn later: at the next pass within budget, or at the end of the run
+        with budget.timed():
+            for done in self.pending.values():
+                accuracy = np.trace(done.confusion) / max(int(done.confusion.sum()), 1)
+                if self.confusion_matrix:
+                    path = done.stem.with_name(done.stem.name + "-cm.png")
+                    title = f"{done.title}\naccuracy {accuracy:.4f}"
+                    draw_confusion(path, title, done.confusion, done.names)
+                if self.roc:
+                    path = done.stem.with_name(done.stem.name + "-roc.png")
+                    draw_roc(path, f"ROC: {done.title}", done.curves)
+        self.pending.clear()
+
+    @staticmethod
+    def _reports(run: RunState) -> Path:
+        folder = run.run_dir / "reports"
+        folder.mkdir(exist_ok=True)
+        return folder
+
+
+def _class_names(run: RunState, output: OutputSpec, classes: int) -> list[str]:
+    """Names from the output's class-names global ({name: index}), else numbers."""
+    names = [str(k) for k in range(classes)]
+    store = run.pipeline.globals
+    if output.class_names is None or output.class_names not in store:
+        return names
+    published = store.get(output.class_names, "analysis")
+    for name, index in published.items() if isinstance(published, Mapping) else ():
+        if isinstance(index, int) and 0 <= index < classes:
+            names[index] = str(name)
+    return names

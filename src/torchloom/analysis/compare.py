@@ -1,0 +1,175 @@
+"""`loom compare RUN_A RUN_B ...`: runs side by side on one self-contained HTML page.
+
+The page holds one table of the runs' summaries and final statistics (one column per run,
+the best value of each statistic highlighted), their history curves overlaid (one plot per
+statistic and split, one line per run, against the epoch, which is comparable across batch
+sizes where episodes are not) and the config keys whose values differ. An existing output
+file is never overwritten without `force`, and every run is read before anything is written:
+bad input never destroys earlier results.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from torchloom.analysis.html_report import escape, figure, line_plot, page, table
+from torchloom.analysis.run_reading import (
+    SPLITS,
+    Run,
+    curve,
+    format_number,
+    lower_is_better,
+    plotted_statistics,
+    read_run,
+)
+from torchloom.engine.run_folder import write_text_atomic
+from torchloom.errors import ConfigError, Problem
+
+# Final statistics that are settings or counts, not results: shown, never highlighted.
+NOT_RANKED = ("samples", "lr", "batch_size")
+
+
+def _labels(runs: Sequence[Run]) -> list[str]:
+    labels: list[str] = []
+    for run in runs:
+        label, number = run.label, 2
+        while label in labels:
+            label, number = f"{run.label} ({number})", number + 1
+        labels.append(label)
+    return labels
+
+
+def _best_columns(values: Sequence[float | None], name: str) -> set[int]:
+    last = name.rsplit(".", 1)[-1]
+    numbers = [v for v in values if v is not None and v == v]  # v == v: not NaN
+    if len(numbers) < 2 or len(set(numbers)) == 1 or last in NOT_RANKED or last.endswith("_std"):
+        return set()
+    best = min(numbers) if lower_is_better(name) else max(numbers)
+    return {i for i, v in enumerate(values) if v == best}
+
+
+def summary_table(runs: Sequence[Run], labels: Sequence[str]) -> str:
+    rows: list[list[object]] = []
+    best: list[set[int]] = []
+
+    def add(name: str, cells: Sequence[object], ranked: set[int] | None = None) -> None:
+        rows.append([name, *("" if c is None else c for c in cells)])
+        best.append({i + 1 for i in (ranked or set())})
+
+    add("pipeline", [r.pipeline for r in runs])
+    add("date", [r.date for r in runs])
+    add("status", [r.status for r in runs])
+    for key in ("epochs", "episodes", "wall_time_seconds", "seed", "device"):
+        add(key.replace("_", " "), [str(r.summary.get(key, "")) for r in runs])
+    monitors = [r.monitor() for r in runs]
+    add("best monitored", [f"{n}={format_number(b)}" if n else "" for n, b, _ in monitors])
+    finals = [r.final() for r in runs]
+    names: list[str] = []
+    for section in SPLITS:
+        for final in finals:
+            names += [k for k in final if k.startswith(f"{section}.") and k not in names]
+    for final in finals:
+        names += [k for k in final if k not in names]
+    for name in names:
+        values = [final.get(name) for final in finals]
+        add(name, values, _best_columns(values, name))
+    return table(["", *labels], rows, best)
+
+
+def history_overlays(runs: Sequence[Run], labels: Sequence[str]) -> list[tuple[str, bytes]]:
+    """(split.statistic, PNG) with one line per run against the epoch."""
+    histories = [run.history() for run in runs]
+    plots = []
+    for split in ("training", "validation"):
+        columns: set[str] = set()
+        for history in histories:
+            for row in history.get(split, []):
+                columns |= set(row)
+        for statistic in plotted_statistics(columns):
+            series = [
+                (label, *curve(history.get(split, []), "epoch", statistic))
+                for label, history in zip(labels, histories, strict=True)
+            ]
+            series = [line for line in series if line[1]]
+            if series:
+                name = f"{split}.{statistic}"
+                plots.append((name, line_plot(name, series, x_label="epoch", legend=True)))
+    return plots
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
+    if isinstance(value, dict) and value:
+        flat: dict[str, str] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    return {prefix: text} if prefix else {}
+
+
+def config_differences(runs: Sequence[Run]) -> list[list[str]]:
+    """[key, value per run] for every config key whose value differs ('' where absent)."""
+    flats = []
+    for run in runs:
+        try:
+            data = yaml.safe_load(run.config_text()) or {}
+        except yaml.YAMLError:
+            data = {"config.yaml": "(cannot be parsed)"}
+        flats.append(_flatten(data if isinstance(data, dict) else {"config.yaml": data}))
+    keys = sorted({key for flat in flats for key in flat})
+    rows = []
+    for key in keys:
+        values = [flat.get(key) for flat in flats]
+        if len(set(values)) > 1:
+            rows.append([key, *("(absent)" if v is None else v for v in values)])
+    return rows
+
+
+def comparison_html(runs: Sequence[Run]) -> str:
+    labels = _labels(runs)
+    differences = config_differences(runs)
+    plots = history_overlays(runs, labels)
+    body = [
+        f"<h1>Comparison of {len(runs)} runs</h1>",
+        "<ul>" + "".join(f"<li>{escape(r.path)}</li>" for r in runs) + "</ul>",
+        '<nav><a href="#statistics">statistics</a><a href="#history">history</a>'
+        '<a href="#config">config differences</a></nav>',
+        '<h2 id="statistics">Summaries and final statistics</h2>',
+        "<p>best value per statistic highlighted (highest, or lowest for losses and errors)</p>",
+        summary_table(runs, labels),
+        '<h2 id="history">History</h2>',
+        *(
+            [figure(data, name, show_caption=False) for name, data in plots]
+            or ['<p class="absent">no per-epoch statistics in these runs</p>']
+        ),
+        '<h2 id="config">Config differences</h2>',
+        table(["key", *labels], differences) if differences else "<p>the configs are identical</p>",
+    ]
+    return page(f"compare {', '.join(labels)}", body)
+
+
+def write_comparison(
+    run_dirs: Sequence[str | Path], output: str | Path = "compare.html", force: bool = False
+) -> Path:
+    """Write the comparison page of `run_dirs` to `output` and return its path."""
+    target = Path(output).expanduser()
+    subject = f"output '{output}'"
+    if target.is_dir():
+        raise ConfigError([Problem("", subject, "is a folder", "name an .html file")])
+    if target.exists() and not force:
+        raise ConfigError([Problem("", subject, "exists already", "pass --force to overwrite it")])
+    if not target.parent.is_dir():
+        raise ConfigError([Problem("", subject, f"folder '{target.parent}' does not exist")])
+    if len(run_dirs) < 2:
+        raise ConfigError([Problem("", "loom compare", "needs at least two run folders")])
+    runs = [read_run(path) for path in run_dirs]
+    try:
+        write_text_atomic(target, comparison_html(runs))
+    except OSError as error:
+        raise ConfigError([Problem("", subject, f"cannot be written: {error}")]) from error
+    return target

@@ -1,0 +1,158 @@
+"""History curves: one PNG per statistic in `reports/history/<statistic>.png`.
+
+Drawn from the run folder's CSV files, so the hook keeps nothing in memory and a resumed run
+draws its whole history. A statistic gets a panel per epoch (training and validation epoch
+rows, x = epoch) and, where interval rows have it, a panel per logging interval (training
+rows and partial validation passes, x = episode); training and validation share a panel.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchloom.analysis.plotting import budget_for, figure, save_png
+from torchloom.analysis.schema import AnalysisConfig
+from torchloom.engine.hooks import Hook
+
+if TYPE_CHECKING:
+    from torchloom.engine.run_state import RunState
+
+# (panel, section) -> CSV file of the run folder, and the column giving the x axis.
+SOURCES = {
+    ("per epoch", "training"): "training_epoch_statistics.csv",
+    ("per epoch", "validation"): "validation_epoch_statistics.csv",
+    ("per interval", "training"): "training_statistics.csv",
+    ("per interval", "validation"): "validation_statistics.csv",
+}
+X_AXIS = {"per epoch": "epoch", "per interval": "episode"}
+# Counters and constants, not curves; min/max/std spread columns belong to their mean.
+NOT_PLOTTED = {"epoch", "episode", "samples", "batch_size"}
+SPREAD = ("_min", "_max", "_std")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+Series = dict[str, dict[str, dict[str, tuple[list[float], list[float]]]]]
+
+
+def _number(text: Any) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def history_series(
+    run_dir: Path, pending: Mapping[tuple[str, str], Mapping[str, Any]] | None = None
+) -> Series:
+    """statistic -> panel -> section -> (x, y), from the CSV files plus `pending` rows (an
+    event's row that the engine writes to its file only after the hooks have seen it; a
+    row whose episode the file already has is not added twice)."""
+    series: Series = {}
+    for (panel, section), file in SOURCES.items():
+        rows: list[Mapping[str, Any]] = list(read_rows(run_dir / file))
+        extra = (pending or {}).get((panel, section))
+        if extra is not None and not any(
+            _number(r.get("episode")) == _number(extra.get("episode")) for r in rows[-1:]
+        ):
+            rows.append(extra)
+        x_key = X_AXIS[panel]
+        for row in rows:
+            x = _number(row.get(x_key))
+            if x is None:
+                continue
+            for key, text in row.items():
+                y = _number(text)
+                if y is None or key in NOT_PLOTTED or key.endswith(SPREAD):
+                    continue
+                xs, ys = (
+                    series.setdefault(key, {}).setdefault(panel, {}).setdefault(section, ([], []))
+                )
+                xs.append(x)
+                ys.append(y)
+    return series
+
+
+def draw_statistic(path: Path, statistic: str, panels: Mapping[str, Any]) -> None:
+    from matplotlib.ticker import MaxNLocator  # matplotlib only once something is drawn
+
+    fig = figure(5.0 * len(panels) + 1.0, 4.0)
+    for index, (panel, sections) in enumerate(sorted(panels.items())):
+        ax = fig.add_subplot(1, len(panels), index + 1)
+        for section, (xs, ys) in sorted(sections.items()):
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=section)
+        ax.set(xlabel=X_AXIS[panel], ylabel=statistic, title=f"{statistic} {panel}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs and episodes count
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    save_png(fig, path, {"statistic": statistic, "panels": panels})
+
+
+def draw_history(
+    run_dir: Path,
+    pending: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+    drawn: dict[str, Any] | None = None,
+) -> list[Path]:
+    """(Re)draw the PNG of every statistic whose curves differ from `drawn` (statistic ->
+    the curves drawn last, updated here; None: draw all). Returns the files written."""
+    folder = run_dir / "reports" / "history"
+    written = []
+    for statistic, panels in sorted(history_series(run_dir, pending).items()):
+        if drawn is not None and drawn.get(statistic) == panels:
+            continue  # reading the CSV files is cheap, drawing is not
+        path = folder / f"{_UNSAFE.sub('-', statistic)}.png"
+        draw_statistic(path, statistic, panels)
+        written.append(path)
+        if drawn is not None:
+            drawn[statistic] = panels
+    return written
+
+
+class HistoryPlots(Hook):
+    """Redraws the history curves once per epoch (after validation, when there is one),
+    within the run's plotting budget, and at the end of the run; only the statistics whose
+    curves changed since they were last drawn."""
+
+    name = "history_plots"
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        self.config = config
+        self.drawn: dict[str, Any] = {}
+
+    def after_training_epoch(self, run: RunState, values: dict[str, Any]) -> None:
+        validation_follows = not run.online and run.validation_data is not None
+        if not validation_follows:  # else drawn once, after the validation pass
+            self._draw(run, {("per epoch", "training"): values}, force=False)
+
+    def after_eval(
+        self, run: RunState, section: str, values: dict[str, Any], partial: bool
+    ) -> None:
+        if section == "validation" and not partial:
+            p = run.progress
+            row = {"epoch": p.epoch, "episode": p.episode, **values}
+            self._draw(run, {("per epoch", "validation"): row}, force=False)
+
+    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+        self._draw(run, None, force=True)  # every file is complete by now
+
+    def _draw(
+        self,
+        run: RunState,
+        pending: Mapping[tuple[str, str], Mapping[str, Any]] | None,
+        force: bool,
+    ) -> None:
+        budget = budget_for(run.run_dir)
+        if force or budget.due():
+            with budget.timed():
+                draw_history(run.run_dir, pending, self.drawn)

@@ -1,0 +1,230 @@
+"""Layer statistics: activation mean/std/min/max and gradient norms per layer of every model.
+
+Measured every `interval` episodes (default: the logging interval) on one training batch:
+
+    reports/layer_statistics.csv      episode, epoch, layer, activation_*, gradient_norm
+    TensorBoard                       layers/<component>.<layer>/activation_mean, ...
+
+and a warning in run.log when a layer's gradient norm is below `vanishing` or above
+`exploding`. Layers are the leaf modules of each model component (activations), plus any
+module that holds parameters itself (gradients).
+
+Nothing runs on the other steps. The engine zeroes gradients (set to None) in its optimizer
+step, before `after_step`, so `.grad` is gone by then; instead, `after_step` of the episode
+before a measured one registers forward hooks on the layers and tensor hooks on their
+parameters, the measured step's forward and backward fill them (device tensors, no sync), and
+its `after_step` removes the hooks and reads everything back in one copy. Tensor hooks see the
+gradient of that batch's backward (with gradient accumulation: that batch's share), before
+clipping, unscaled here when fp16 loss scaling is on. Forward hooks ignore evaluation passes
+(the pipeline is then in eval mode), which may run while they are registered.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from torchloom.analysis.schema import AnalysisConfig, LayerStatisticsConfig
+from torchloom.core.component import Batch
+from torchloom.core.pipeline import Pipeline
+from torchloom.engine.hooks import Hook
+from torchloom.statistics.csv_log import CsvLog
+
+if TYPE_CHECKING:
+    from torchloom.engine.run_state import RunState
+
+ACTIVATIONS = ("activation_mean", "activation_std", "activation_min", "activation_max")
+
+
+@dataclass
+class Layer:
+    """One measured module and what the measured step left in it (device tensors)."""
+
+    name: str  # <component>.<module path>
+    module: nn.Module
+    leaf: bool
+    parameters: list[nn.Parameter]
+    # Per call of the module in the step: (elements, [mean, variance, min, max]).
+    calls: list[tuple[int, torch.Tensor]] = field(default_factory=list)
+    squared_gradients: torch.Tensor | None = None  # sum of squares over its parameters
+
+
+def find_layers(pipeline: Pipeline) -> list[Layer]:
+    """The leaf modules and the parameter-holding modules of every model component."""
+    layers = []
+    for component in pipeline.models:
+        for path, module in component.named_modules():
+            leaf = next(module.children(), None) is None
+            parameters = [p for p in module.parameters(recurse=False) if p.requires_grad]
+            if leaf or parameters:
+                name = f"{component.name}.{path}" if path else component.name
+                layers.append(Layer(name, module, leaf, parameters))
+    return layers
+
+
+def _first_tensor(output: Any) -> torch.Tensor | None:
+    """The activation of a module: its output, or the first tensor of a tuple (an LSTM's)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)):
+        return next((t for t in output if isinstance(t, torch.Tensor)), None)
+    data = getattr(output, "data", None)  # PackedSequence
+    return data if isinstance(data, torch.Tensor) else None
+
+
+def combine(calls: list[tuple[int, list[float]]]) -> dict[str, float]:
+    """Mean, std (over all elements), min and max of a layer's activations over its calls."""
+    total = sum(n for n, _ in calls)
+    mean = sum(n * s[0] for n, s in calls) / total
+    variance = sum(n * (s[1] + (s[0] - mean) ** 2) for n, s in calls) / total
+    return {
+        "activation_mean": mean,
+        "activation_std": math.sqrt(max(variance, 0.0)),
+        "activation_min": min(s[2] for _, s in calls),
+        "activation_max": max(s[3] for _, s in calls),
+    }
+
+
+class LayerStatistics(Hook):
+    """Per-layer activation and gradient statistics every `interval` episodes."""
+
+    name = "layer_statistics"
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        settings = config.settings("layer_statistics")
+        assert isinstance(settings, LayerStatisticsConfig)
+        self.settings = settings
+        self.enabled = config.enabled("layer_statistics")
+        self.interval = 1
+        self.layers: list[Layer] = []
+        self.handles: list[RemovableHandle] = []
+        self.pipeline: Pipeline | None = None
+        self.csv: CsvLog | None = None
+        self.gradient_scale = 1.0
+
+    # ---- events ----------------------------------------------------------------------------
+    def before_train(self, run: RunState) -> None:
+        if not self.enabled:
+            return
+        self.interval = self.settings.interval or run.config.logging_interval
+        self.pipeline = run.pipeline
+        self.layers = find_layers(run.pipeline)
+        folder = run.run_dir / "reports"
+        folder.mkdir(parents=True, exist_ok=True)
+        # A resumed run drops the rows past its checkpoint, as the engine's CSVs do.
+        self.csv = CsvLog(folder / "layer_statistics.csv", run.progress.episode)
+        if self.layers and (run.progress.episode + 1) % self.interval == 0:
+            self._register(run)
+
+    def after_step(self, run: RunState, batch: Batch, loss: torch.Tensor) -> None:
+        if not self.layers:
+            return
+        episode = run.progress.episode
+        if self.handles:
+            self._remove()
+            self._report(run)
+        if (episode + 1) % self.interval == 0:
+            self._register(run)
+
+    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+        self._remove()  # registered for a step that never came
+
+    # ---- measuring -------------------------------------------------------------------------
+    def _register(self, run: RunState) -> None:
+        scaler = run.precision.scaler
+        # The scale the next backward multiplies the loss by (one host read per measurement).
+        self.gradient_scale = float(scaler.get_scale()) if scaler is not None else 1.0
+        for layer in self.layers:
+            layer.calls, layer.squared_gradients = [], None
+            if layer.leaf:
+                self.handles.append(
+                    layer.module.register_forward_hook(partial(self._on_output, layer))
+                )
+            for parameter in layer.parameters:
+                self.handles.append(parameter.register_hook(partial(self._on_gradient, layer)))
+
+    def _remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _on_output(self, layer: Layer, module: nn.Module, inputs: Any, output: Any) -> None:
+        assert self.pipeline is not None
+        if not self.pipeline.training:  # an evaluation pass between registering and the step
+            return
+        activation = _first_tensor(output)
+        if activation is None or not activation.is_floating_point() or activation.numel() == 0:
+            return
+        with torch.no_grad():
+            values = activation.detach().float()
+            variance, mean = torch.var_mean(values, correction=0)
+            layer.calls.append(
+                (values.numel(), torch.stack([mean, variance, values.amin(), values.amax()]))
+            )
+
+    def _on_gradient(self, layer: Layer, gradient: torch.Tensor) -> None:
+        with torch.no_grad():
+            squares = gradient.detach().float().square().sum()
+            current = layer.squared_gradients
+            layer.squared_gradients = squares if current is None else current + squares
+
+    # ---- reporting -------------------------------------------------------------------------
+    def _report(self, run: RunState) -> None:
+        episode, epoch = run.progress.episode, run.progress.epoch + 1  # numbered as logged
+        # Everything the step left on the device, read back in one copy.
+        device_values = [s for layer in self.layers for _, s in layer.calls] + [
+            layer.squared_gradients for layer in self.layers if layer.squared_gradients is not None
+        ]
+        if not device_values:
+            return
+        host = iter(torch.cat([v.reshape(-1) for v in device_values]).cpu().tolist())
+        calls = {
+            layer.name: [(n, [next(host) for _ in range(4)]) for n, _ in layer.calls]
+            for layer in self.layers
+        }
+        vanishing, exploding = [], []
+        writer = run.reporter.writer
+        for layer in self.layers:
+            row: dict[str, Any] = {"episode": episode, "epoch": epoch, "layer": layer.name}
+            row.update(combine(calls[layer.name]) if calls[layer.name] else {})
+            if layer.squared_gradients is not None:
+                norm = math.sqrt(next(host)) / self.gradient_scale
+                row["gradient_norm"] = norm
+                if norm < self.settings.vanishing:
+                    vanishing.append(f"{layer.name} ({norm:.3g})")
+                elif not norm <= self.settings.exploding:  # NaN and inf explode too
+                    exploding.append(f"{layer.name} ({norm:.3g})")
+            layer.calls, layer.squared_gradients = [], None
+            if len(row) == 3:  # neither called nor given a gradient in this step
+                continue
+            assert self.csv is not None
+            self.csv.write(
+                {
+                    k: row.get(k)
+                    for k in ("episode", "epoch", "layer", *ACTIVATIONS, "gradient_norm")
+                }
+            )
+            if writer is not None:
+                for key, value in row.items():
+                    if key not in ("episode", "epoch", "layer"):
+                        writer.add_scalar(f"layers/{layer.name}/{key}", value, episode)
+        if vanishing:
+            run.log.warning(
+                "episode %d: vanishing gradients (norm below %g) in %s",
+                episode,
+                self.settings.vanishing,
+                ", ".join(vanishing),
+            )
+        if exploding:
+            run.log.warning(
+                "episode %d: exploding gradients (norm above %g) in %s",
+                episode,
+                self.settings.exploding,
+                ", ".join(exploding),
+            )

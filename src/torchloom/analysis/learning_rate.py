@@ -1,0 +1,319 @@
+"""Learning rates: what a run used (`LearningRateRecorder`), and what it should use (`lr_find`).
+
+`lr_find` is Smith's learning-rate range test ("Cyclical Learning Rates for Training Neural
+Networks", 2015): train from the config's initial weights while the rate grows exponentially
+from `start_lr` to `end_lr` over `steps` optimizer steps, smooth the loss, stop once it
+exceeds 4x its best, and suggest the rate where the smoothed loss falls fastest. It builds
+the pipeline, optimizer and training loader exactly as `loom train` does, in a run folder of
+its own (`<expdir>/<name>/<stamp>_lr_find/`): it never touches another run.
+
+    result = lr_find("configs/mnist/lenet5.yml", steps=100)
+    result.suggested_lr, result.run_dir  # lr_find.csv, lr_find.png, lr_find.json
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from torchloom.analysis.plotting import figure, save_png
+from torchloom.analysis.schema import AnalysisConfig
+from torchloom.config import dump_config
+from torchloom.config.schema import TrainingConfig
+from torchloom.core.component import Batch
+from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
+from torchloom.engine.devices import resolve_device
+from torchloom.engine.hooks import Hook
+from torchloom.engine.loaders import SectionLoader, to_device
+from torchloom.engine.losses import WeightedLoss
+from torchloom.engine.precision import Precision
+from torchloom.engine.run_folder import create_run_folder, write_text_atomic
+from torchloom.engine.seeding import seed_everything, set_deterministic
+from torchloom.engine.training_parts import build_training_parts
+from torchloom.errors import ConfigError, Problem
+from torchloom.statistics.csv_log import CsvLog
+
+if TYPE_CHECKING:
+    from torchloom.engine.run_state import RunState
+
+SMOOTHING = 0.98  # of the loss's exponential moving average (debiased), as in fastai
+DIVERGENCE = 4.0  # stop when the smoothed loss exceeds this many times its best
+
+
+# ---- recording a run's rates -----------------------------------------------------------------
+def group_labels(run: RunState) -> list[str]:
+    """Per optimizer parameter group, the components whose weights it holds."""
+    owners = {
+        id(p): name
+        for name, component in run.pipeline.components.items()
+        for p in component.parameters()
+    }
+    return [
+        "+".join(sorted({owners.get(id(p), "?") for p in group["params"]})) or "?"
+        for group in run.optimizer.param_groups
+    ]
+
+
+class LearningRateRecorder(Hook):
+    """Every parameter group's learning rate at the start and at each logging interval, in
+    `reports/learning_rate.csv` (columns `lr_group_<i>`); `reports/learning_rate.png` at the
+    end. Rates are read only at logging intervals, never per step."""
+
+    name = "learning_rate"
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        self.config = config
+        self.csv: CsvLog | None = None
+
+    def before_train(self, run: RunState) -> None:
+        folder = run.run_dir / "reports"
+        folder.mkdir(exist_ok=True)
+        # A resumed run drops rows past its checkpoint, as the statistics files do.
+        self.csv = CsvLog(folder / "learning_rate.csv", run.progress.episode)
+        if run.progress.episode == 0:
+            self._record(run, epoch=0)
+
+    def after_interval(self, run: RunState) -> None:
+        self._record(run, epoch=run.progress.epoch + 1)  # the epoch in progress, as the engine
+
+    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+        if self.csv is None or not self.csv.path.is_file():
+            return
+        rows = self.csv.rows()
+        labels = group_labels(run)
+        fig = figure(6.4, 4.0)
+        ax = fig.add_subplot()
+        episodes = [int(float(r["episode"])) for r in rows]
+        for index, label in enumerate(labels):
+            rates = [float(r.get(f"lr_group_{index}") or "nan") for r in rows]
+            ax.plot(episodes, rates, label=f"group {index}: {label}")
+        rates = [float(v) for r in rows for k, v in r.items() if k.startswith("lr_") and v]
+        if rates and min(rates) > 0 and max(rates) > 10 * min(rates):
+            ax.set_yscale("log")
+        ax.set(xlabel="episode", ylabel="learning rate", title="learning rate")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        save_png(fig, run.run_dir / "reports" / "learning_rate.png")
+
+    def _record(self, run: RunState, epoch: int) -> None:
+        assert self.csv is not None, "before_train opens the file"
+        row: dict[str, Any] = {"episode": run.progress.episode, "epoch": epoch}
+        for index, group in enumerate(run.optimizer.param_groups):
+            row[f"lr_group_{index}"] = float(group["lr"])
+        self.csv.write(row)
+
+
+# ---- the range test --------------------------------------------------------------------------
+@dataclass
+class LrFindResult:
+    run_dir: Path
+    suggested_lr: float
+    learning_rates: list[float]
+    losses: list[float]
+    smoothed_losses: list[float]
+    stopped: str  # why the ramp ended
+
+
+def suggest(learning_rates: Sequence[float], smoothed: Sequence[float]) -> float:
+    """The rate where the smoothed loss falls fastest per log-rate (steepest descent); the
+    rate of the lowest loss when there are too few points for a slope."""
+    finite = [(r, s) for r, s in zip(learning_rates, smoothed, strict=True) if math.isfinite(s)]
+    if not finite:
+        return float(learning_rates[0])
+    rates, losses = (np.asarray(v, dtype=float) for v in zip(*finite, strict=True))
+    if len(rates) < 3:
+        return float(rates[int(np.argmin(losses))])
+    slope = np.gradient(losses, np.log(rates))
+    return float(rates[int(np.argmin(slope))])
+
+
+def _check_range(start_lr: float, end_lr: float, steps: int) -> None:
+    problems = []
+    if not start_lr > 0:
+        problems.append(Problem("command line", "--start-lr", f"must be > 0, got {start_lr}"))
+    if not end_lr > start_lr:
+        problems.append(
+            Problem("command line", "--end-lr", f"must be above --start-lr, got {end_lr}")
+        )
+    if steps < 2:
+        problems.append(Problem("command line", "--steps", f"must be at least 2, got {steps}"))
+    if problems:
+        raise ConfigError(problems)
+
+
+def lr_find(
+    config_path: str | os.PathLike[str],
+    overrides: Sequence[str] = (),
+    start_lr: float = 1e-7,
+    end_lr: float = 10.0,
+    steps: int = 100,
+    expdir: str | os.PathLike[str] = "runs",
+    device: str | None = None,
+    disable: Sequence[str] = (),
+) -> LrFindResult:
+    """Run the range test on the config's training section; see the module docstring.
+    Raises ConfigError (a LoomError) for anything the user can fix."""
+    _check_range(start_lr, end_lr, steps)
+    loaded, sections = load_and_validate(config_path, overrides)
+    training = sections.get("training")
+    if not isinstance(training, TrainingConfig):
+        problem = Problem(loaded.where(), "section 'training'", "is required to find a rate")
+        raise ConfigError([problem])
+    seed = training.seed if training.seed is not None else secrets.randbelow(2**31)
+    loaded.data["training"]["seed"] = seed
+    seed_everything(seed)
+    set_deterministic(training.deterministic)
+    pipeline = build_checked(loaded, disable)
+    run_device = resolve_device(device)
+    pipeline.to(run_device)
+    parts = build_training_parts(pipeline, training, loaded.where)
+    data = SectionLoader(
+        "training",
+        pipeline.tasks["training"],
+        training,
+        seed,
+        loaded.where,
+        pin_memory=run_device.type == "cuda",
+    )
+    clip = training.gradient_clipping
+    precision = Precision(
+        training.precision,
+        run_device,
+        clip.norm if clip else None,
+        clip.value if clip else None,
+        clip.norm_type if clip else 2.0,
+    )
+    run_dir = create_run_folder(expdir, pipeline_name(loaded), "lr_find")
+    write_text_atomic(run_dir / "config.yaml", dump_config(loaded.data))
+
+    optimizer = parts.optimizer
+    # Groups keep their configured ratios (a smaller rate for a pretrained encoder, say):
+    # the ramp scales them all, and the first group's rate is the one reported.
+    bases = [float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups]
+    ratios = [b / bases[0] if bases[0] > 0 else 1.0 for b in bases]
+    parameters = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
+    rates: list[float] = []
+    losses: list[float] = []
+    smoothed: list[float] = []
+    average, best, stopped = 0.0, math.inf, f"all {steps} steps"
+    batches = _endless(data, training.gradient_accumulation)
+    pipeline.train()
+    for step in range(steps):
+        rate = start_lr * (end_lr / start_lr) ** (step / (steps - 1))
+        for group, ratio in zip(optimizer.param_groups, ratios, strict=True):
+            group["lr"] = rate * ratio
+        loss = _optimizer_step(pipeline, parts.loss, precision, optimizer, parameters, batches)
+        average = SMOOTHING * average + (1 - SMOOTHING) * loss
+        value = average / (1 - SMOOTHING ** (step + 1))
+        rates.append(rate)
+        losses.append(loss)
+        smoothed.append(value)
+        if not math.isfinite(value):
+            stopped = f"the loss became {loss} at step {step + 1}"
+            break
+        if step > 0 and best > 0 and value > DIVERGENCE * best:
+            stopped = f"the smoothed loss exceeded {DIVERGENCE:g}x its best at step {step + 1}"
+            break
+        best = min(best, value)
+    batches.close()  # ends the last loader iteration (and its workers) now
+
+    result = LrFindResult(run_dir, suggest(rates, smoothed), rates, losses, smoothed, stopped)
+    _write_files(result, start_lr, end_lr, steps, seed, run_device)
+    return result
+
+
+def _endless(data: SectionLoader, accumulation: int) -> Generator[list[Batch], None, None]:
+    """Groups of `accumulation` batches, epoch after epoch, for as many steps as asked."""
+    epoch = 0
+    while True:
+        group: list[Batch] = []
+        for batch in data.epoch(epoch):
+            group.append(batch)
+            if len(group) == accumulation:
+                yield group
+                group = []
+        if group:
+            yield group
+        epoch += 1
+
+
+def _optimizer_step(
+    pipeline: torch.nn.Module,
+    weighted_loss: WeightedLoss,
+    precision: Precision,
+    optimizer: torch.optim.Optimizer,
+    parameters: list[torch.nn.Parameter],
+    batches: Iterator[list[Batch]],
+) -> float:
+    """One optimizer step (over `accumulation` batches, as training makes it); its mean loss."""
+    group = next(batches)
+    total = 0.0
+    for batch in group:
+        batch = to_device(batch, precision.device)
+        with precision.autocast():
+            pipeline(batch)
+            loss = weighted_loss(batch)
+        precision.backward(loss / len(group) if len(group) > 1 else loss)
+        total += float(loss.detach())  # the test needs every loss on the host: one sync a batch
+    precision.step(optimizer, parameters)
+    optimizer.zero_grad(set_to_none=True)
+    return total / len(group)
+
+
+def _write_files(
+    result: LrFindResult,
+    start_lr: float,
+    end_lr: float,
+    steps: int,
+    seed: int,
+    device: torch.device,
+) -> None:
+    run_dir = result.run_dir
+    table = CsvLog(run_dir / "lr_find.csv")
+    for step, (rate, loss, value) in enumerate(
+        zip(result.learning_rates, result.losses, result.smoothed_losses, strict=True), 1
+    ):
+        table.write({"step": step, "lr": rate, "loss": loss, "smoothed_loss": value})
+    summary = {
+        "suggested_lr": result.suggested_lr,
+        "rule": "steepest descent of the smoothed loss against log(lr)",
+        "start_lr": start_lr,
+        "end_lr": end_lr,
+        "steps": steps,
+        "steps_run": len(result.learning_rates),
+        "stopped": result.stopped,
+        "seed": seed,
+        "device": str(device),
+    }
+    write_text_atomic(run_dir / "lr_find.json", json.dumps(summary, indent=2) + "\n")
+
+    fig = figure(6.4, 4.4)
+    ax = fig.add_subplot()
+    ax.plot(result.learning_rates, result.losses, color="lightgrey", label="loss")
+    ax.plot(result.learning_rates, result.smoothed_losses, label="smoothed loss")
+    ax.axvline(
+        result.suggested_lr,
+        color="red",
+        linestyle="--",
+        label=f"suggested {result.suggested_lr:.3g}",
+    )
+    smooth = [v for v in result.smoothed_losses if math.isfinite(v)]
+    if smooth:  # keep the divergent tail from squashing the interesting part
+        low = min(v for v in [*smooth, *result.losses] if math.isfinite(v))
+        high = min(max(smooth), DIVERGENCE * max(min(smooth), 1e-12))
+        margin = 0.05 * (high - low) + 1e-12
+        ax.set_ylim(low - margin, high + margin)
+    ax.set_xscale("log")
+    ax.set(xlabel="learning rate", ylabel="loss", title="learning-rate range test")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    save_png(fig, run_dir / "lr_find.png", {"suggested_lr": result.suggested_lr})

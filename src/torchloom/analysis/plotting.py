@@ -1,0 +1,91 @@
+"""Shared plotting helpers for analysis reports: PNG figures with matplotlib's Agg renderer.
+
+matplotlib is imported inside the functions, never at module level, so `import torchloom`
+(and a run whose analysis draws nothing) does not pay its import time. Figures are made with
+`matplotlib.figure.Figure`, not pyplot: no global figure registry to leak into, and no
+interactive backend to pick, so drawing is safe in a headless worker and in tests.
+
+    fig = figure(6, 4)
+    ax = fig.add_subplot()
+    ax.plot(xs, ys)
+    save_png(fig, run_dir / "reports" / "curve.png")
+
+`PlotBudget` keeps a run's plotting under a fixed share of its wall time (see `budget_for`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+DPI = 100
+
+
+def figure(width: float = 6.4, height: float = 4.8) -> Figure:
+    """A new figure of `width` x `height` inches, laid out to fit its labels."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)  # attaches itself: savefig renders with Agg, whatever pyplot uses
+    return fig
+
+
+def save_png(fig: Figure, path: Path, data: Mapping[str, Any] | None = None) -> None:
+    """Write `fig` as a PNG through a temporary file and a rename, so a reader (an HTML
+    report refreshing, a test) never sees half an image. `data` (JSON-able) goes into the
+    PNG's text chunk `torchloom`, so the picture carries the numbers it shows."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.stem}.tmp.png")
+    metadata = {"torchloom": json.dumps(data)} if data is not None else None
+    fig.savefig(temporary, format="png", dpi=DPI, metadata=metadata)
+    os.replace(temporary, path)
+
+
+def png_data(path: Path) -> Any:
+    """The `data` that `save_png` stored in a PNG (None when there is none)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        text = image.info.get("torchloom")
+    return json.loads(text) if text is not None else None
+
+
+class PlotBudget:
+    """Keeps the time spent drawing under `fraction` of the wall time since the budget was
+    made. Redrawing every plot after every epoch would cost a short epoch more than the 5%
+    analysis may add; plots skipped here are drawn at the end of the run instead."""
+
+    def __init__(self, fraction: float = 0.05) -> None:
+        self.fraction = fraction
+        self.started = time.perf_counter()
+        self.spent = 0.0
+
+    def due(self) -> bool:
+        return self.spent <= self.fraction * (time.perf_counter() - self.started)
+
+    @contextlib.contextmanager
+    def timed(self) -> Iterator[None]:
+        """Charge the time spent inside the block to the budget."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.spent += time.perf_counter() - started
+
+
+_BUDGETS: dict[Path, PlotBudget] = {}
+
+
+def budget_for(run_dir: Path) -> PlotBudget:
+    """The budget shared by every hook that plots into one run folder, so that together they
+    stay within it."""
+    return _BUDGETS.setdefault(Path(run_dir), PlotBudget())

@@ -1,0 +1,272 @@
+"""Reading a run folder back: its summary, config, statistics CSVs and report files.
+
+Everything here tolerates a run that is still running, was killed, or ran with fewer
+analysis items: only a missing folder or a missing summary.json is an error (the folder is
+not a run). Imports no torch and no matplotlib, so `loom runs` stays fast.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torchloom.errors import ConfigError, Problem
+
+SPLITS = ("training", "validation", "test")
+# Columns of the statistics CSVs that are counters, not statistics.
+COUNTERS = frozenset({"epoch", "episode"})
+_STAMP = re.compile(r"^(\d{4})(\d{2})(\d{2})_(\d{2})(\d{2})(\d{2})")
+_LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse", "wer", "cer")
+
+
+@dataclass
+class Run:
+    """One run folder as read from disk."""
+
+    path: Path
+    summary: dict[str, Any]
+
+    @property
+    def pipeline(self) -> str:
+        return str(self.summary.get("pipeline") or self.path.parent.name)
+
+    @property
+    def status(self) -> str:
+        return str(self.summary.get("status", "unknown"))
+
+    @property
+    def label(self) -> str:
+        """`<pipeline>/<stamp>`: how a run is named on pages and in tables."""
+        return f"{self.path.parent.name}/{self.path.name}"
+
+    @property
+    def date(self) -> str:
+        return run_date(self.path)
+
+    def config_text(self) -> str:
+        path = self.path / "config.yaml"
+        return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+
+    def final(self) -> dict[str, float]:
+        """Final statistics as `section.name -> value` (numbers only)."""
+        values: dict[str, float] = {}
+        for section, statistics in (self.summary.get("final") or {}).items():
+            for name, value in (statistics or {}).items():
+                number = as_number(value)
+                if number is not None and name not in COUNTERS:
+                    values[f"{section}.{name}"] = number
+        return values
+
+    def statistic(self, key: str) -> float | None:
+        """A statistic for model selection: its value at the best epoch (the weights kept in
+        best.pt), else its final value (test statistics are measured with best.pt)."""
+        best = as_number((self.summary.get("best") or {}).get(key))
+        return best if best is not None else self.final().get(key)
+
+    def monitor(self) -> tuple[str, float | None, int | None]:
+        """(name, best value, best epoch) of the monitored statistic; ('', None, None) if none."""
+        monitor = self.summary.get("monitor") or {}
+        epoch = monitor.get("best_epoch")
+        return (
+            str(monitor.get("name") or ""),
+            as_number(monitor.get("best")),
+            int(epoch) if isinstance(epoch, int) else None,
+        )
+
+    def history(self) -> dict[str, list[dict[str, float]]]:
+        """Per-epoch statistics rows per split (training, validation; test: its one row)."""
+        found = {}
+        for split in SPLITS:
+            for name in (f"{split}_epoch_statistics.csv", f"{split}_statistics.csv"):
+                if split != "test" and name == f"{split}_statistics.csv":
+                    continue  # interval rows: see interval_history()
+                rows = numeric_rows(read_csv(self.path / name))
+                if rows:
+                    found[split] = rows
+                    break
+        return found
+
+    def interval_history(self) -> list[dict[str, float]]:
+        """Training statistics at the logging interval (empty when none were logged)."""
+        return numeric_rows(read_csv(self.path / "training_statistics.csv"))
+
+    def reports(self, pattern: str) -> list[Path]:
+        """Files under `reports/` matching a glob, sorted by name; [] when there are none."""
+        folder = self.path / "reports"
+        return sorted(p for p in folder.glob(pattern) if p.is_file()) if folder.is_dir() else []
+
+
+def _not_a_run(path: Path, message: str) -> ConfigError:
+    return ConfigError([Problem("", f"run folder '{path}'", message)])
+
+
+def read_run(path: str | Path) -> Run:
+    """The run in `path`, or a ConfigError naming the folder when it is not a run."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise _not_a_run(folder, "does not exist" if not folder.exists() else "is not a folder")
+    summary_path = folder / "summary.json"
+    if not summary_path.is_file():
+        raise _not_a_run(
+            folder,
+            "has no summary.json: not a run folder (loom train writes <expdir>/<pipeline>/<date>/)",
+        )
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise _not_a_run(folder, f"summary.json cannot be read: {error}") from error
+    if not isinstance(summary, dict):
+        raise _not_a_run(folder, "summary.json is not a JSON object")
+    return Run(folder.resolve(), summary)
+
+
+def find_runs(expdir: str | Path) -> list[Path]:
+    """Run folders under an experiments folder: `<expdir>/<pipeline>/<stamp>/summary.json`."""
+    folder = Path(expdir).expanduser()
+    if not folder.is_dir():
+        what = "does not exist" if not folder.exists() else "is not a folder"
+        raise ConfigError(
+            [Problem("", f"experiments folder '{expdir}'", what, "pass the --expdir of loom train")]
+        )
+    return sorted(p.parent for p in folder.glob("*/*/summary.json") if p.is_file())
+
+
+def run_date(path: Path) -> str:
+    """`YYYY-mm-dd HH:MM:SS` from a run folder's name, else from its summary's file time."""
+    match = _STAMP.match(path.name)
+    if match:
+        y, mo, d, h, mi, s = match.groups()
+        return f"{y}-{mo}-{d} {h}:{mi}:{s}"
+    try:
+        stamp = (path / "summary.json").stat().st_mtime
+    except OSError:
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+
+
+def as_number(value: Any) -> float | None:
+    """A finite-or-not float from a JSON or CSV value; None for anything else."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """A CSV file as a list of dicts (no rows when the file is missing or unreadable)."""
+    if not path.is_file():
+        return []
+    try:
+        with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+            return [dict(row) for row in csv.DictReader(handle)]
+    except (OSError, csv.Error):
+        return []
+
+
+def numeric_rows(rows: list[dict[str, str]]) -> list[dict[str, float]]:
+    """Rows with their numeric cells only."""
+    result = []
+    for row in rows:
+        numbers = {k: as_number(v) for k, v in row.items() if k}
+        result.append({k: v for k, v in numbers.items() if v is not None})
+    return result
+
+
+def curve(rows: list[dict[str, float]], x: str, y: str) -> tuple[list[float], list[float]]:
+    """The (x, y) points of the rows that hold both columns, as two lists."""
+    points = [(row[x], row[y]) for row in rows if x in row and y in row]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def lower_is_better(name: str) -> bool:
+    """Direction of a statistic by its name: losses and errors fall, everything else rises."""
+    last = name.rsplit(".", 1)[-1].lower()
+    return any(word in last for word in _LOWER_IS_BETTER)
+
+
+def plotted_statistics(columns: set[str]) -> list[str]:
+    """Statistics worth a history curve: no counters, spreads (`_min`/`_max`/`_std`) or
+    sample counts."""
+    skipped = COUNTERS | {"samples"}
+    return sorted(
+        c for c in columns if c not in skipped and not c.endswith(("_min", "_max", "_std"))
+    )
+
+
+def format_number(value: float | None) -> str:
+    if value is None:
+        return ""
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    if value == int(value) and abs(value) < 1e12:
+        return str(int(value))
+    return f"{value:.4f}" if 1e-3 <= abs(value) < 1000 else f"{value:.4g}"
+
+
+# ---- markdown (the analysis reports are tiny markdown files) --------------------------------
+def markdown_blocks(text: str) -> list[tuple[str, Any]]:
+    """Markdown as blocks: ('heading', (level, text)), ('table', [header, *rows]),
+    ('list', [items]), ('code', text), ('paragraph', text). Enough for pipe tables, headings,
+    bullet lists and fenced code; anything else is a paragraph."""
+    blocks: list[tuple[str, Any]] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i].rstrip()
+        stripped = line.strip()
+        if not stripped:
+            i += 1
+        elif stripped.startswith("```"):
+            end = i + 1
+            while end < len(lines) and not lines[end].strip().startswith("```"):
+                end += 1
+            blocks.append(("code", "\n".join(lines[i + 1 : end])))
+            i = end + 1
+        elif stripped.startswith("#"):
+            level = len(stripped) - len(stripped.lstrip("#"))
+            blocks.append(("heading", (min(level, 6), stripped[level:].strip())))
+            i += 1
+        elif stripped.startswith("|"):
+            rows = []
+            while i < len(lines) and lines[i].strip().startswith("|"):
+                cells = _pipe_cells(lines[i].strip())
+                separator = any(cells) and all(re.fullmatch(r":?-+:?", c) for c in cells if c)
+                if not separator:
+                    rows.append(cells)
+                i += 1
+            blocks.append(("table", rows))
+        elif re.match(r"^[-*+] ", stripped):
+            items = []
+            while i < len(lines) and re.match(r"^\s*[-*+] ", lines[i]):
+                items.append(lines[i].strip()[2:].strip())
+                i += 1
+            blocks.append(("list", items))
+        else:
+            paragraph = []
+            while i < len(lines) and lines[i].strip() and not _starts_block(lines[i].strip()):
+                paragraph.append(lines[i].strip())
+                i += 1
+            blocks.append(("paragraph", " ".join(paragraph)))
+    return blocks
+
+
+def _starts_block(line: str) -> bool:
+    return line.startswith(("#", "|", "```")) or bool(re.match(r"^[-*+] ", line))
+
+
+def _pipe_cells(line: str) -> list[str]:
+    inner = line[1:-1] if line.endswith("|") and len(line) > 1 else line[1:]
+    cells = re.split(r"(?<!\\)\|", inner)
+    return [c.strip().replace("\\|", "|") for c in cells]

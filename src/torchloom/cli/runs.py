@@ -1,0 +1,25 @@
+"""`loom runs [EXPDIR] [--sort STAT] [--limit N]`: a table of runs for model selection."""
+
+from __future__ import annotations
+
+import argparse
+
+from torchloom.analysis.runs_table import list_runs, sort_runs, table_cells
+from torchloom.cli.table import format_table
+from torchloom.errors import ConfigError, Problem
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError([Problem("", "--limit", f"must be at least 1, not {args.limit}")])
+    rows = list_runs(args.expdir)
+    if not rows:
+        print(f"no runs under {args.expdir} (a run is <expdir>/<pipeline>/<date>/summary.json)")
+        return 0
+    if args.sort:
+        rows = sort_runs(rows, args.sort, args.descending)
+    if args.limit is not None:
+        rows = rows[: args.limit]
+    headers, cells, right = table_cells(rows, args.sort)
+    print(format_table(headers, cells, align_right=right))
+    return 0

@@ -1,0 +1,158 @@
+"""Layer statistics: activations and gradient norms per layer on measured steps only, CSV and
+TensorBoard, warnings for vanishing and exploding gradients; training stays bit-identical."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import torch
+from test_analysis_worst_samples import (
+    assert_bit_identical,
+    baseline_weights,
+    final_weights,
+    train,
+)
+from torch import nn
+
+from torchloom.analysis.layer_statistics import LayerStatistics, combine, find_layers
+from torchloom.analysis.schema import AnalysisConfig, LayerStatisticsConfig
+from torchloom.engine.reporting import close_logger, make_logger
+
+
+def rows_of(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.name = "net"
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+    @property
+    def first(self) -> nn.Linear:
+        return cast(nn.Linear, self.body[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def hooked(net: Net) -> bool:
+    first = net.first
+    return bool(first._forward_hooks) or bool(first.weight._backward_hooks)
+
+
+def test_measured_steps_match_a_direct_computation_and_warn(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = Net()
+    pipeline = SimpleNamespace(models=[net], training=True)
+    log = make_logger(tmp_path, quiet=True)
+    run: Any = SimpleNamespace(
+        progress=SimpleNamespace(episode=0, epoch=0),
+        config=SimpleNamespace(logging_interval=10),
+        run_dir=tmp_path,
+        pipeline=pipeline,
+        precision=SimpleNamespace(scaler=None),
+        reporter=SimpleNamespace(writer=None),
+        log=log,
+    )
+    config = AnalysisConfig(layer_statistics=LayerStatisticsConfig(interval=2))
+    hook = LayerStatistics(config)
+    hook.before_train(run)
+    assert not hooked(net)  # episode 1 is not measured
+    # Gradients scaled tiny at the first measured step, huge at the second.
+    scales = {1: 1.0, 2: 1e-12, 3: 1.0, 4: 1e9}
+    expected: dict[int, dict[str, float]] = {}
+    for episode in range(1, 5):
+        x = torch.randn(16, 4)
+        if episode == 4:  # an evaluation pass between registering and the step: not counted
+            pipeline.training = False
+            with torch.no_grad():
+                net(torch.full((3, 4), 100.0))
+            pipeline.training = True
+        hidden = net.body[0](x)
+        loss = scales[episode] * net.body[2](net.body[1](hidden)).sum()
+        loss.backward()
+        hidden = hidden.detach()
+        gradients = [p.grad for p in net.first.parameters() if p.grad is not None]
+        norm = math.sqrt(sum(float(g.square().sum()) for g in gradients))
+        expected[episode] = {
+            "activation_mean": float(hidden.mean()),
+            "activation_std": float(hidden.std(correction=0)),
+            "activation_min": float(hidden.min()),
+            "activation_max": float(hidden.max()),
+            "gradient_norm": norm,
+        }
+        net.zero_grad(set_to_none=True)  # as the engine does, before after_step
+        run.progress.episode = episode
+        hook.after_step(run, {}, loss)
+        assert hooked(net) == (episode % 2 == 1)  # registered only for the next, measured step
+    hook.after_train(run, {})
+    close_logger(log)
+
+    rows = rows_of(tmp_path / "reports" / "layer_statistics.csv")
+    assert [(r["episode"], r["layer"]) for r in rows] == [
+        (str(e), f"net.body.{i}") for e in (2, 4) for i in range(3)
+    ]
+    for row in rows:
+        assert (row["gradient_norm"] == "") == row["layer"].endswith(".1")  # ReLU: no weights
+        if row["layer"] == "net.body.0":
+            for key, value in expected[int(row["episode"])].items():
+                assert float(row[key]) == pytest.approx(value, rel=1e-5, abs=1e-30), key
+    text = (tmp_path / "run.log").read_text()
+    assert "episode 2: vanishing gradients (norm below 1e-07) in net.body.0" in text
+    assert "episode 4: exploding gradients (norm above 1000) in net.body.0" in text
+
+
+def test_statistics_of_several_calls_combine_exactly() -> None:
+    values = [torch.randn(10), torch.randn(30) * 3 + 1]
+    calls = [
+        (len(v), [float(v.mean()), float(v.var(correction=0)), float(v.min()), float(v.max())])
+        for v in values
+    ]
+    everything = torch.cat(values)
+    combined = combine(calls)
+    assert combined["activation_mean"] == pytest.approx(float(everything.mean()), rel=1e-5)
+    assert combined["activation_std"] == pytest.approx(
+        float(everything.std(correction=0)), rel=1e-5
+    )
+    assert combined["activation_max"] == pytest.approx(float(everything.max()))
+
+
+def test_run_with_layer_statistics_is_bit_identical(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    config = AnalysisConfig(layer_statistics=LayerStatisticsConfig(interval=3))
+    state = train(tmp_path_factory, [LayerStatistics(config)], tensorboard=1)
+    assert_bit_identical(final_weights(state.run_dir), baseline_weights(tmp_path_factory))
+
+    layers = [layer.name for layer in find_layers(state.pipeline)]
+    assert len(layers) == 13 and "image_classifier.features.0" in layers  # LeNet-5's leaves
+    rows = rows_of(state.run_dir / "reports" / "layer_statistics.csv")
+    # 8 episodes, every third measured; one row per layer.
+    assert [(int(r["episode"]), r["layer"]) for r in rows] == [
+        (episode, layer) for episode in (3, 6) for layer in layers
+    ]
+    for row in rows:
+        low, mean, high = (float(row[f"activation_{k}"]) for k in ("min", "mean", "max"))
+        assert low <= mean <= high and float(row["activation_std"]) >= 0
+        weighted = any(
+            layer.name == row["layer"] and layer.parameters for layer in find_layers(state.pipeline)
+        )
+        assert (row["gradient_norm"] != "") == weighted
+        if weighted:
+            assert 0 < float(row["gradient_norm"]) < 100
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(state.run_dir / "tensorboard"))
+    events.Reload()
+    tag = "layers/image_classifier.features.0/gradient_norm"
+    assert tag in events.Tags()["scalars"]
+    assert [event.step for event in events.Scalars(tag)] == [3, 6]

@@ -1,0 +1,152 @@
+"""`loom runs [EXPDIR] [--sort STAT]`: the table of runs for model selection."""
+
+from __future__ import annotations
+
+import json
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import torchloom
+from torchloom.analysis.runs_table import list_runs, sort_runs
+from torchloom.cli import runs as runs_command
+from torchloom.errors import ConfigError
+
+SMALL_RUN = """\
+default_configs: [loom://mnist/lenet5.yml]
+training:
+  task: {{data_folder: {data}, subset: 256}}
+  terminal_conditions: {{epoch_limit: 1}}
+validation:
+  task: {{subset: 128}}
+test:
+  task: {{subset: 128}}
+"""
+
+
+def fake_run(
+    expdir: Path, pipeline: str, stamp: str, accuracy: float | None, loss: float, **extra: Any
+) -> Path:
+    """A finished run's summary.json, shaped like the one `loom train` writes."""
+    folder = expdir / pipeline / stamp
+    folder.mkdir(parents=True)
+    best = {"validation.loss": loss}
+    if accuracy is not None:
+        best["validation.accuracy"] = accuracy
+    summary = {
+        "pipeline": pipeline,
+        "status": "early_stopped",
+        "epochs": 5,
+        "monitor": {"name": "validation.loss", "mode": "min", "best": loss, "best_epoch": 4},
+        "best": best,
+        "final": {"validation": {"loss": loss + 0.1}, "test": {"accuracy": 0.5}},
+        **extra,
+    }
+    (folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def expdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Three fake runs and one real one (its folder name is today's date)."""
+    folder = tmp_path_factory.mktemp("runs")
+    experiments = folder / "experiments"
+    fake_run(experiments, "mlp", "20240101_090000", 0.91, 0.30)
+    fake_run(experiments, "mlp", "20240102_090000_wide", 0.97, 0.12)
+    fake_run(experiments, "cnn", "20240103_090000", None, 0.50)  # no accuracy statistic
+    (experiments / "cnn" / "20240104_090000").mkdir()  # no summary.json: not a run
+    (experiments / "notes.txt").write_text("not a run")
+    config = folder / "small.yml"
+    config.write_text(SMALL_RUN.format(data=folder / "mnist"), encoding="utf-8")
+    torchloom.train(config, expdir=str(experiments), analysis=False, tensorboard=0)
+    return experiments
+
+
+def show(expdir: Path, capsys: pytest.CaptureFixture[str], **options: Any) -> list[str]:
+    """The lines `loom runs` prints for its rows (header and separator dropped)."""
+    arguments = {"expdir": str(expdir), "sort": None, "limit": None, "descending": None}
+    assert runs_command.run(Namespace(**{**arguments, **options})) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["pipeline", "date", "status", "epochs"]
+    assert lines[0].split()[-1] == "folder"
+    return lines[2:]
+
+
+def folders(lines: list[str]) -> list[str]:
+    """`<pipeline>/<stamp>` of each row (the folder is the last column), the real run's
+    stamp (today's date) replaced by 'now'."""
+    names = ["/".join(Path(line.split()[-1]).parts[-2:]) for line in lines]
+    return ["small/now" if name.startswith("small/") else name for name in names]
+
+
+def test_every_run_is_listed_newest_first(expdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lines = show(expdir, capsys)
+    assert folders(lines) == [
+        "small/now",
+        "cnn/20240103_090000",
+        "mlp/20240102_090000_wide",
+        "mlp/20240101_090000",
+    ]
+    assert "2024-01-02 09:00:00" in lines[2] and "validation.loss=0.1200" in lines[2]
+    assert "early_stopped" in lines[2]
+    assert lines[0].split()[0] == "small" and "epoch_limit" in lines[0]
+    assert "validation.accuracy=0." in lines[0], "the real run's monitored statistic"
+
+
+def test_sort_by_accuracy_is_highest_first_and_runs_without_it_last(
+    expdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    real = list_runs(expdir)[0].run.statistic("validation.accuracy")
+    assert real is not None
+    ranked = sorted(
+        [("mlp/20240102_090000_wide", 0.97), ("mlp/20240101_090000", 0.91), ("small/now", real)],
+        key=lambda pair: -pair[1],
+    )
+    lines = show(expdir, capsys, sort="validation.accuracy")
+    assert folders(lines) == [name for name, _ in ranked] + ["cnn/20240103_090000"]
+    ascending = show(expdir, capsys, sort="validation.accuracy", descending=False)
+    assert folders(ascending) == [name for name, _ in reversed(ranked)] + ["cnn/20240103_090000"]
+
+
+def test_sort_by_a_loss_is_lowest_first_unless_told(
+    expdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = sort_runs(list_runs(expdir), "validation.loss")
+    values = [row.sort_value for row in rows]
+    assert None not in values and values == sorted(v for v in values if v is not None)
+    assert folders(show(expdir, capsys, sort="validation.loss"))[:3] == [
+        "mlp/20240102_090000_wide",
+        "mlp/20240101_090000",
+        "cnn/20240103_090000",
+    ], "0.12 < 0.30 < 0.50 (the real run's untrained loss is about 2)"
+    descending = sort_runs(list_runs(expdir), "validation.loss", descending=True)
+    assert [row.sort_value for row in descending] == list(reversed(values))
+
+
+def test_sort_by_a_test_statistic_and_limit(
+    expdir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = show(expdir, capsys, sort="test.loss", limit=2)
+    assert folders(lines)[0] == "small/now" and len(lines) == 2, "only the real run has one"
+    lines = show(expdir, capsys, sort="test.accuracy", limit=2)
+    assert len(lines) == 2
+
+
+def test_a_misspelt_sort_statistic_is_a_user_error_with_a_suggestion(expdir: Path) -> None:
+    with pytest.raises(ConfigError, match=r"did you mean 'validation\.accuracy'"):
+        sort_runs(list_runs(expdir), "validation.acuracy")
+
+
+def test_a_missing_expdir_is_a_user_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError, match="does not exist") as error:
+        list_runs(tmp_path / "nowhere")
+    assert str(tmp_path / "nowhere") in str(error.value)
+    arguments = {"sort": None, "limit": None, "descending": None}
+    assert runs_command.run(Namespace(expdir=str(tmp_path), **arguments)) == 0
+    assert "no runs under" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--limit"):
+        runs_command.run(Namespace(expdir=str(tmp_path), **{**arguments, "limit": 0}))
