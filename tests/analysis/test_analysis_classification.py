@@ -15,10 +15,10 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-from torchloom.analysis.classification import (
+from torchloom.analysis.classification import ClassificationAnalysis, ErrorStream
+from torchloom.analysis.classification_numbers import (
     ROC_BINS,
     ClassCounts,
-    ClassificationAnalysis,
     classification_report,
     roc_curves,
     score_bins,
@@ -179,7 +179,10 @@ def batch(ids: list[int], targets: list[int], predicted: list[int]) -> dict[str,
     return {"indices": torch.tensor(ids), "targets": torch.tensor(targets), "predictions": scores}
 
 
-def test_partial_validation_passes_are_dropped_and_full_ones_kept(tmp_path: Path) -> None:
+def test_partial_validation_passes_are_dropped_and_full_ones_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ErrorStream, "FLUSH", 2)  # rows reach the file within a pass
     run, hook = fake_run(tmp_path), ClassificationAnalysis(AnalysisConfig())
     reports = tmp_path / "reports"
     hook.eval_batch(run, "validation", batch([0, 1], [0, 1], [2, 2]))

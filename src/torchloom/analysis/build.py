@@ -18,12 +18,6 @@ from torchloom.errors import ConfigError, Problem, did_you_mean
 
 # hook class -> (module, the items that switch it on)
 HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "WorstSamples": ("torchloom.analysis.worst_samples", ("worst_samples",)),
-    "SampleExport": ("torchloom.analysis.sample_export", ("random_samples", "augmentation")),
-    "EmbeddingExport": ("torchloom.analysis.embeddings", ("embeddings",)),
-    "LayerStatistics": ("torchloom.analysis.layer_statistics", ("layer_statistics",)),
-}
-PLANNED_HOOKS = {
     "ModelSummary": ("torchloom.analysis.model_summary", ("model_summary",)),
     "ClassificationAnalysis": (
         "torchloom.analysis.classification",

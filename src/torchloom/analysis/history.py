@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchloom.analysis.plotting import budget_for, figure, save_png
+from torchloom.analysis.plotting import CURVE_MARGINS, budget_for, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.engine.hooks import Hook
 
 if TYPE_CHECKING:
     from torchloom.engine.run_state import RunState
 
-# (panel, section) -> CSV file of the run folder, and the column giving the x axis.
+# (panel, section) -> the run folder's CSV file it is drawn from.
 SOURCES = {
     ("per epoch", "training"): "training_epoch_statistics.csv",
     ("per epoch", "validation"): "validation_epoch_statistics.csv",
@@ -87,7 +87,7 @@ def history_series(
 def draw_statistic(path: Path, statistic: str, panels: Mapping[str, Any]) -> None:
     from matplotlib.ticker import MaxNLocator  # matplotlib only once something is drawn
 
-    fig = figure(5.0 * len(panels) + 1.0, 4.0)
+    fig = figure(5.0 * len(panels) + 1.0, 4.0, CURVE_MARGINS)
     for index, (panel, sections) in enumerate(sorted(panels.items())):
         ax = fig.add_subplot(1, len(panels), index + 1)
         for section, (xs, ys) in sorted(sections.items()):
@@ -129,6 +129,9 @@ class HistoryPlots(Hook):
     def __init__(self, config: AnalysisConfig) -> None:
         self.config = config
         self.drawn: dict[str, Any] = {}
+
+    def before_train(self, run: RunState) -> None:
+        budget_for(run.run_dir)  # the plotting budget counts the run's time from its start
 
     def after_training_epoch(self, run: RunState, values: dict[str, Any]) -> None:
         validation_follows = not run.online and run.validation_data is not None

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from torchloom.analysis.plotting import figure, save_png
+from torchloom.analysis.plotting import CURVE_MARGINS, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.config import dump_config
 from torchloom.config.schema import TrainingConfig
@@ -90,7 +90,7 @@ class LearningRateRecorder(Hook):
             return
         rows = self.csv.rows()
         labels = group_labels(run)
-        fig = figure(6.4, 4.0)
+        fig = figure(6.4, 4.0, CURVE_MARGINS)
         ax = fig.add_subplot()
         episodes = [int(float(r["episode"])) for r in rows]
         for index, label in enumerate(labels):
@@ -296,7 +296,7 @@ def _write_files(
     }
     write_text_atomic(run_dir / "lr_find.json", json.dumps(summary, indent=2) + "\n")
 
-    fig = figure(6.4, 4.4)
+    fig = figure(6.4, 4.4, CURVE_MARGINS)
     ax = fig.add_subplot()
     ax.plot(result.learning_rates, result.losses, color="lightgrey", label="loss")
     ax.plot(result.learning_rates, result.smoothed_losses, label="smoothed loss")

@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "report": ("report", "write RUN_DIR/report.html: one self-contained page about a run"),
     "runs": ("runs", "a table of the runs under an experiments folder, for model selection"),
     "compare": ("compare", "one HTML page comparing runs: statistics, curves, config changes"),
+    "lr-find": ("lr_find", "learning-rate range test (Smith 2015): a plot and a suggested rate"),
 }
 OVERRIDES_HELP = "Hydra-style overrides: a.b=v, +a.b=v (add), ++a.b=v, ~a.b (delete)"
 
@@ -139,6 +140,16 @@ def _compare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="overwrite OUT.html when it exists")
 
 
+def _lr_find(p: argparse.ArgumentParser) -> None:
+    _config_arguments(p)
+    p.add_argument("--start-lr", type=float, default=1e-7, help="first learning rate")
+    p.add_argument("--end-lr", type=float, default=10.0, help="last learning rate")
+    p.add_argument("--steps", type=int, default=100, help="optimizer steps of the ramp")
+    p.add_argument("--expdir", default="runs", help="parent folder of run folders")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
+    _disable(p)
+
+
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "check": _check,
     "config": _config,
@@ -148,6 +159,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "report": _report,
     "runs": _runs,
     "compare": _compare,
+    "lr-find": _lr_find,
 }
 
 
