@@ -31,6 +31,7 @@ def train(config: str, epochs: int, data: str, expdir: str) -> tuple[dict, float
             "training.terminal_conditions.early_stopping=null",
         ],
         expdir=expdir,
+        analysis=False,
     )
     return result.summary, time.perf_counter() - start
 

@@ -3,8 +3,8 @@
 Both do the same work: the same seed, initial weights, data order (the same sampler),
 batch size and optimizer; a full validation pass after every epoch and a test pass at the
 end; torchloom with its default logging (CSV rows every 100 batches, TensorBoard scalars,
-checkpoints, run.log). They run alternately in this one process, after a warm-up, so machine
-noise hits both alike. The final weights must be bit-identical. The last line prints the
+checkpoints, run.log) and without the analysis hooks (analysis_cost.py measures those).
+They run alternately in this one process, after a warm-up, so machine noise hits both alike. The final weights must be bit-identical. The last line prints the
 time ratio (target <= 1.03).
 
     python benchmarks/overhead.py [--epochs 3] [--rounds 2] [--subset N]
@@ -47,7 +47,10 @@ def overrides(epochs: int, subset: int | None, data: str) -> list[str]:
 def run_torchloom(epochs: int, subset: int | None, data: str) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as expdir:
         start = time.perf_counter()
-        result = torchloom.train(CONFIG, overrides(epochs, subset, data), expdir=expdir)
+        # The analysis hooks have their own budget (benchmarks/analysis_cost.py): off here.
+        result = torchloom.train(
+            CONFIG, overrides(epochs, subset, data), expdir=expdir, analysis=False
+        )
         elapsed = time.perf_counter() - start
         state = torch.load(result.run_dir / "checkpoints" / "last.pt", weights_only=True)
     return elapsed, state["components"]["image_classifier"]
