@@ -4,8 +4,8 @@ Both do the same work: the same seed, initial weights, data order (the same samp
 batch size and optimizer; a full validation pass after every epoch and a test pass at the
 end; torchloom with its default logging (CSV rows every 100 batches, TensorBoard scalars,
 checkpoints, run.log) and without the analysis hooks (analysis_cost.py measures those).
-They run alternately in this one process, after a warm-up, so machine noise hits both alike. The final weights must be bit-identical. The last line prints the
-time ratio (target <= 1.03).
+They run alternately in this one process, after a warm-up, so machine noise hits both alike.
+The final weights must be bit-identical. The last line prints the time ratio (target <= 1.03).
 
     python benchmarks/overhead.py [--epochs 3] [--rounds 2] [--subset N]
 """
