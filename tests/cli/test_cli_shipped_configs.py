@@ -29,7 +29,8 @@ def test_shipped_pipeline_passes_check(config: Path, capsys: pytest.CaptureFixtu
 @pytest.mark.parametrize("base", BASES, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_base_is_included_by_a_checked_pipeline(base: Path) -> None:
     including = [
-        config for config in PIPELINES
+        config
+        for config in PIPELINES
         if base.name in (yaml.safe_load(config.read_text()) or {}).get("default_configs", [])
         and config.parent == base.parent
     ]

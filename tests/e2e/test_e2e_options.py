@@ -138,9 +138,13 @@ def test_process_exports_streams_per_sample(tmp_path: Path, mnist_folder: Path) 
 
 
 def test_stream_viewer_lines_reach_the_run_log(tmp_path: Path, mnist_folder: Path) -> None:
-    result = torchloom.train(small_config(tmp_path, mnist_folder), [
-        "training.terminal_conditions.epoch_limit=1",
-        "+pipeline.viewer={type: StreamViewer, input_streams: [targets, labels], interval: 10}",
-    ], expdir=str(tmp_path / "runs"))
+    result = torchloom.train(
+        small_config(tmp_path, mnist_folder),
+        [
+            "training.terminal_conditions.epoch_limit=1",
+            "+pipeline.viewer={type: StreamViewer, input_streams: [targets, labels], interval: 10}",
+        ],
+        expdir=str(tmp_path / "runs"),
+    )
     log = (result.run_dir / "run.log").read_text()
     assert "targets" in log and "labels" in log
