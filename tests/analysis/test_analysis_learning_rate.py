@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import itertools
 import json
@@ -17,7 +16,7 @@ from matplotlib.image import imread
 from torchloom.analysis.learning_rate import LearningRateRecorder, lr_find, suggest
 from torchloom.analysis.plotting import png_data
 from torchloom.analysis.schema import AnalysisConfig
-from torchloom.cli import lr_find as lr_find_command
+from torchloom.cli.main import main
 from torchloom.engine.run_state import TrainOptions
 from torchloom.engine.trainer import Trainer
 from torchloom.engine.training_setup import prepare_training
@@ -86,17 +85,27 @@ def test_suggestion_is_the_steepest_descent_of_the_smoothed_loss() -> None:
 
 
 def test_lr_find_on_mnist(config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(
-        config=str(config),
-        overrides=["training.optimizer.type=SGD"],
-        start_lr=1e-4,
-        end_lr=10.0,
-        steps=16,
-        expdir=str(tmp_path),
-        device="cpu",
-        disable="",
+    # Through the real command line: `loom lr-find` parses its options around the overrides.
+    assert (
+        main(
+            [
+                "lr-find",
+                str(config),
+                "--start-lr",
+                "1e-4",
+                "--end-lr",
+                "10",
+                "training.optimizer.type=SGD",
+                "--steps",
+                "16",
+                "--expdir",
+                str(tmp_path),
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
     )
-    assert lr_find_command.run(args) == 0
     printed = capsys.readouterr().out
     (run,) = (tmp_path / "small").iterdir()
     assert run.name.endswith("_lr_find") and f"run folder: {run}" in printed

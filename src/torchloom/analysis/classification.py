@@ -236,7 +236,10 @@ class ClassificationAnalysis(Hook):
                 return None
             classes = int(scores.shape[1])
             self.names.setdefault(output.name, _class_names(run, output, classes))
-            counts = self.counts[key] = ClassCounts(classes, scores.device, self.roc)
+            # ROC curves for validation and test only: binning scores on every training step
+            # was most of the analysis' cost, and a training-set ROC says little.
+            with_scores = self.roc and split != "training"
+            counts = self.counts[key] = ClassCounts(classes, scores.device, with_scores)
             if split == "training" and output.name in self.restored:
                 counts.load(self.restored.pop(output.name))
         counts.add(scores, targets)
@@ -267,7 +270,7 @@ class ClassificationAnalysis(Hook):
                 rows = [["true \\ predicted", *names]]
                 rows += [[n, *row] for n, row in zip(names, shares, strict=True)]
                 _write_csv(stem.with_name(stem.name + "-cm.csv"), rows)
-            if self.roc:
+            if self.roc and curves:
                 rows = [["curve", "auc"], *[[c.name, f"{c.auc:.6f}"] for c in curves]]
                 _write_csv(stem.with_name(stem.name + "-roc.csv"), rows)
             self.pending[key] = FinishedPass(title, stem, names, confusion, curves)
@@ -284,7 +287,7 @@ class ClassificationAnalysis(Hook):
                     path = done.stem.with_name(done.stem.name + "-cm.png")
                     title = f"{done.title}\naccuracy {accuracy:.4f}"
                     draw_confusion(path, title, done.confusion, done.names)
-                if self.roc:
+                if self.roc and done.curves:
                     path = done.stem.with_name(done.stem.name + "-roc.png")
                     draw_roc(path, f"ROC: {done.title}", done.curves)
         self.pending.clear()
