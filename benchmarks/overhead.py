@@ -38,6 +38,7 @@ def overrides(epochs: int, subset: int | None, data: str) -> list[str]:
         f"+training.seed={SEED}",
         f"training.task.data_folder={data}",
         "training.terminal_conditions.early_stopping=null",
+        "~training.scheduler",  # the hand-written loop keeps a constant rate, so both do
     ]
     if subset:
         result += [f"+training.task.subset={subset}"]

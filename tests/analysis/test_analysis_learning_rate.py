@@ -65,7 +65,11 @@ def test_recorder_follows_a_scheduler(config: Path, tmp_path: Path) -> None:
         tensorboard=0,
         hooks=[LearningRateRecorder(AnalysisConfig())],
     )
-    overrides = ["+training.scheduler={type: StepLR, step_size: 1, gamma: 0.5}", "~test"]
+    overrides = [
+        "~training.scheduler",
+        "+training.scheduler={type: StepLR, step_size: 1, gamma: 0.5}",
+        "~test",
+    ]
     run = Trainer(prepare_training(config, overrides, options)).run().run_dir
     recorded = rows(run / "reports" / "learning_rate.csv")
     # The start, then every 2 of 4 batches an epoch; the rate halves after each epoch.

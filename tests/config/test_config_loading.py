@@ -281,3 +281,19 @@ def test_mandatory_marker_does_not_erase_an_included_value(tmp_path: Path) -> No
     cfg = load_config("top.yml")
     assert cfg.data == {"lr": 0.1}
     assert cfg.where("lr") == "base.yml:1"
+
+
+def test_a_mapping_of_another_type_replaces_the_included_one(tmp_path: Path) -> None:
+    (tmp_path / "base.yml").write_text(
+        "training:\n  scheduler: {type: CosineAnnealingLR, T_max: 10}\n"
+        "  optimizer: {type: Adam, lr: 0.001}\n"
+    )
+    (tmp_path / "top.yml").write_text(
+        "default_configs: [base.yml]\n"
+        "training:\n  scheduler: {type: StepLR, step_size: 2}\n  optimizer: {lr: 0.01}\n"
+    )
+    data = load_config(tmp_path / "top.yml").data["training"]
+    assert data["scheduler"] == {"type": "StepLR", "step_size": 2}  # no T_max left behind
+    assert data["optimizer"] == {"type": "Adam", "lr": 0.01}  # same type: merged key by key
+    overridden = load_config(tmp_path / "top.yml", ["training.optimizer={type: SGD, lr: 0.1}"])
+    assert overridden.data["training"]["optimizer"] == {"type": "SGD", "lr": 0.1}

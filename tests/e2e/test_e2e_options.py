@@ -29,6 +29,7 @@ def test_bf16_accumulation_clipping_and_a_per_step_scheduler(
             "+training.precision=bf16",
             "+training.gradient_accumulation=2",
             "+training.gradient_clipping={norm: 1.0}",
+            "~training.scheduler",  # replace the shipped cosine schedule
             "+training.scheduler={type: StepLR, step_size: 16, gamma: 0.5, interval: step}",
             "+training.deterministic=true",
         ],

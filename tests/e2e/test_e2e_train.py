@@ -138,6 +138,7 @@ def test_divergence_stops_within_one_step_and_keeps_best(
             "train",
             str(config),
             "training.terminal_conditions.epoch_limit=3",
+            "~training.scheduler",
             "+training.scheduler={type: StepLR, step_size: 1, gamma: 1.0e+12}",
             "--expdir",
             str(tmp_path / "runs"),

@@ -36,7 +36,7 @@ from torchloom.config.origins import (
     file_origins,
     prune_origins,
 )
-from torchloom.config.overrides import INCLUDES_KEY, apply_overrides
+from torchloom.config.overrides import INCLUDES_KEY, apply_overrides, changes_type
 from torchloom.config.yaml_reader import ParsedYaml, describe_type, parse_config_text
 from torchloom.errors import ConfigError, Problem, did_you_mean
 
@@ -205,7 +205,7 @@ def _merge(
     """Merge `overlay` into `base` in place (OmegaConf), keeping origins in step."""
     overlay_data = OmegaConf.to_container(overlay, resolve=False)
     base_data = OmegaConf.to_container(base, resolve=False)
-    _drop_list_mapping_clashes(base, base_data, overlay_data)
+    _drop_replaced_values(base, base_data, overlay_data)
     base.merge_with(overlay)
     for path, origin in overlay_origins.items():
         # A `???` does not replace a value that is already set, so neither does its origin.
@@ -213,15 +213,20 @@ def _merge(
             base_origins[path] = origin
 
 
-def _drop_list_mapping_clashes(base: Any, base_data: Any, overlay_data: Any) -> None:
-    # OmegaConf refuses to merge a list onto a mapping or the reverse; deleting the old value
-    # first makes the new one replace it whole, exactly as a scalar would.
+def _drop_replaced_values(base: Any, base_data: Any, overlay_data: Any) -> None:
+    # Deleting the old value first makes the new one replace it whole, as a scalar would:
+    # - a list onto a mapping or the reverse (OmegaConf refuses to merge those);
+    # - a mapping naming another `type` (a component, optimizer or scheduler): the settings
+    #   of the old type mean nothing to the new one (CosineAnnealingLR's T_max in a StepLR).
     for key, new_value in overlay_data.items():
         if not isinstance(base_data, dict) or key not in base_data:
             continue
         old_value = base_data[key]
         if isinstance(old_value, dict) and isinstance(new_value, dict):
-            _drop_list_mapping_clashes(base[key], old_value, new_value)
+            if changes_type(old_value, new_value):
+                del base[key]
+            else:
+                _drop_replaced_values(base[key], old_value, new_value)
         elif isinstance(old_value, dict | list) and isinstance(new_value, dict | list):
             del base[key]  # one is a list, the other a mapping
 

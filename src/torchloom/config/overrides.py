@@ -156,7 +156,12 @@ def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
             _delete(config, override, found)
             return
         # Mapping onto mapping merges (Hydra's rule); anything else replaces the old value.
-        merge = isinstance(override.value, dict) and isinstance(found, dict) and exists
+        merge = (
+            isinstance(override.value, dict)
+            and isinstance(found, dict)
+            and exists
+            and not changes_type(found, override.value)
+        )
         OmegaConf.update(config, key, override.value, merge=merge, force_add=True)
     except OmegaConfBaseException as exc:
         raise ConfigError([_problem(text, first_line(exc))]) from exc
@@ -195,3 +200,9 @@ def _record(origins: Origins, override: Override, first_new_depth: int) -> None:
         origins[override.key[:length]] = origin
     for inner in iter_key_paths(override.value, override.key):
         origins[inner] = origin
+
+
+def changes_type(old: dict[Any, Any], new: dict[Any, Any]) -> bool:
+    """Whether a mapping replaces one of another `type` (merged whole, not key by key): the
+    settings of one optimizer, scheduler or component mean nothing to another."""
+    return "type" in old and "type" in new and old["type"] != new["type"]
