@@ -12,7 +12,7 @@ Each item is `null` (follow the preset), `true`/`false`, or for items with setti
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -144,13 +144,8 @@ class AnalysisConfig(_Strict):
         value = getattr(self, item)
         if isinstance(value, Switch):
             return value
-        model = type(self).model_fields[item].annotation
-        defaults = {
-            "worst_samples": WorstSamplesConfig,
-            "random_samples": SampleExportConfig,
-            "augmentation": AugmentationConfig,
-            "embeddings": EmbeddingsConfig,
-            "layer_statistics": LayerStatisticsConfig,
-        }
-        assert model is not None and item in defaults, f"{item} has no settings"
-        return defaults[item]()
+        # The settings model is the Switch subclass in the field's annotation (X | bool | None).
+        annotation = type(self).model_fields[item].annotation
+        models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, Switch)]
+        assert models, f"{item} has no settings"
+        return models[0]()

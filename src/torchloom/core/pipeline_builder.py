@@ -123,20 +123,29 @@ def _parse_entries(
     return entries, disabled, problems
 
 
+def _unknown_renames(
+    entry: ComponentEntry, kind: str, renamed: Mapping[str, str], known: set[str], where: Where
+) -> list[Problem]:
+    """A `streams:` or `globals:` key that names nothing the component has (a misspelling
+    that would otherwise be ignored)."""
+    verbs = {"stream": "reads nor writes", "global": "needs nor publishes"}
+    return [
+        Problem(
+            where(*entry.key_path, f"{kind}s"),
+            entry.label,
+            f"renames {kind} '{key}', which it neither {verbs[kind]}",
+            did_you_mean(key, known) or f"its {kind}s: {', '.join(sorted(known)) or 'none'}",
+        )
+        for key in renamed
+        if key not in known
+    ]
+
+
 def _check_global_renames(entry: ComponentEntry, where: Where) -> list[Problem]:
     known = set(entry.cls.needed_globals(entry.params)) | set(
         entry.cls.published_globals(entry.params)
     )
-    return [
-        Problem(
-            where(*entry.key_path, "globals"),
-            entry.label,
-            f"renames global '{key}', which it neither needs nor publishes",
-            did_you_mean(key, known) or f"its globals: {', '.join(sorted(known)) or 'none'}",
-        )
-        for key in entry.global_names
-        if key not in known
-    ]
+    return _unknown_renames(entry, "global", entry.global_names, known, where)
 
 
 def _construction_order(
@@ -219,16 +228,7 @@ def _check_stream_renames(
     component: Component, entry: ComponentEntry, where: Where
 ) -> list[Problem]:
     known = set(component.input_specs()) | set(component.output_specs())
-    return [
-        Problem(
-            where(*entry.key_path, "streams"),
-            entry.label,
-            f"renames stream '{key}', which it neither reads nor writes",
-            did_you_mean(key, known) or f"its streams: {', '.join(sorted(known)) or 'none'}",
-        )
-        for key in entry.stream_names
-        if key not in known
-    ]
+    return _unknown_renames(entry, "stream", entry.stream_names, known, where)
 
 
 def build_pipeline(
