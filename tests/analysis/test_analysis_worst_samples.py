@@ -159,6 +159,7 @@ def test_tracked_losses_equal_a_direct_computation(tmp_path: Path) -> None:
     hook.before_train(run)
     logits = batch_of([7, 2, 5, 0])
     hook.after_step(run, logits, torch.tensor(0.0))
+    hook.flush()  # steps are held and written a block at a time
     (tracker,) = hook.trackers
     expected = F.cross_entropy(logits["predictions"], logits["targets"], reduction="none")
     assert torch.allclose(tracker.history[0, [7, 2, 5, 0]], expected)
@@ -167,6 +168,7 @@ def test_tracked_losses_equal_a_direct_computation(tmp_path: Path) -> None:
     log_probabilities = {**logits, "predictions": logits["predictions"].log_softmax(dim=1)}
     run.progress.epoch = 1
     hook.after_step(run, log_probabilities, torch.tensor(0.0))
+    hook.flush()
     assert torch.allclose(tracker.history[1, [7, 2, 5, 0]], expected, atol=1e-6)
     # Memory: one float per (epoch, sample), and an id-indexed target and prediction.
     assert tracker.history.shape == (2, 10) and tracker.history.dtype == torch.float32
@@ -189,6 +191,7 @@ def test_history_survives_a_checkpoint_round_trip(tmp_path: Path) -> None:
     resumed.before_train(run)
     assert same(resumed.trackers[0].history, hook.trackers[0].history)
     resumed.after_step(run, batch_of([4], seed=1), torch.tensor(0.0))
+    resumed.flush()
     history = resumed.trackers[0].history
     assert history.shape == (2, 10) and not torch.isnan(history[1, 4])
     assert same(history[0], hook.trackers[0].history[0])

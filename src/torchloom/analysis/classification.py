@@ -35,6 +35,7 @@ from torchloom.analysis.classification_numbers import (
 )
 from torchloom.analysis.plotting import CURVE_MARGINS, budget_for, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec
+from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
 from torchloom.engine.hooks import Hook
 from torchloom.engine.run_folder import write_text_atomic
@@ -170,6 +171,8 @@ class ClassificationAnalysis(Hook):
         self.names: dict[str, list[str]] = {}
         self.restored: dict[str, Any] = {}
         self.skipped: set[str] = set()
+        # Training steps are counted a block of steps at a time (see step_buffer).
+        self.step_buffers: dict[str, StepBuffer] = {}
 
     # ---- events ----------------------------------------------------------------------------
     def before_train(self, run: RunState) -> None:
@@ -180,6 +183,7 @@ class ClassificationAnalysis(Hook):
             self._count(run, "training", output, batch)
 
     def after_training_epoch(self, run: RunState, values: dict[str, Any]) -> None:
+        self._flush_steps()
         self._finish(run, "training", keep=True)
 
     def eval_batch(self, run: RunState, section: str, batch: Batch) -> None:
@@ -209,6 +213,7 @@ class ClassificationAnalysis(Hook):
     def state_dict(self) -> dict[str, Any]:
         # Training counts of an epoch in progress, so a run resumed mid-epoch reports the
         # whole epoch. Evaluation passes never span a checkpoint.
+        self._flush_steps()
         return {
             name: counts.state_dict()
             for (name, split), counts in self.counts.items()
@@ -242,14 +247,25 @@ class ClassificationAnalysis(Hook):
             counts = self.counts[key] = ClassCounts(classes, scores.device, with_scores)
             if split == "training" and output.name in self.restored:
                 counts.load(self.restored.pop(output.name))
-        counts.add(scores, targets)
+            if split == "training":
+                self.step_buffers[output.name] = StepBuffer(counts.add)
+        if split == "training":
+            self.step_buffers[output.name].add(scores, targets.reshape(-1))
+        else:
+            counts.add(scores, targets)
         return counts
+
+    def _flush_steps(self) -> None:
+        for buffer in self.step_buffers.values():
+            buffer.flush()
 
     def _finish(self, run: RunState, split: str, keep: bool) -> None:
         """End a pass: write its reports (keep) or drop it (a partial validation pass)."""
         for output in self.outputs:
             key = (output.name, split)
             counts = self.counts.pop(key, None)
+            if split == "training":  # its buffer belonged to these counts
+                self.step_buffers.pop(output.name, None)
             errors = self.errors.pop(key, None)
             if errors is not None:
                 errors.finish(keep)

@@ -38,6 +38,7 @@ from torchloom.analysis.image_grid import (
     write_text,
 )
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec, WorstSamplesConfig
+from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
 from torchloom.engine.hooks import Hook
 
@@ -90,17 +91,23 @@ class LossHistory:
             )
         return None
 
-    @torch.no_grad()
     def observe(self, batch: Batch, row: torch.Tensor) -> None:
         """Write the batch's per-sample losses into `row` by sample id (device only)."""
-        out, device = self.output, self.history.device
-        predictions = batch[out.predictions].detach().float()
-        targets = batch[out.targets].to(device, torch.int64, non_blocking=True)
-        ids = batch[out.ids].to(device, torch.int64, non_blocking=True)
-        losses = F.cross_entropy(predictions, targets, reduction="none")
+        out = self.output
+        self.observe_block(batch[out.predictions], batch[out.targets], batch[out.ids], row)
+
+    @torch.no_grad()
+    def observe_block(
+        self, scores: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor, row: torch.Tensor
+    ) -> None:
+        """`observe` for the samples of one batch or of a block of steps."""
+        device = self.history.device
+        targets = targets.to(device, torch.int64, non_blocking=True)
+        ids = ids.to(device, torch.int64, non_blocking=True)
+        losses = F.cross_entropy(scores.detach().float(), targets, reduction="none")
         row.index_copy_(0, ids, losses.to(row.dtype))
         self.targets.index_copy_(0, ids, targets)
-        self.predictions.index_copy_(0, ids, predictions.argmax(dim=1))
+        self.predictions.index_copy_(0, ids, scores.argmax(dim=1))
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -167,6 +174,8 @@ class WorstSamples(Hook):
         self.dirty = False
         self._saved: dict[str, Any] = {}
         self._warned: set[str] = set()
+        self.step_buffers: dict[str, StepBuffer] = {}  # per output, of the epoch under way
+        self.buffered_epoch = -1
 
     # ---- events ----------------------------------------------------------------------------
     def before_train(self, run: RunState) -> None:
@@ -191,11 +200,28 @@ class WorstSamples(Hook):
         if self.settings.section != "training" or not self.trackers:
             return
         epoch = run.progress.epoch  # the epoch in progress (incremented when it ends)
+        if self.buffered_epoch != epoch:  # held steps belong to their own epoch's row
+            self.flush()
+            self.buffered_epoch = epoch
         for tracker in self._usable(run, batch):
-            tracker.observe(batch, tracker.row_for_epoch(epoch))
+            buffer = self.step_buffers.get(tracker.output.name)
+            if buffer is None:  # a block of steps at a time (see step_buffer)
+                row = tracker.row_for_epoch(epoch)
+                buffer = StepBuffer(lambda *block, t=tracker, r=row: t.observe_block(*block, r))
+                self.step_buffers[tracker.output.name] = buffer
+            out = tracker.output
+            buffer.add(batch[out.predictions], batch[out.targets], batch[out.ids])
         self.dirty = True
 
+    def flush(self) -> None:
+        """Write the training steps held so far into their epoch's row of the history
+        (reports and checkpoints flush first by themselves); the next step starts anew."""
+        for buffer in self.step_buffers.values():
+            buffer.flush()
+        self.step_buffers.clear()
+
     def after_training_epoch(self, run: RunState, values: dict[str, Any]) -> None:
+        self.flush()
         if self.settings.section == "training" and self.trackers:
             self.write(run)
 
@@ -223,10 +249,12 @@ class WorstSamples(Hook):
         self.write(run)
 
     def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+        self.flush()
         if self.dirty:  # e.g. interrupted mid-epoch: what was seen so far
             self.write(run)
 
     def state_dict(self) -> dict[str, Any]:
+        self.flush()
         if not self.trackers:
             return dict(self._saved)
         return {t.output.name: t.state_dict() for t in self.trackers}

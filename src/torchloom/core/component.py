@@ -16,7 +16,7 @@ components (tokenizers, reshapers, viewers, ...).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -51,6 +51,10 @@ class BuildContext:
     store: GlobalsStore = field(default_factory=GlobalsStore)
     where: Callable[..., str] = field(default=lambda *keys: "")
     label: str = ""  # e.g. "component 'image_classifier' (LeNet5)"
+    # The training section's task, for components that fit something to the training data
+    # at build time (a vocabulary from the training texts); None in `create()` and in
+    # configs without a training task. A callable, because tasks are built first.
+    training_task: Callable[[], Task | None] = field(default=lambda: None)
 
 
 class Component(nn.Module):
@@ -102,6 +106,14 @@ class Component(nn.Module):
         actual = self._context.global_names.get(key, key)
         self._context.store.publish(actual, value, self.label, self._context.where())
 
+    def training_task(self) -> Task | None:
+        """The training section's task (built before every other component), or None."""
+        return self._context.training_task()
+
+    def where(self, *keys: str) -> str:
+        """`file:line` of one of this component's config keys, for error messages."""
+        return self._context.where(*keys)
+
     # ---- naming ---------------------------------------------------------------------------
     @property
     def label(self) -> str:
@@ -128,6 +140,12 @@ class Component(nn.Module):
 
     def end_pass(self) -> None:
         """The pass has ended: flush and close whatever `begin_pass` opened."""
+
+    def artifacts(self) -> Mapping[str, str]:
+        """Files that describe what this component was built with (a vocabulary it built from
+        the training data): {file name: text}. Workers write them into the run folder, under
+        `artifacts/<component name>/`, before the first batch; never into a data folder."""
+        return {}
 
     # ---- freezing ---------------------------------------------------------------------------
     def freeze(self) -> None:
@@ -218,3 +236,11 @@ class Task(Component, torch.utils.data.Dataset):
 
     def collate(self, samples: list[Batch]) -> Batch:
         return dict(torch.utils.data.default_collate(samples))
+
+    def texts(self, stream: str) -> Iterator[Any]:
+        """Every sample's value of one output stream (default name), in sample order, for
+        components that fit themselves to the training data (vocabularies). Text tasks
+        override it to read only that stream instead of whole samples (images included)."""
+        self.prepare()
+        for index in range(len(self)):
+            yield self[index][stream]

@@ -12,7 +12,7 @@ The handshake (`handshake.py`) then checks the built graph.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torchloom.core.component import BuildContext, Component, Task
@@ -199,7 +199,12 @@ def _construction_order(
     return [entries[i] for i in order], problems
 
 
-def _build_one(entry: ComponentEntry, store: GlobalsStore, where: Where) -> Component:
+def _build_one(
+    entry: ComponentEntry,
+    store: GlobalsStore,
+    where: Where,
+    training_task: Callable[[], Task | None],
+) -> Component:
     context = BuildContext(
         entry.name,
         entry.stream_names,
@@ -207,6 +212,7 @@ def _build_one(entry: ComponentEntry, store: GlobalsStore, where: Where) -> Comp
         store,
         lambda *keys, _p=entry.key_path: where(*_p, *keys),
         entry.label,
+        training_task,
     )
     component = entry.cls(entry.params, context)
     # Publishing is part of the contract: a component that declares a global must publish it.
@@ -256,9 +262,18 @@ def build_pipeline(
 
     store = GlobalsStore()
     built: dict[str, Component] = {}
+
+    def training_task() -> Task | None:
+        task = built.get("training.task")
+        return task if isinstance(task, Task) else None
+
+    # Tasks that need no global first (they publish the globals that size everything else,
+    # and components that fit themselves to the training data read the training task); the
+    # sort is stable, so the global order holds among the rest.
+    ordered = sorted(ordered, key=lambda e: not (issubclass(e.cls, Task) and not e.needed()))
     for entry in ordered:
         try:
-            component = _build_one(entry, store, where)
+            component = _build_one(entry, store, where, training_task)
         except LoomError as error:
             problems += error.problems
             continue

@@ -22,7 +22,7 @@ from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.losses import WeightedLoss
 from torchloom.engine.precision import Precision
-from torchloom.engine.run_folder import create_run_folder, write_text_atomic
+from torchloom.engine.run_folder import create_run_folder, write_artifacts, write_text_atomic
 from torchloom.engine.seeding import seed_everything
 from torchloom.errors import ConfigError, Problem, did_you_mean
 from torchloom.statistics.csv_log import CsvLog
@@ -106,6 +106,7 @@ def process(
         folder = create_run_folder(expdir, pipeline_name(loaded), f"process_{section}")
         header = "".join(f"# override: {o}\n" for o in overrides)
         write_text_atomic(folder / "config.yaml", header + dump_config(loaded.data))
+    write_artifacts(folder, pipeline.components)
     started = time.perf_counter()
     for component in pipeline.components.values():
         component.begin_pass(section, folder)

@@ -10,9 +10,14 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torchloom.errors import ConfigError, Problem
+
+if TYPE_CHECKING:  # the run folder module stays torch-free to import
+    from torchloom.core.component import Component
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -44,3 +49,13 @@ def write_text_atomic(path: Path, text: str) -> None:
     temporary = path.with_name(f".{path.name}.tmp")
     temporary.write_text(text, encoding="utf-8")
     os.replace(temporary, path)
+
+
+def write_artifacts(folder: Path, components: Mapping[str, Component]) -> None:
+    """Each component's `artifacts()` (vocabularies built from the training data, ...) into
+    `folder/artifacts/<component>/`: a run records what its pipeline was built with."""
+    for name, component in components.items():
+        for file_name, text in component.artifacts().items():
+            target = folder / "artifacts" / name
+            target.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(target / file_name, text)

@@ -29,7 +29,7 @@ from torchloom.engine.hooks import Hooks
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.precision import Precision
 from torchloom.engine.reporting import Reporter, make_logger
-from torchloom.engine.run_folder import create_run_folder, write_text_atomic
+from torchloom.engine.run_folder import create_run_folder, write_artifacts, write_text_atomic
 from torchloom.engine.run_state import RunState, TrainOptions
 from torchloom.engine.seeding import seed_everything, set_deterministic
 from torchloom.engine.signals import StopSignals
@@ -155,6 +155,7 @@ def build_run_state(
     else:
         run_dir = create_run_folder(options.expdir, name, options.tag)
         write_text_atomic(run_dir / "config.yaml", config_text)
+        write_artifacts(run_dir, pipeline.components)
     log = make_logger(run_dir, options.quiet)
     validation = sections.get("validation")
     state = RunState(
