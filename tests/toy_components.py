@@ -147,3 +147,21 @@ class NotAComponent:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         NotAComponent.built = True
+
+
+class LabelCounter(Component):
+    """Counts the training task's `labels` at build time (as a vocabulary is built), publishes
+    how many distinct labels it saw, and leaves the counts as a run artifact."""
+
+    PUBLISHES_GLOBALS = {"distinct_labels": "labels seen in the training data"}
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        task = self.training_task()
+        self.counts: dict[str, int] = {}
+        for label in task.texts("labels") if task is not None else ():
+            self.counts[label] = self.counts.get(label, 0) + 1
+        self.publish_global("distinct_labels", len(self.counts))
+
+    def artifacts(self) -> dict[str, str]:
+        return {"counts.txt": "".join(f"{k} {v}\n" for k, v in sorted(self.counts.items()))}
