@@ -163,5 +163,8 @@ class LabelCounter(Component):
             self.counts[label] = self.counts.get(label, 0) + 1
         self.publish_global("distinct_labels", len(self.counts))
 
+    def forward(self, inputs: Batch) -> Batch:
+        return {}  # reads and writes no stream: all its work is done at build time
+
     def artifacts(self) -> dict[str, str]:
         return {"counts.txt": "".join(f"{k} {v}\n" for k, v in sorted(self.counts.items()))}
