@@ -8,7 +8,7 @@ import pytest
 
 from torchloom.core.handshake import handshake, handshake_problems
 from torchloom.core.pipeline_builder import build_pipeline
-from torchloom.errors import HandshakeError
+from torchloom.errors import ComponentError, HandshakeError
 
 
 def where(*keys: Any) -> str:
@@ -90,6 +90,34 @@ def test_symbolic_dimension_must_agree_with_the_task() -> None:
     }
     found = problems_of(cfg)
     assert any("dimension 'classes' is 5" in p and "but 3" in p for p in found), found
+
+
+def test_dims_renames_a_symbolic_dimension_for_one_component() -> None:
+    # A second head of another size: its `classes` are not the task's, once renamed on it
+    # and on its loss; a rename on only one side is still caught, and a misspelt one too.
+    cfg = config(GOOD, classes=3)
+    second = {
+        "writer": {"type": "toy_components:GlobalWriter", "value": 5},
+        "head": {
+            **GOOD["model"],
+            "globals": {"prediction_size": "value"},
+            "streams": {"predictions": "other"},
+            "dims": {"classes": "other_classes"},
+        },
+        "other_loss": {
+            "type": "toy_components:ToyLoss",
+            "streams": {"predictions": "other", "loss": "other_loss"},
+            "dims": {"classes": "other_classes"},
+        },
+    }
+    cfg["pipeline"] = {**GOOD, **second}
+    assert problems_of(cfg) == []
+    del cfg["pipeline"]["other_loss"]["dims"]
+    (problem,) = problems_of(cfg)
+    assert "dimension 1 ('classes') expected 3, received 5" in problem
+    cfg["pipeline"]["other_loss"]["dims"] = {"clases": "other_classes"}
+    with pytest.raises(ComponentError, match=r"renames dim 'clases'.*did you mean 'classes'"):
+        build_pipeline(cfg, where)
 
 
 def test_dtype_mismatch() -> None:

@@ -13,7 +13,8 @@ from torchloom.engine.training_parts import build_training_parts
 
 
 def _streams(component: Component, specs: dict[str, StreamSpec]) -> str:
-    return ", ".join(f"{component.stream_name(k)} {s.shape_text()}" for k, s in specs.items())
+    renamed = component.pipeline_specs(specs)
+    return ", ".join(f"{component.stream_name(k)} {s.shape_text()}" for k, s in renamed.items())
 
 
 def pipeline_table(assembled: Assembled, shown_path: str) -> str:

@@ -55,6 +55,9 @@ class BuildContext:
     # at build time (a vocabulary from the training texts); None in `create()` and in
     # configs without a training task. A callable, because tasks are built first.
     training_task: Callable[[], Task | None] = field(default=lambda: None)
+    # `dims:` renames of symbolic dimension names (default -> pipeline-wide), e.g. a second
+    # head's {classes: parity_classes}, so that it is not held to the task's `classes`.
+    dim_names: Mapping[str, str] = field(default_factory=dict)
 
 
 class Component(nn.Module):
@@ -122,6 +125,20 @@ class Component(nn.Module):
     def stream_name(self, key: str) -> str:
         """The pipeline-wide name of one of this component's default stream names."""
         return self._context.stream_names.get(key, key)
+
+    def dim_name(self, name: str) -> str:
+        """The pipeline-wide name of one of this component's symbolic dimension names."""
+        return self._context.dim_names.get(name, name)
+
+    def pipeline_specs(self, specs: Mapping[str, StreamSpec]) -> dict[str, StreamSpec]:
+        """Specs with the config's `dims:` renames applied: what the handshake checks."""
+        names = self._context.dim_names
+        return {key: spec.with_dim_names(names) for key, spec in specs.items()}
+
+    def dimension_names(self) -> set[str]:
+        """Every symbolic dimension name this component's specs use (default names)."""
+        specs = [*self.input_specs().values(), *self.output_specs().values()]
+        return {d.name for s in specs for d in (s.dims or ()) if d.name is not None}
 
     # ---- the contract -----------------------------------------------------------------------
     def input_specs(self) -> dict[str, StreamSpec]:

@@ -17,7 +17,7 @@ from torchloom.core.component import Component, ComponentParams, Task
 from torchloom.core.registry import resolve
 from torchloom.errors import LoomError, Problem, did_you_mean
 
-RESERVED_KEYS = ("type", "streams", "globals", "priority", "freeze", "load")
+RESERVED_KEYS = ("type", "streams", "globals", "dims", "priority", "freeze", "load")
 Where = Callable[..., str]
 
 
@@ -45,6 +45,7 @@ class ComponentEntry:
     freeze: bool = False
     load: LoadSpec | None = None
     index: int = 0  # declaration order, the last tie-break
+    dim_names: dict[str, str] = field(default_factory=dict)  # `dims:` renames
 
     @property
     def label(self) -> str:
@@ -194,6 +195,8 @@ def parse_entry(
         raw.get("globals"), "globals", where(*key_path, "globals"), subject
     )
     problems += found
+    dim_names, found = _string_mapping(raw.get("dims"), "dims", where(*key_path, "dims"), subject)
+    problems += found
     priority = raw.get("priority")
     if priority is not None and (
         isinstance(priority, bool) or not isinstance(priority, (int, float))
@@ -234,5 +237,6 @@ def parse_entry(
         freeze,
         load,
         index,
+        dim_names,
     )
     return entry, problems

@@ -8,6 +8,7 @@ declare publishers before readers.
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,11 @@ from torchloom.errors import ComponentError, Problem, did_you_mean
 class GlobalValue:
     value: Any
     publisher: str  # e.g. "training.task (MNIST)"
+
+
+def _short(value: Any) -> str:
+    """A value for a message: a vocabulary of 30,000 words is shown by its first few."""
+    return reprlib.repr(value)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -45,8 +51,8 @@ class GlobalsStore:
                     Problem(
                         where,
                         f"global '{name}'",
-                        f"published as {value!r} by {publisher}, but already as "
-                        f"{known.value!r} by {known.publisher}; globals are write-once",
+                        f"published as {_short(value)} by {publisher}, but already as "
+                        f"{_short(known.value)} by {known.publisher}; globals are write-once",
                         "rename one of them with a `globals:` mapping in its config",
                     )
                 ]

@@ -106,9 +106,9 @@ def _check_section(section: str, pipeline: Pipeline, where: Where) -> list[Probl
     symbols = _Symbols()
     problems: list[Problem] = []
     for name, size in task.dimension_sizes().items():
-        symbols.bind(name, size, f"{section}.task ({type(task).__name__})")
+        symbols.bind(task.dim_name(name), size, f"{section}.task ({type(task).__name__})")
     available: dict[str, _Produced] = {}
-    for key, spec in task.output_specs().items():
+    for key, spec in task.pipeline_specs(task.output_specs()).items():
         label = f"{section}.task ({type(task).__name__})"
         available[task.stream_name(key)] = _Produced(spec, label)
         for message in _bind_declared(spec, symbols, f"stream '{key}' of {label}"):
@@ -116,7 +116,7 @@ def _check_section(section: str, pipeline: Pipeline, where: Where) -> list[Probl
 
     for component in pipeline.components.values():
         comp_where = where("pipeline", component.name)
-        for key, expected in component.input_specs().items():
+        for key, expected in component.pipeline_specs(component.input_specs()).items():
             stream = component.stream_name(key)
             renamed = f" (its '{key}')" if stream != key else ""
             if stream not in available:
@@ -135,7 +135,7 @@ def _check_section(section: str, pipeline: Pipeline, where: Where) -> list[Probl
                 stream, available[stream], expected, symbols, component.label
             ):
                 problems.append(Problem(comp_where, f"[{section}] {component.label}", message))
-        for key, spec in component.output_specs().items():
+        for key, spec in component.pipeline_specs(component.output_specs()).items():
             stream = component.stream_name(key)
             if stream in available:
                 problems.append(

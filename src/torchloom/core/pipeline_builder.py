@@ -126,14 +126,18 @@ def _parse_entries(
 def _unknown_renames(
     entry: ComponentEntry, kind: str, renamed: Mapping[str, str], known: set[str], where: Where
 ) -> list[Problem]:
-    """A `streams:` or `globals:` key that names nothing the component has (a misspelling
-    that would otherwise be ignored)."""
-    verbs = {"stream": "reads nor writes", "global": "needs nor publishes"}
+    """A `streams:`, `globals:` or `dims:` key that names nothing the component has (a
+    misspelling that would otherwise be ignored)."""
+    nothing = {
+        "stream": "which it neither reads nor writes",
+        "global": "which it neither needs nor publishes",
+        "dim": "which none of its streams has",
+    }
     return [
         Problem(
             where(*entry.key_path, f"{kind}s"),
             entry.label,
-            f"renames {kind} '{key}', which it neither {verbs[kind]}",
+            f"renames {kind} '{key}', {nothing[kind]}",
             did_you_mean(key, known) or f"its {kind}s: {', '.join(sorted(known)) or 'none'}",
         )
         for key in renamed
@@ -213,6 +217,7 @@ def _build_one(
         lambda *keys, _p=entry.key_path: where(*_p, *keys),
         entry.label,
         training_task,
+        entry.dim_names,
     )
     component = entry.cls(entry.params, context)
     # Publishing is part of the contract: a component that declares a global must publish it.
@@ -234,7 +239,11 @@ def _check_stream_renames(
     component: Component, entry: ComponentEntry, where: Where
 ) -> list[Problem]:
     known = set(component.input_specs()) | set(component.output_specs())
-    return _unknown_renames(entry, "stream", entry.stream_names, known, where)
+    problems = _unknown_renames(entry, "stream", entry.stream_names, known, where)
+    dims = component.dimension_names()
+    if isinstance(component, Task):
+        dims |= set(component.dimension_sizes())
+    return problems + _unknown_renames(entry, "dim", entry.dim_names, dims, where)
 
 
 def build_pipeline(

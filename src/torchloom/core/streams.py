@@ -10,7 +10,7 @@ then describe the nesting of lists, `("batch",)` being one string per sample.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +108,15 @@ class StreamSpec:
 
     def __str__(self) -> str:
         return f"{self.shape_text()} {self.dtype_text()}"
+
+    def with_dim_names(self, names: Mapping[str, str]) -> StreamSpec:
+        """The same spec with symbolic dimension names renamed (a config's `dims:` mapping)."""
+        if not names or self.dims is None:
+            return self
+        dims = tuple(
+            Dim(names.get(d.name, d.name), d.size) if d.name is not None else d for d in self.dims
+        )
+        return StreamSpec(dims, self.dtypes, self.description)
 
     def accepts_dtype_of(self, produced: StreamSpec) -> bool:
         """Whether every element type the producer may emit is one this consumer accepts."""

@@ -12,7 +12,14 @@ from torchloom.core.streams import FLOATING, StreamSpec
 
 class NLLLossParams(ComponentParams):
     ignore_index: int = Field(
-        -100, description="Target value that contributes neither to the loss nor its gradient."
+        -100,
+        description="Target value that contributes neither to the loss nor its gradient "
+        "(set it to the <PAD> index, 0, for targets padded by SentenceIndexer).",
+    )
+    sequence: bool = Field(
+        False,
+        description="Predictions are per step, [batch, -1, classes], with targets "
+        "[batch, -1]: the loss is the mean over every counted (not ignored) step of the batch.",
     )
 
 
@@ -25,11 +32,27 @@ class CrossEntropyLossParams(NLLLossParams):
     )
 
 
-def _classification_input_specs() -> dict[str, StreamSpec]:
+def _classification_input_specs(sequence: bool = False) -> dict[str, StreamSpec]:
+    if sequence:
+        return {
+            "predictions": StreamSpec(
+                ("batch", -1, "classes"), FLOATING, "class scores per sample and step"
+            ),
+            "targets": StreamSpec(("batch", -1), torch.int64, "class index per sample and step"),
+        }
     return {
         "predictions": StreamSpec(("batch", "classes"), FLOATING, "class scores per sample"),
         "targets": StreamSpec(("batch",), torch.int64, "class index per sample"),
     }
+
+
+def _flat(predictions: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence predictions [batch, steps, classes] and targets [batch, steps] as one long
+    batch of steps: the functional losses want the classes second, and a flat view averages
+    over every counted step of the batch exactly as [batch, classes, steps] would."""
+    if predictions.dim() == 3:
+        return predictions.reshape(-1, predictions.shape[-1]), targets.reshape(-1)
+    return predictions, targets
 
 
 def _full_precision(predictions: torch.Tensor) -> torch.Tensor:
@@ -46,11 +69,18 @@ class NLLLoss(Loss):
     Expects log-probabilities, i.e. a model ending in log_softmax (the default of `LeNet5`
     and `FeedForwardNetwork`); use `CrossEntropyLoss` for raw logits.
 
+    Streams: `predictions` [batch, classes] and `targets` [batch] (int64) in, `loss` [] out.
+    With `sequence: true` (decoders, per-step taggers, language models) `predictions` is
+    [batch, -1, classes] and `targets` [batch, -1]: the loss averages over every step whose
+    target is not `ignore_index`, so padding is left out when `ignore_index` names it.
+
     ```yaml
     pipeline:
       nllloss:
         type: NLLLoss
         streams: {predictions: predictions, targets: targets}
+      # a decoder's per-word loss, padding (<PAD> = 0) left out:
+      sequence_loss: {type: NLLLoss, sequence: true, ignore_index: 0}
     ```
     """
 
@@ -58,11 +88,11 @@ class NLLLoss(Loss):
     params: NLLLossParams
 
     def input_specs(self) -> dict[str, StreamSpec]:
-        return _classification_input_specs()
+        return _classification_input_specs(self.params.sequence)
 
     def forward(self, inputs: Batch) -> Batch:
-        predictions = _full_precision(inputs["predictions"])
-        loss = F.nll_loss(predictions, inputs["targets"], ignore_index=self.params.ignore_index)
+        predictions, targets = _flat(_full_precision(inputs["predictions"]), inputs["targets"])
+        loss = F.nll_loss(predictions, targets, ignore_index=self.params.ignore_index)
         return {"loss": loss}
 
 
@@ -72,6 +102,8 @@ class CrossEntropyLoss(Loss):
 
     Give it a model with `log_softmax: false`. (On log-probabilities it gives the same value
     as `NLLLoss`, since log_softmax of log-probabilities changes nothing, only slower.)
+    Streams and `sequence: true` (per-step predictions [batch, -1, classes], targets
+    [batch, -1]) as for `NLLLoss`.
 
     ```yaml
     pipeline:
@@ -84,12 +116,13 @@ class CrossEntropyLoss(Loss):
     params: CrossEntropyLossParams
 
     def input_specs(self) -> dict[str, StreamSpec]:
-        return _classification_input_specs()
+        return _classification_input_specs(self.params.sequence)
 
     def forward(self, inputs: Batch) -> Batch:
+        predictions, targets = _flat(_full_precision(inputs["predictions"]), inputs["targets"])
         loss = F.cross_entropy(
-            _full_precision(inputs["predictions"]),
-            inputs["targets"],
+            predictions,
+            targets,
             ignore_index=self.params.ignore_index,
             label_smoothing=self.params.label_smoothing,
         )

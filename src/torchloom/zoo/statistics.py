@@ -14,7 +14,12 @@ class AccuracyStatisticsParams(ComponentParams):
     ignore_index: int | None = Field(
         -100,
         description="Target value left out of the count (the losses' default too); "
-        "null counts every target.",
+        "null counts every target. Set it to the <PAD> index, 0, for padded word targets.",
+    )
+    sequence: bool = Field(
+        False,
+        description="Predictions are per step, [batch, -1, classes], with targets "
+        "[batch, -1]: the accuracy counts every step whose target is not ignored.",
     )
 
 
@@ -27,11 +32,22 @@ class AccuracyStatistics(Statistic):
     processes under DDP, so the result is exact however the set is batched or split; an empty
     set gives NaN.
 
+    Streams: `predictions` [batch, classes] and `targets` [batch] (int64). With
+    `sequence: true` they are [batch, -1, classes] and [batch, -1] (a decoder's words, a
+    tagger's tags): the result is then the token accuracy over every counted step of the set,
+    with the steps whose target is `ignore_index` (the padding) left out. Global:
+    `num_classes` (the size of the classes dimension, a vocabulary size for words).
+
     ```yaml
     pipeline:
       accuracy:
         type: AccuracyStatistics
         streams: {predictions: predictions, targets: targets}
+      word_accuracy:
+        type: AccuracyStatistics
+        sequence: true
+        ignore_index: 0           # <PAD>
+        globals: {num_classes: target_vocabulary_size}
     ```
     """
 
@@ -55,15 +71,30 @@ class AccuracyStatistics(Statistic):
         )
 
     def input_specs(self) -> dict[str, StreamSpec]:
+        if self.params.sequence:
+            return {
+                "predictions": StreamSpec(
+                    ("batch", -1, "classes"), FLOATING, "class scores per sample and step"
+                ),
+                "targets": StreamSpec(
+                    ("batch", -1), torch.int64, "class index per sample and step"
+                ),
+            }
         return {
             "predictions": StreamSpec(("batch", "classes"), FLOATING, "class scores per sample"),
             "targets": StreamSpec(("batch",), torch.int64, "class index per sample"),
         }
 
     def update(self, inputs: Batch) -> None:
+        predictions, targets = inputs["predictions"].detach(), inputs["targets"].detach()
+        if predictions.dim() == 3:
+            # Every step is one classification; torchmetrics' own multidim layout wants the
+            # classes second, a flat batch of steps counts the same.
+            predictions = predictions.reshape(-1, predictions.shape[-1])
+            targets = targets.reshape(-1)
         # update(), not the metric's forward(): that would also compute a per-batch accuracy,
         # a wasted step (and a device sync) that nobody reads.
-        self.metric.update(inputs["predictions"].detach(), inputs["targets"].detach())
+        self.metric.update(predictions, targets)
 
     def compute(self) -> dict[str, float]:
         if self.metric.update_count == 0:
