@@ -19,6 +19,7 @@ PIPELINES = sorted(set(CONFIGS.rglob("*.yml")) - set(BASES))
 TESTS = Path(__file__).resolve().parents[1]
 # config (relative to configs/) -> the test that checks it with its data
 CHECKED_WITH_DATA = {
+    "language/translation_seq2seq_attention.yml": "zoo/test_zoo_language_configs.py",
     "vqa/clevr_convnet_lstm_concat.yml": "zoo/test_zoo_vqa_configs.py",
     "vqa/vqa_med_vgg_glove_attention.yml": "zoo/test_zoo_vqa_configs.py",
     "vqa/vqa_med_mcb.yml": "zoo/test_zoo_vqa_configs.py",

@@ -6,6 +6,7 @@ with tiny images; without the data, `loom check` names what is missing and where
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,9 @@ def test_vqa_med_configs_check_with_the_data(
     assert "handshake: ok (training, validation, test)" in out
     # The answer set is the 12 answers of the 3 training images (4 categories x 3).
     assert "predictions [batch, classes=12]" in out
+    # How many question words the GloVe file has: all but "abnormal", left out of it.
+    found = re.search(rf"note: embeddings: (\d+) of (\d+) words .* in {data / 'glove.txt'}", out)
+    assert found is not None and int(found[1]) == int(found[2]) - 1
 
 
 def test_without_the_data_check_names_the_layout_and_the_download(
@@ -127,6 +131,7 @@ def test_vqa_med_config_trains(name: str, data: Path, tmp_path: Path) -> None:
         assert 0.0 <= values["accuracy"] <= 1.0
     # The classifier's answers (the LabelIndexer's) are the ones the task's targets index.
     labels = (result.run_dir / "artifacts" / "answer_indexer" / "labels.txt").read_text()
+    assert re.search(r"INFO embeddings: \d+ of \d+ words", (result.run_dir / "run.log").read_text())
     task = VQAMed2019.create(data_folder=str(data / "vqa-med-2019"))
     assert labels.splitlines() == task.answer_vocabulary()
     if analysis:

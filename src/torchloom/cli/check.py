@@ -58,6 +58,8 @@ def pipeline_table(assembled: Assembled, shown_path: str) -> str:
         if not isinstance(v.value, (dict, list)) or len(v.value) <= 4
     ]
     lines.append("globals: " + (", ".join(shown) or "none"))
+    for name, component in [*pipeline.tasks.items(), *pipeline.components.items()]:
+        lines += [f"note: {name}: {message}" for message in component.build_notes]
     sections = ", ".join(pipeline.tasks) or "no sections with a task"
     lines.append(f"handshake: ok ({sections})")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from torchloom.core.pipeline import Pipeline
 from torchloom.statistics.csv_log import CsvLog
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
-COMPONENT_LOGGERS = ("torchloom.viewer",)
+COMPONENT_LOGGERS = ("torchloom.viewer", "torchloom.data")
 
 
 def make_logger(run_dir: Path, quiet: bool) -> logging.Logger:
@@ -140,3 +140,10 @@ def format_statistics(values: dict[str, Any]) -> str:
 
 def tensor_item(value: torch.Tensor | float) -> float:
     return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
+
+def log_build_notes(log: logging.Logger, pipeline: Pipeline) -> None:
+    """What components noted while they were built (before the run had a log)."""
+    for name, component in [*pipeline.tasks.items(), *pipeline.components.items()]:
+        for message in component.build_notes:
+            log.info("%s: %s", name, message)

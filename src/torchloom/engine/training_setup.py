@@ -28,7 +28,7 @@ from torchloom.engine.evaluation import statistics_copy
 from torchloom.engine.hooks import Hooks
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.precision import Precision
-from torchloom.engine.reporting import Reporter, make_logger
+from torchloom.engine.reporting import Reporter, log_build_notes, make_logger
 from torchloom.engine.run_folder import create_run_folder, write_artifacts, write_text_atomic
 from torchloom.engine.run_state import RunState, TrainOptions
 from torchloom.engine.seeding import seed_everything, set_deterministic
@@ -157,6 +157,7 @@ def build_run_state(
         write_text_atomic(run_dir / "config.yaml", config_text)
         write_artifacts(run_dir, pipeline.components)
     log = make_logger(run_dir, options.quiet)
+    log_build_notes(log, pipeline)
     validation = sections.get("validation")
     state = RunState(
         name=name,

@@ -3,7 +3,6 @@ word2vec vectors (`SentenceEmbeddings`)."""
 
 from __future__ import annotations
 
-import logging
 from array import array
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,8 +23,6 @@ from torchloom.data.word_vectors import (
 )
 from torchloom.errors import ComponentError, Problem
 from torchloom.zoo.text.vocabulary import SPECIALS
-
-logger = logging.getLogger(__name__)
 
 _PAD_INDEX = 0  # the SentenceIndexer's <PAD>: its vector is zero and never trained
 
@@ -174,7 +171,7 @@ class SentenceEmbeddings(IndexEmbeddings):
         share = 100.0 * found / len(words) if words else 0.0
         self.coverage = (found, len(words))
         self.coverage_text = f"{found} of {len(words)} words ({share:.1f}%) found in {read.source}"
-        logger.info("%s: %s", self.label, self.coverage_text)
+        self.note(self.coverage_text)
         if params.freeze_pretrained:
             self.register_buffer("pretrained_mask", mask)
             self.register_buffer("pretrained_vectors", weight * mask[:, None])

@@ -343,7 +343,7 @@ class LabelIndexer(Component):
             labels = self._from_global(self.global_value("label_word_mappings"))
         else:
             labels = self._build()
-        duplicates = sorted({label for label in labels if labels.count(label) > 1})
+        duplicates = sorted(label for label, n in Counter(labels).items() if n > 1)
         if duplicates:
             raise _error(self, "labels", f"labels listed twice: {duplicates}")
         self.labels: tuple[str, ...] = tuple(labels)
