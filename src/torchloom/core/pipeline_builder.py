@@ -21,7 +21,7 @@ from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.ordering import execution_order
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.weights import load_weights
-from torchloom.errors import ComponentError, LoomError, Problem, did_you_mean
+from torchloom.errors import ComponentError, DataError, LoomError, Problem, did_you_mean
 
 SECTIONS = ("training", "validation", "test")
 PIPELINE_SETTINGS = ("disable", "freeze")
@@ -235,6 +235,21 @@ def _build_one(
     return component
 
 
+class _NothingToFitTo(Exception):
+    """A component asked for the training task, which failed to build."""
+
+
+def _located(problem: Problem, entry: ComponentEntry, where: Where) -> Problem:
+    """A data problem (a file, a folder) raised while a task was built, with the task and the
+    config line that points at the data, so the user knows which section to fix."""
+    return Problem(
+        where(*entry.key_path),
+        f"{entry.label}: {problem.where}",
+        f"{problem.subject}: {problem.message}",
+        problem.suggestion,
+    )
+
+
 def _check_stream_renames(
     component: Component, entry: ComponentEntry, where: Where
 ) -> list[Problem]:
@@ -274,24 +289,47 @@ def build_pipeline(
 
     def training_task() -> Task | None:
         task = built.get("training.task")
+        if task is None and training_task_failed:
+            raise _NothingToFitTo
         return task if isinstance(task, Task) else None
 
     # Tasks that need no global first (they publish the globals that size everything else,
     # and components that fit themselves to the training data read the training task); the
     # sort is stable, so the global order holds among the rest.
     ordered = sorted(ordered, key=lambda e: not (issubclass(e.cls, Task) and not e.needed()))
+    unbuilt_globals: set[str] = set()  # published by components that failed to build
+    training_task_failed = False
+    data_problems: set[Problem] = set()
     for entry in ordered:
+        if unbuilt_globals & set(entry.needed()):
+            # Its problems would only repeat that its publisher failed: skip it.
+            unbuilt_globals |= set(entry.published())
+            continue
         try:
             component = _build_one(entry, store, where, training_task)
+        except _NothingToFitTo:  # it reads the training task, which failed: said already
+            unbuilt_globals |= set(entry.published())
+            continue
+        except DataError as error:  # a file or folder: said with the section that reads it
+            # ... once: two indexers reading one malformed training file are one problem.
+            fresh = [p for p in error.problems if p not in data_problems]
+            data_problems.update(fresh)
+            problems += [_located(p, entry, where) for p in fresh]
+            unbuilt_globals |= set(entry.published())
+            training_task_failed |= entry.name == "training.task"
+            continue
         except LoomError as error:
             problems += error.problems
+            unbuilt_globals |= set(entry.published())
+            training_task_failed |= entry.name == "training.task"
             continue
         problems += _check_stream_renames(component, entry, where)
         if entry.freeze:
             component.freeze()
         built[entry.name] = component
     if problems:
-        raise ComponentError(problems)
+        # The sections' tasks often share a data folder: one missing folder, said once.
+        raise ComponentError(list(dict.fromkeys(problems)))
 
     for entry in entries:
         if entry.load is not None:
