@@ -81,10 +81,10 @@ def png_data(path: Path) -> Any:
 class PlotBudget:
     """Keeps the time spent drawing under `fraction` of the wall time since the budget was
     made. Redrawing every plot after every epoch would cost a short epoch more than the 5%
-    analysis may add (3% here leaves room for the per-step counting); plots skipped here are
-    drawn at the end of the run instead."""
+    analysis may add (2% here leaves room for the per-step counting and the reports' text
+    files); plots skipped here are drawn at the end of the run instead."""
 
-    def __init__(self, fraction: float = 0.03) -> None:
+    def __init__(self, fraction: float = 0.02) -> None:
         self.fraction = fraction
         self.started = time.perf_counter()
         self.spent = 0.0

@@ -37,6 +37,7 @@ from torchloom.analysis.image_grid import (
     task_key,
     write_text,
 )
+from torchloom.analysis.plotting import budget_for
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec, WorstSamplesConfig
 from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
@@ -179,6 +180,7 @@ class WorstSamples(Hook):
 
     # ---- events ----------------------------------------------------------------------------
     def before_train(self, run: RunState) -> None:
+        budget_for(run.run_dir)  # the plotting budget counts the run's time from its start
         if not self.enabled:
             return
         loader = run.train_data if self.settings.section == "training" else run.validation_data
@@ -250,8 +252,8 @@ class WorstSamples(Hook):
 
     def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
         self.flush()
-        if self.dirty:  # e.g. interrupted mid-epoch: what was seen so far
-            self.write(run)
+        if self.dirty:  # figures left for the end, or interrupted mid-epoch
+            self.write(run, force=True)
 
     def state_dict(self) -> dict[str, Any]:
         self.flush()
@@ -277,8 +279,12 @@ class WorstSamples(Hook):
         return usable
 
     # ---- reports ---------------------------------------------------------------------------
-    def write(self, run: RunState) -> None:
-        self.dirty = False
+    def write(self, run: RunState, force: bool = False) -> None:
+        """worst.csv now; the heat map and the exported samples when the run's plotting
+        budget allows (see plotting.PlotBudget), else at the end of the run."""
+        budget = budget_for(run.run_dir)
+        draw = force or budget.due()
+        self.dirty = not draw
         folder = run.run_dir / "reports" / "worst_samples"
         folder.mkdir(parents=True, exist_ok=True)
         loader = run.train_data if self.settings.section == "training" else run.validation_data
@@ -290,20 +296,22 @@ class WorstSamples(Hook):
             names = class_names(run.pipeline, tracker.output.class_names)
             worst = tracker.hardest(self.settings.count)
             _write_csv(folder / f"{prefix}worst.csv", worst, names)
-            if not worst:
+            if not worst or not draw:
                 continue
             ids = [row["id"] for row in worst]
-            _write_heatmap(
-                folder / f"{prefix}heatmap.png",
-                tracker.history[:, ids].cpu(),
-                ids,
-                tracker.labels,
-                f"{tracker.output.name}: the {len(ids)} hardest {self.settings.section} samples",
-            )
-            for row in worst:  # as captions show them: the index, and the name if any
-                row["target_label"] = class_label(row["target"], names)
-                row["prediction_label"] = class_label(row["prediction"], names)
-            self._export(run, loader.task, tracker.output, worst, folder, prefix)
+            with budget.timed():
+                _write_heatmap(
+                    folder / f"{prefix}heatmap.png",
+                    tracker.history[:, ids].cpu(),
+                    ids,
+                    tracker.labels,
+                    f"{tracker.output.name}: the {len(ids)} hardest "
+                    f"{self.settings.section} samples",
+                )
+                for row in worst:  # as captions show them: the index, and the name if any
+                    row["target_label"] = class_label(row["target"], names)
+                    row["prediction_label"] = class_label(row["prediction"], names)
+                self._export(run, loader.task, tracker.output, worst, folder, prefix)
 
     def _export(
         self,
