@@ -94,6 +94,10 @@ class PretrainedSentenceEncoder(Model):
                     f"needs sentence-transformers, which cannot be imported ({error})",
                     "pip install 'torchloom[pretrained]'",
                 ) from error
+            # Its per-tensor "Loading weights" bar would land in every run's console output.
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()
             try:
                 self.model = SentenceTransformer(str(folder), device="cpu")
             except Exception as error:  # a damaged folder: its own message, not a traceback
