@@ -4,6 +4,12 @@ must not change training (the final weights are compared) and must add at most 5
 epoch. Runs of 1 and of `--epochs` epochs separate what an epoch costs from what a run pays
 once at its end (the final plots); the last lines print both ratios.
 
+Wall times on a shared machine vary by 10-20% from run to run, more than the cost being
+measured, so the script also times the analysis itself: the seconds spent inside the hooks
+(`engine.hooks.Hooks.seconds`) of the long runs, per epoch, against the epoch time without
+analysis. That figure is what the 5% target is checked on; the side-by-side ratios are
+printed with it.
+
     python benchmarks/analysis_cost.py [--epochs 3] [--rounds 2] [--subset N]
 """
 
@@ -18,8 +24,25 @@ from pathlib import Path
 import torch
 
 import torchloom
+from torchloom.engine.hooks import Hooks
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mnist" / "lenet5.yml"
+
+
+def capture_hooks() -> list[Hooks]:
+    """Every `Hooks` made from now on, so the time spent in them can be read after a run."""
+    made: list[Hooks] = []
+    original = Hooks.__init__
+
+    def init(self: Hooks, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(self)
+
+    Hooks.__init__ = init  # type: ignore[method-assign]
+    return made
+
+
+HOOKS = capture_hooks()
 
 
 def run(analysis: bool, epochs: int, subset: int | None, data: str) -> tuple[float, dict]:
@@ -44,8 +67,18 @@ def run(analysis: bool, epochs: int, subset: int | None, data: str) -> tuple[flo
         )
         state = torch.load(result.run_dir / "checkpoints" / "last.pt", weights_only=True)
     if analysis:
-        print(f"  analysis wrote {len(reports)} files", flush=True)
+        hooks = HOOKS[-1]
+        during, end = hooks.in_training, hooks.total() - hooks.in_training
+        HOOK_SECONDS.setdefault(epochs, []).append(during)
+        print(
+            f"  analysis wrote {len(reports)} files; hooks took {during:.2f} s during "
+            f"training, {end:.2f} s after it (test pass, final plots)",
+            flush=True,
+        )
     return elapsed, state["components"]
+
+
+HOOK_SECONDS: dict[int, list[float]] = {}  # epochs -> seconds in hooks during training
 
 
 def main() -> None:
@@ -97,6 +130,14 @@ def main() -> None:
         print(f"paid once per run (final plots and reports): {once:.2f} s")
         print(f"epoch time ratio with / without analysis: {per_epoch_on / per_epoch_off:.3f}")
     print(f"whole-run time ratio with / without analysis: {long_on / long_off:.3f}")
+    # The direct measure: time inside the hooks per epoch of the long runs, against an epoch
+    # without analysis (the median 1-epoch-to-long-run difference, or the long run's mean).
+    in_hooks = statistics.median(HOOK_SECONDS[args.epochs]) / args.epochs
+    epoch_off = per_epoch_off if args.epochs > 1 else long_off
+    print(
+        f"analysis hooks per epoch: {in_hooks:.3f} s of a {epoch_off:.2f} s epoch: "
+        f"epoch cost ratio {1 + in_hooks / epoch_off:.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -273,3 +274,19 @@ def test_prediction_errors_are_the_misclassified_test_samples(mnist_run: Path) -
     accuracy = summary["final"]["test"]["accuracy"]
     assert len(rows) == round((1 - accuracy) * 96)
     assert not (mnist_run / "reports" / "predictions-training-errors.csv").exists()
+
+
+def test_run_log_says_what_the_analysis_cost(mnist_run: Path) -> None:
+    line = next(
+        line for line in (mnist_run / "run.log").read_text().splitlines() if "analysis took" in line
+    )
+    match = re.search(
+        r"analysis took ([\d.]+) s of the ([\d.]+) s of training \(([\d.]+)%\), "
+        r"and ([\d.]+) s after it",
+        line,
+    )
+    assert match, line
+    during, training, share, after = (float(v) for v in match.groups())
+    assert training > 0 and during <= training
+    assert 0 <= share <= 100
+    assert after > 0  # the final confusion matrices and ROC curves are drawn after training

@@ -294,9 +294,9 @@ class ClassificationAnalysis(Hook):
 
     def _draw(self, run: RunState, force: bool) -> None:
         budget = budget_for(run.run_dir)
-        if not self.pending or not (force or budget.due()):
+        if not self.pending or not (force or budget.due("classification")):
             return  # drawn later: at the next pass within budget, or at the end of the run
-        with budget.timed():
+        with budget.timed("classification"):
             for done in self.pending.values():
                 accuracy = np.trace(done.confusion) / max(int(done.confusion.sum()), 1)
                 if self.confusion_matrix:

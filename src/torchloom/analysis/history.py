@@ -156,6 +156,6 @@ class HistoryPlots(Hook):
         force: bool,
     ) -> None:
         budget = budget_for(run.run_dir)
-        if force or budget.due():
-            with budget.timed():
+        if force or budget.due("history"):
+            with budget.timed("history"):
                 draw_history(run.run_dir, pending, self.drawn)

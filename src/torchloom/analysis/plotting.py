@@ -79,27 +79,40 @@ def png_data(path: Path) -> Any:
 
 
 class PlotBudget:
-    """Keeps the time spent drawing under `fraction` of the wall time since the budget was
-    made. Redrawing every plot after every epoch would cost a short epoch more than the 5%
-    analysis may add (2% here leaves room for the per-step counting and the reports' text
-    files); plots skipped here are drawn at the end of the run instead."""
+    """Keeps the time spent drawing during a run under `fraction` of its wall time since the
+    budget was made; what is not drawn then is drawn at the end of the run. The analysis may
+    add 5% to an epoch, and the per-step counting and the reports' text files take their
+    share of that, so drawing gets 1%.
 
-    def __init__(self, fraction: float = 0.02) -> None:
+    A drawing is due only when its expected cost still fits: `due(kind)` adds what the last
+    drawing of that kind took (before the first, `FIRST_GUESS`) to the time spent so far.
+    Checking only the time spent so far let one drawing of half a second overshoot the budget
+    of a short epoch several times over."""
+
+    # Seconds, before a kind was drawn once: a few PNGs (a confusion matrix takes about 0.3 s).
+    # A short run (under 100 s) draws at its end only.
+    FIRST_GUESS = 1.0
+
+    def __init__(self, fraction: float = 0.01) -> None:
         self.fraction = fraction
         self.started = time.perf_counter()
         self.spent = 0.0
+        self.last_cost: dict[str, float] = {}
 
-    def due(self) -> bool:
-        return self.spent <= self.fraction * (time.perf_counter() - self.started)
+    def due(self, kind: str) -> bool:
+        expected = self.last_cost.get(kind, self.FIRST_GUESS)
+        return self.spent + expected <= self.fraction * (time.perf_counter() - self.started)
 
     @contextlib.contextmanager
-    def timed(self) -> Iterator[None]:
-        """Charge the time spent inside the block to the budget."""
+    def timed(self, kind: str) -> Iterator[None]:
+        """Charge the time spent inside the block to the budget, as a drawing of `kind`."""
         started = time.perf_counter()
         try:
             yield
         finally:
-            self.spent += time.perf_counter() - started
+            cost = time.perf_counter() - started
+            self.spent += cost
+            self.last_cost[kind] = cost
 
 
 _BUDGETS: dict[Path, PlotBudget] = {}  # one small object per run of this process

@@ -283,7 +283,7 @@ class WorstSamples(Hook):
         """worst.csv now; the heat map and the exported samples when the run's plotting
         budget allows (see plotting.PlotBudget), else at the end of the run."""
         budget = budget_for(run.run_dir)
-        draw = force or budget.due()
+        draw = force or budget.due("worst_samples")
         self.dirty = not draw
         folder = run.run_dir / "reports" / "worst_samples"
         folder.mkdir(parents=True, exist_ok=True)
@@ -299,7 +299,7 @@ class WorstSamples(Hook):
             if not worst or not draw:
                 continue
             ids = [row["id"] for row in worst]
-            with budget.timed():
+            with budget.timed("worst_samples"):
                 _write_heatmap(
                     folder / f"{prefix}heatmap.png",
                     tracker.history[:, ids].cpu(),

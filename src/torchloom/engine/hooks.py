@@ -18,6 +18,7 @@ CLI, the Python API) builds the hooks and hands them over.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -57,43 +58,57 @@ class Hook:
 
 
 class Hooks:
-    """The hooks of one run, called in the order given."""
+    """The hooks of one run, called in the order given. `seconds` adds up the time spent in
+    them per event, so a run can say what its analysis cost (and a benchmark can measure it
+    directly, not only as the difference of two noisy wall times)."""
 
     def __init__(self, hooks: Sequence[Hook] = ()) -> None:
         self.hooks = list(hooks)
+        self.seconds: dict[str, float] = {}
+        self.in_training = 0.0  # seconds in hooks until the training loop ended
 
     def __bool__(self) -> bool:
         return bool(self.hooks)
 
-    def before_train(self, run: RunState) -> None:
+    def _call(self, event: str, *args: Any) -> None:
+        if not self.hooks:
+            return
+        started = time.perf_counter()
         for hook in self.hooks:
-            hook.before_train(run)
+            getattr(hook, event)(*args)
+        self.seconds[event] = self.seconds.get(event, 0.0) + time.perf_counter() - started
+
+    def total(self) -> float:
+        """Seconds spent in the hooks so far."""
+        return sum(self.seconds.values())
+
+    def training_ended(self) -> None:
+        """Mark the end of the training loop: what the hooks cost from here on (the test
+        pass, the final plots) is paid once per run, not per epoch."""
+        self.in_training = self.total()
+
+    def before_train(self, run: RunState) -> None:
+        self._call("before_train", run)
 
     def after_step(self, run: RunState, batch: Batch, loss: torch.Tensor) -> None:
-        for hook in self.hooks:
-            hook.after_step(run, batch, loss)
+        self._call("after_step", run, batch, loss)
 
     def after_interval(self, run: RunState) -> None:
-        for hook in self.hooks:
-            hook.after_interval(run)
+        self._call("after_interval", run)
 
     def after_training_epoch(self, run: RunState, values: dict[str, Any]) -> None:
-        for hook in self.hooks:
-            hook.after_training_epoch(run, values)
+        self._call("after_training_epoch", run, values)
 
     def eval_batch(self, run: RunState, section: str, batch: Batch) -> None:
-        for hook in self.hooks:
-            hook.eval_batch(run, section, batch)
+        self._call("eval_batch", run, section, batch)
 
     def after_eval(
         self, run: RunState, section: str, values: dict[str, Any], partial: bool
     ) -> None:
-        for hook in self.hooks:
-            hook.after_eval(run, section, values, partial)
+        self._call("after_eval", run, section, values, partial)
 
     def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
-        for hook in self.hooks:
-            hook.after_train(run, summary)
+        self._call("after_train", run, summary)
 
     def state_dict(self) -> dict[str, Any]:
         return {hook.name: hook.state_dict() for hook in self.hooks}

@@ -225,6 +225,7 @@ class Trainer:
         for component in s.pipeline.components.values():
             component.begin_pass("training", s.run_dir)  # viewers write into the run folder
         s.hooks.before_train(s)
+        started = time.perf_counter()
         status = limit_reached(s.config.terminal_conditions, s.progress.epoch, s.progress.episode)
         diverged: Diverged | None = None
         with s.signals:
@@ -242,8 +243,18 @@ class Trainer:
             self.validate(partial=False)
         for component in s.pipeline.components.values():
             component.end_pass()
+        training_seconds = time.perf_counter() - started
+        s.hooks.training_ended()
         result = write_summary(s, status, diverged)
         s.hooks.after_train(s, result.summary)
+        if s.hooks:
+            s.log.info(
+                "analysis took %.1f s of the %.1f s of training (%.1f%%), and %.1f s after it",
+                s.hooks.in_training,
+                training_seconds,
+                100 * s.hooks.in_training / max(training_seconds, 1e-9),
+                s.hooks.total() - s.hooks.in_training,
+            )
         if diverged is not None:
             kept = (s.run_dir / "checkpoints" / "best.pt").exists()
             s.log.error("%s%s", diverged.format(), "; best.pt is intact" if kept else "")
