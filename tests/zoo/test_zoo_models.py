@@ -104,6 +104,21 @@ def test_convnet_encoder_custom_layers() -> None:
     assert encoder.global_value("feature_map_width") == 5
 
 
+def test_convnet_encoder_batch_norm_follows_every_activation() -> None:
+    torch.manual_seed(0)
+    layers = [{"out_channels": 6, "stride": 2, "padding": 1, "pool": 1}] * 2
+    encoder = ConvNetEncoder.create(
+        globals=image_globals(3, 16, 16), layers=layers, batch_norm=True
+    )
+    kinds = [type(module).__name__ for module in encoder.layers]
+    assert kinds == ["Conv2d", "ReLU", "BatchNorm2d"] * 2
+    maps = run_model(encoder, 5 + 3 * torch.randn(8, 3, 16, 16), "feature_maps")
+    # in training mode every map comes out standardised over the batch and the cells
+    assert torch.allclose(maps.mean(dim=(0, 2, 3)), torch.zeros(6), atol=1e-5)
+    assert torch.allclose(maps.var(dim=(0, 2, 3), unbiased=False), torch.ones(6), atol=1e-2)
+    assert_gradients_reach_every_weight(encoder, maps)
+
+
 def test_convnet_encoder_names_the_layer_where_the_maps_collapse() -> None:
     layers = [{"out_channels": 4}] * 5  # 28 -> 13 -> 5 -> 1 -> the fourth conv has no room
     with pytest.raises(ComponentError) as error:

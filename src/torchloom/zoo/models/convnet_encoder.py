@@ -46,11 +46,17 @@ class ConvNetEncoderParams(ComponentParams):
     activation: Literal["relu", "leaky_relu", "tanh", "gelu"] = Field(
         "relu", description="Non-linearity after every convolution."
     )
+    batch_norm: bool = Field(
+        False,
+        description="Batch-normalise every layer's maps after its activation (before its "
+        "pooling), as the CNN of the Relation Network paper does (Santoro et al. 2017).",
+    )
 
 
 class ConvNetEncoder(Model):
     """A stack of convolution -> activation -> max-pool layers, the image encoder of
-    PyTorchPipe's MNIST and CIFAR pipelines.
+    PyTorchPipe's MNIST and CIFAR pipelines; with `batch_norm`, convolution -> activation ->
+    batch norm -> max-pool.
 
     It publishes the size of its feature maps as globals, so what comes after it (a
     `ReshapeTensor` then a `FeedForwardNetwork`, say) is sized without arithmetic in the
@@ -94,6 +100,8 @@ class ConvNetEncoder(Model):
                 nn.Conv2d(depth, layer.out_channels, layer.kernel_size, layer.stride, layer.padding)
             )
             modules.append(_ACTIVATIONS[params.activation]())
+            if params.batch_norm:
+                modules.append(nn.BatchNorm2d(layer.out_channels))
             depth = layer.out_channels
             height, width = self._conv_output(index, layer, height, width)
             if layer.pool > 1:

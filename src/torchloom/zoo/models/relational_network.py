@@ -51,8 +51,9 @@ class RelationalNetworkParams(ComponentParams):
     feature_normalization: bool = Field(
         False,
         description="Batch-normalise every feature map (over the batch and the cells) before "
-        "making objects of the cells: the reference CNN ends with BatchNorm; set this when the "
-        "encoder has none (ConvNetEncoder), so the features are on the coordinates' scale.",
+        "making objects of the cells, so the features are on the coordinates' scale: set this "
+        "when the encoder does not end with batch norm (the reference CNN does, as does "
+        "ConvNetEncoder with `batch_norm: true`).",
     )
     aggregation: Literal["sum", "mean"] = Field(
         "sum",
