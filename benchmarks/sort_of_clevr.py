@@ -103,6 +103,10 @@ def report(name: str, run: dict[str, Any]) -> None:
         f"overall {test['accuracy']:.4f}; {costs}",
         flush=True,
     )
+    prefix = "subtype_accuracy_"
+    subtypes = {k.removeprefix(prefix): v for k, v in test.items() if k.startswith(prefix)}
+    if subtypes:
+        print("  test per subtype: " + ", ".join(f"{k} {v:.4f}" for k, v in subtypes.items()))
 
 
 def main() -> None:

@@ -24,8 +24,8 @@ CONFIGS = ROOT / "src" / "torchloom" / "configs" / "vqa"
 # it shows is early: in this budget neither model has learnt to find the object of the asked
 # colour (both stay below 0.6 on the non-relational questions; the reference implementation
 # needs about 20 epochs of the full task for that); the RN, summing g over object pairs,
-# learns the counting question from the shapes of all the objects (count accuracy about
-# 0.75), while the MLP stays at the answer priors.
+# gets its lead mostly from the counting questions (count 0.805 against the MLP's 0.311;
+# closest/furthest shape 0.64/0.65 against 0.60/0.61), while the MLP stays at the priors.
 MARGIN = 0.15
 
 
@@ -80,3 +80,5 @@ def test_relation_network_beats_mlp_on_relational_questions(tmp_path: Path) -> N
     message = f"RN {rn}, MLP {mlp}, {seconds:.0f} s"
     print(message)
     assert rn["accuracy_relational"] >= mlp["accuracy_relational"] + MARGIN, message
+    # and the shipped pipelines report the accuracy of every question subtype
+    assert rn["subtype_accuracy_count"] > mlp["subtype_accuracy_count"], message
