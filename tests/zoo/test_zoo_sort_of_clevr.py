@@ -12,11 +12,13 @@ import torch
 from pydantic import ValidationError
 
 from torchloom.cli.main import main
+from torchloom.data import sort_of_clevr_scenes as scenes
+from torchloom.data.sort_of_clevr_scenes import ANSWERS, COLOURS
 from torchloom.errors import ComponentError, DataError
 from torchloom.zoo.grouped_statistics import AccuracyByGroupStatistics
 from torchloom.zoo.models.relational_network import RelationalNetwork
 from torchloom.zoo.tasks import sort_of_clevr
-from torchloom.zoo.tasks.sort_of_clevr import ANSWERS, COLOURS, SortOfCLEVR
+from torchloom.zoo.tasks.sort_of_clevr import SortOfCLEVR
 
 CONFIGS = Path(__file__).resolve().parents[2] / "src" / "torchloom" / "configs" / "vqa"
 SMALL = {"images": 12, "questions_per_type": 10}
@@ -92,10 +94,10 @@ def test_images_show_six_separate_objects_in_their_colours(tmp_path: Path) -> No
         assert image.shape == (3, 75, 75) and image.dtype == np.uint8
         for colour, (x, y, shape) in enumerate(objects.astype(int)):
             assert 5 <= x <= 69 and 5 <= y <= 69 and shape in (0, 1)
-            assert tuple(image[:, y, x]) == tuple(sort_of_clevr.RGB[colour])
+            assert tuple(image[:, y, x]) == tuple(scenes.RGB[colour])
             # A square fills its corner, a circle leaves it white.
             corner = tuple(image[:, y - 5, x - 5])
-            assert corner == (tuple(sort_of_clevr.RGB[colour]) if shape == 0 else (255, 255, 255))
+            assert corner == (tuple(scenes.RGB[colour]) if shape == 0 else (255, 255, 255))
         gaps = np.abs(objects[:, None, :2].astype(int) - objects[None, :, :2]).max(axis=2)
         assert (gaps + np.eye(6, dtype=int) * 99).min() > 10  # no two boxes touch
 
@@ -168,7 +170,7 @@ def test_a_damaged_cache_is_reported_and_generated_again(
         path.write_bytes(bytes(data))
     else:  # readable, right shapes, but not what was generated: only the checksum tells
         arrays = dict(reference.arrays())
-        recorded = sort_of_clevr.checksum(arrays)
+        recorded = scenes.checksum(arrays)
         arrays["answers"] = (arrays["answers"] + 1) % 10
         with open(path, "wb") as file:
             np.savez_compressed(file, checksum=np.array(recorded), **arrays)

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import codecs
 import importlib
-import os
 import pickle
-import secrets
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchloom.data.atomic_files import atomic_file
 from torchloom.data.sources import ensure_files
 from torchloom.errors import DataError, Problem
 
@@ -121,15 +120,9 @@ def _extract(archive: Path, data_folder: Path, release: CifarRelease) -> None:
                 source = tar.extractfile(member)
                 if source is None:
                     continue
-                dest = data_folder / member.name
-                temporary = dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}")
-                try:
-                    with open(temporary, "wb") as out:
-                        while chunk := source.read(1 << 20):
-                            out.write(chunk)
-                    os.replace(temporary, dest)
-                finally:
-                    temporary.unlink(missing_ok=True)
+                with atomic_file(data_folder / member.name) as out:
+                    while chunk := source.read(1 << 20):
+                        out.write(chunk)
                 written.add(member.name)
     except (OSError, EOFError, tarfile.TarError) as error:
         raise DataError(
