@@ -4,7 +4,6 @@ one pipeline is loaded, frozen and kept unchanged by another, whose new head lea
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,7 @@ TRAIN_ENCODER = CONFIGS / "transplant" / "mnist_train_encoder.yml"
 TRANSPLANT = CONFIGS / "transplant" / "mnist_transplant_encoder.yml"
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # Small convolutions on a shared two-core machine: a second thread only adds contention.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def short_run(data: Path, train: int = 2048) -> list[str]:

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-import torch
 
 import torchloom
 
@@ -38,18 +36,6 @@ def benchmark() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: the same floating-point sums on every machine (the run is then
-    the same wherever it runs), and no slowdown from threads competing on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.mark.slow

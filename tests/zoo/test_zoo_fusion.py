@@ -4,7 +4,6 @@ inputs that concatenation followed by a linear layer cannot."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pydantic
@@ -29,13 +28,7 @@ from torchloom.zoo.models.question_driven_attention import QuestionDrivenAttenti
 SIZES = {"image_features_size": 6, "question_features_size": 4}
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # The tensors here are tiny: a second thread only adds contention on a busy machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def assert_matches(value: torch.Tensor, spec: StreamSpec, known: dict[int, int]) -> None:

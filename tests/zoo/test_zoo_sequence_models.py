@@ -5,7 +5,7 @@ errors naming the key. Also the sequence mode of the losses and of AccuracyStati
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,13 +33,7 @@ CELLS = ["LSTM", "GRU", "RNN_TANH", "RNN_RELU"]
 VOCABULARY = 8  # <PAD>=0, <EOS>=1, <UNK>=2, words 3..7
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    # The learning tests are tiny: threads only cost synchronisation on a shared machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def rnn(**params: object) -> RecurrentNeuralNetwork:
