@@ -20,7 +20,7 @@ from torchloom.data.text_sources import (
     split_positions,
 )
 from torchloom.errors import DataError, Problem
-from torchloom.zoo.tasks.text_classification import LabelledTextTask, SplitParams
+from torchloom.zoo.tasks.labelled_text import LabelledTextTask, SplitParams
 
 LOGGER = logging.getLogger("torchloom.data")
 SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
