@@ -11,6 +11,14 @@ time and the CPU time (user + system of this process, every thread counted).
     python benchmarks/sort_of_clevr.py [--data ~/data/sort_of_clevr] [--epochs 20]
     python benchmarks/sort_of_clevr.py --only rn --threads 1   # one model, one thread
     python benchmarks/sort_of_clevr.py --reduced --threads 1   # the e2e test's variant
+    python benchmarks/sort_of_clevr.py --only rn --rn-override \
+        'pipeline.relational_network.g_sizes=[256,256,256,256]'   # the paper's g_theta
+    python benchmarks/sort_of_clevr.py --only rn --expdir runs/soc   # Ctrl-C keeps last.pt,
+    python benchmarks/sort_of_clevr.py --resume runs/soc/RUN         # ... and this goes on
+
+A run stopped by Ctrl-C (or SIGTERM) ends with a checkpoint, and `--resume` continues it
+exactly (the same batches, the same weights as without the stop), so a CPU run of many hours
+can be done in pieces. The script uses the GPU when there is one (torchloom's default device).
 
 `--reduced` trains the variant of tests/e2e/test_e2e_sort_of_clevr.py (32x32 images, 800 of
 them, 7 epochs at 2e-3), which must show the RN ahead on the relational questions.
@@ -68,9 +76,18 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def train(config: str, overrides: list[str], expdir: str) -> dict[str, Any]:
+def train(
+    config: str | None, overrides: list[str], expdir: str, resume: str | None = None
+) -> dict[str, Any]:
+    """Train one pipeline (or continue the run folder `resume`); its summary, validation rows
+    by epoch and the CPU and wall time of this call (not of earlier pieces of a resumed run)."""
     cpu, wall = cpu_seconds(), time.perf_counter()
-    result = torchloom.train(CONFIGS / config, overrides, expdir=expdir, analysis=False)
+    if resume is not None:
+        result = torchloom.train(resume=resume, expdir=expdir, analysis=False)
+    else:
+        assert config is not None
+        result = torchloom.train(CONFIGS / config, overrides, expdir=expdir, analysis=False)
+    print(f"run folder: {result.run_dir}", flush=True)
     epochs = []
     with open(result.run_dir / "validation_epoch_statistics.csv", encoding="utf-8") as file:
         for row in csv.DictReader(file):
@@ -124,9 +141,22 @@ def main() -> None:
     parser.add_argument("--reduced", action="store_true", help="the e2e test's variant")
     parser.add_argument("--expdir", help="keep the run folders here (default: a temp dir)")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    for model in ("both", "rn", "mlp"):
+        parser.add_argument(
+            f"--{model}-override",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"one more config override for {'both models' if model == 'both' else model}",
+        )
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue this stopped run")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.resume:
+        run = train(None, [], str(Path(args.resume).expanduser().parent), resume=args.resume)
+        report(f"resumed {args.resume} (costs of this piece only)", run)
+        return
     epochs = args.epochs or (7 if args.reduced else 20)
     lr = args.lr
     if args.reduced:
@@ -158,9 +188,11 @@ def main() -> None:
         expdir = args.expdir or temporary
         runs = {}
         if args.only in (None, "rn"):
+            rn = [*rn, *args.both_override, *args.rn_override]
             runs["CNN+RN"] = train("sort_of_clevr_cnn_rn.yml", [*common, *rn], expdir)
             report("CNN+RN", runs["CNN+RN"])
         if args.only in (None, "mlp"):
+            mlp = [*mlp, *args.both_override, *args.mlp_override]
             runs["CNN+MLP"] = train("sort_of_clevr_cnn_mlp.yml", [*common, *mlp], expdir)
             report("CNN+MLP", runs["CNN+MLP"])
     if len(runs) == 2 and all("test" in run["summary"]["final"] for run in runs.values()):

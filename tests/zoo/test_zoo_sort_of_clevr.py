@@ -201,10 +201,14 @@ def _network(**params: object) -> RelationalNetwork:
     return RelationalNetwork.create(globals=globals_, **params)  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("aggregation", ["sum", "mean"])
-def test_relation_network_equals_a_naive_loop_over_pairs(aggregation: str) -> None:
+@pytest.mark.parametrize(
+    ("aggregation", "distances"), [("sum", False), ("mean", False), ("sum", True)]
+)
+def test_relation_network_equals_a_naive_loop_over_pairs(aggregation: str, distances: bool) -> None:
     torch.manual_seed(0)
-    network = _network(g_sizes=[8, 7], f_sizes=[6], dropout=0.0, aggregation=aggregation).eval()
+    network = _network(
+        g_sizes=[8, 7], f_sizes=[6], dropout=0.0, aggregation=aggregation, pair_distances=distances
+    ).eval()
     maps, questions = torch.randn(3, 4, 2, 3), torch.randn(3, 11)
     predictions = network({"feature_maps": maps, "questions": questions})["predictions"]
     assert predictions.shape == (3, 10)
@@ -213,15 +217,19 @@ def test_relation_network_equals_a_naive_loop_over_pairs(aggregation: str) -> No
     g_layers = [network.g_first, torch.nn.ReLU(), *network.g_rest]
     expected = []
     for sample in range(3):
-        objects = []
+        objects, positions = [], []
         for row in range(2):
             for column in range(3):
                 position = torch.tensor([[-1.0, 0.0, 1.0][column], [-1.0, 1.0][row]])
                 objects.append(torch.cat([maps[sample, :, row, column], position]))
+                positions.append(position)
         total = torch.zeros(7)
-        for first in objects:
-            for second in objects:
+        for first, first_position in zip(objects, positions, strict=True):
+            for second, second_position in zip(objects, positions, strict=True):
                 pair = torch.cat([first, second, questions[sample]])
+                if distances:
+                    gap = (first_position - second_position).norm()
+                    pair = torch.cat([pair, gap.reshape(1)])
                 for layer in g_layers:
                     pair = layer(pair)
                 total += pair
@@ -310,6 +318,25 @@ def test_grouped_accuracy_reads_the_group_names_from_a_global(tmp_path: Path) ->
         "accuracy_non_relational",
         "accuracy_relational",
     }
+
+
+def test_the_task_names_the_question_subtypes_for_per_subtype_accuracy(tmp_path: Path) -> None:
+    names = task(tmp_path).global_value("question_subtype_names")
+    statistic = AccuracyByGroupStatistics.create(
+        prefix="subtype_accuracy", globals={"group_names": names}
+    )
+    statistic.update(
+        {
+            "predictions": torch.log_softmax(torch.eye(10)[[2, 0, 5]], dim=1),
+            "targets": torch.tensor([2, 1, 5]),
+            "groups": torch.tensor([0, 1, 5]),  # shape, horizontal, count
+        }
+    )
+    values = statistic.compute()
+    assert values["subtype_accuracy_shape"] == 1.0
+    assert values["subtype_accuracy_horizontal"] == 0.0
+    assert values["subtype_accuracy_count"] == 1.0
+    assert "subtype_accuracy_closest_shape" in values
     assert AccuracyByGroupStatistics.needed_globals(statistic.params) == {
         "group_names": "name of every group, in the order of the `groups` values"
     }

@@ -48,6 +48,14 @@ class RelationalNetworkParams(ComponentParams):
         True,
         description="Append every cell's (x, y) position, in [-1, 1], to its features.",
     )
+    pair_distances: bool = Field(
+        False,
+        description="Also give g_theta the distance between the two cells of every pair (in "
+        "the coordinates' units): g forms differences of coordinates linearly but not a "
+        "distance. On Sort-of-CLEVR object descriptions, the closest/furthest questions reach "
+        "0.94/0.97 after 6,000 steps with it, 0.69/0.78 without "
+        "(benchmarks/sort_of_clevr_state_rn.py). Not in the paper.",
+    )
     feature_normalization: bool = Field(
         False,
         description="Batch-normalise every feature map (over the batch and the cells) before "
@@ -71,7 +79,8 @@ class RelationalNetwork(Model):
     features (batch-normalised first with `feature_normalization`) plus, with
     `coordinates`, its (x, y) position in [-1, 1]. g_theta (an MLP of
     `g_sizes`, ReLU after every layer) reads every ordered pair of objects (o_i, o_j), the
-    pairs of an object with itself included as in the paper, concatenated with the question;
+    pairs of an object with itself included as in the paper, concatenated with the question
+    (and, with `pair_distances`, the distance between the two cells' positions);
     its outputs are summed (or averaged) over the pairs, and f_phi (`f_sizes`, ReLU, dropout,
     then a linear layer) turns the result into log-probabilities over `prediction_size`
     answers. g_theta's first layer is evaluated per object and added pairwise (see the module
@@ -100,6 +109,7 @@ class RelationalNetwork(Model):
     Params = RelationalNetworkParams
     params: RelationalNetworkParams
     positions: torch.Tensor
+    distances: torch.Tensor
     EXAMPLE_GLOBALS = {
         "feature_map_depth": 24,
         "feature_map_height": 5,
@@ -127,8 +137,10 @@ class RelationalNetwork(Model):
         self.normalization = (
             nn.BatchNorm2d(self.depth) if params.feature_normalization else nn.Identity()
         )
-        # g_theta's first layer over [o_i, o_j, q], applied in pieces by `relations`.
-        self.g_first = nn.Linear(2 * self.object_size + self.question_size, params.g_sizes[0])
+        # g_theta's first layer over [o_i, o_j, q] (then d_ij with pair_distances), applied in
+        # pieces by `relations`.
+        pair_inputs = 2 * self.object_size + self.question_size + int(params.pair_distances)
+        self.g_first = nn.Linear(pair_inputs, params.g_sizes[0])
         rest: list[nn.Module] = []
         for width_in, width_out in zip(params.g_sizes, params.g_sizes[1:], strict=False):
             rest += [nn.Linear(width_in, width_out), nn.ReLU()]
@@ -149,9 +161,9 @@ class RelationalNetwork(Model):
         ys = torch.linspace(-1.0, 1.0, self.height) if self.height > 1 else torch.zeros(1)
         xs = torch.linspace(-1.0, 1.0, self.width) if self.width > 1 else torch.zeros(1)
         grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
-        self.register_buffer(
-            "positions", torch.stack([grid_x, grid_y], dim=-1).reshape(-1, 2), persistent=False
-        )
+        positions = torch.stack([grid_x, grid_y], dim=-1).reshape(-1, 2)
+        self.register_buffer("positions", positions, persistent=False)
+        self.register_buffer("distances", torch.cdist(positions, positions), persistent=False)
 
     def input_specs(self) -> dict[str, StreamSpec]:
         maps = ("batch", self.depth, self.height, self.width)
@@ -180,8 +192,12 @@ class RelationalNetwork(Model):
         weight, bias = self.g_first.weight, self.g_first.bias
         first = objects @ weight[:, :size].T  # W_i o_i for every object: [batch, N, h]
         second = objects @ weight[:, size : 2 * size].T  # W_j o_j
-        question = questions @ weight[:, 2 * size :].T + bias  # [batch, h]
+        question_end = 2 * size + self.question_size
+        question = questions @ weight[:, 2 * size : question_end].T + bias  # [batch, h]
         hidden = first[:, :, None, :] + second[:, None, :, :] + question[:, None, None, :]
+        if self.params.pair_distances:  # d_ij times its weight column: [N, N, h], every sample
+            distances = self.distances.to(hidden.dtype)
+            hidden = hidden + distances[:, :, None] * weight[:, question_end]
         return self.g_rest(torch.relu(hidden))
 
     def forward(self, inputs: Batch) -> Batch:

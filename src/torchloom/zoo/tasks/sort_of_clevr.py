@@ -24,6 +24,7 @@ from torchloom.data.sort_of_clevr_scenes import (
     QUESTION_TEXTS,
     QUESTION_TYPES,
     QUESTION_VECTORS,
+    SUBTYPES,
     generate,
     load_cache,
     save_atomic,
@@ -89,8 +90,9 @@ class SortOfCLEVR(Task):
     (int64: 0 shape, 1 horizontal, 2 vertical, 3 closest, 4 furthest, 5 count), `labels`
     (the answer word) and `question_texts` (the question in English). Publishes
     `num_classes` (10), `question_size` (11), `input_depth` (3), `input_height`,
-    `input_width`, `label_word_mappings` (answer word -> index) and
-    `question_type_names` (["non_relational", "relational"]).
+    `input_width`, `label_word_mappings` (answer word -> index),
+    `question_type_names` (["non_relational", "relational"]) and `question_subtype_names`
+    (["shape", "horizontal", "vertical", "closest_shape", "furthest_shape", "count"]).
 
     ```yaml
     training:
@@ -110,6 +112,7 @@ class SortOfCLEVR(Task):
         "input_width": "image width in pixels",
         "label_word_mappings": "answer word -> answer index",
         "question_type_names": "name of every question_types value",
+        "question_subtype_names": "name of every question_subtypes value",
     }
 
     def __init__(self, params: SortOfCLEVRParams, context: BuildContext) -> None:
@@ -145,6 +148,7 @@ class SortOfCLEVR(Task):
         self.publish_global("input_width", size)
         self.publish_global("label_word_mappings", {w: i for i, w in enumerate(ANSWERS)})
         self.publish_global("question_type_names", list(QUESTION_TYPES))
+        self.publish_global("question_subtype_names", list(SUBTYPES))
 
     @property
     def cache_path(self) -> Path:
