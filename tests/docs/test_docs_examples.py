@@ -25,7 +25,6 @@ docs/reference/components.md must equal what tools/gen_reference.py generates no
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import re
 import shlex
 import sys
@@ -38,6 +37,7 @@ import pytest
 import tomllib
 import yaml
 
+from script_modules import load_script
 from torchloom.cli.main import main
 from torchloom.core.registry import clear_cache
 
@@ -273,13 +273,7 @@ def test_component_module_runs_in_a_fresh_namespace_and_registers(
 
 
 def load_generator() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "gen_reference", REPO / "tools" / "gen_reference.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "tools" / "gen_reference.py")
 
 
 def test_component_reference_is_generated_from_the_current_code() -> None:

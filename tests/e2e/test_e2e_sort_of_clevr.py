@@ -5,7 +5,6 @@ better than the MLP, as in the paper's table."""
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 from types import ModuleType
@@ -13,6 +12,7 @@ from types import ModuleType
 import pytest
 
 import torchloom
+from script_modules import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "src" / "torchloom" / "configs" / "vqa"
@@ -29,13 +29,7 @@ MARGIN = 0.15
 
 def benchmark() -> ModuleType:
     """benchmarks/sort_of_clevr.py, whose REDUCED_* overrides this test trains."""
-    spec = importlib.util.spec_from_file_location(
-        "sort_of_clevr_benchmark", ROOT / "benchmarks" / "sort_of_clevr.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "sort_of_clevr.py")
 
 
 @pytest.mark.slow

@@ -29,6 +29,17 @@ def task(folder: Path, **params: object) -> SortOfCLEVR:
 
 
 # ---- generation -----------------------------------------------------------------------------
+def test_indices_count_from_the_end_and_stop_at_the_size(tmp_path: Path) -> None:
+    split = task(tmp_path)
+    size = len(split)
+    assert split[-1]["indices"] == size - 1
+    assert split[-size]["indices"] == 0
+    for bad in (size, -size - 1):
+        with pytest.raises(IndexError, match=f"index {bad} out of range for {size} samples"):
+            split[bad]
+    assert len(list(split)) == size  # plain iteration ends at the IndexError
+
+
 def test_same_seed_gives_identical_bytes_and_another_seed_does_not(tmp_path: Path) -> None:
     first = task(tmp_path / "a", seed=3)
     first.prepare()

@@ -258,6 +258,15 @@ class Task(Component, torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Batch:
         raise NotImplementedError
 
+    @staticmethod
+    def checked_index(index: int, size: int, unit: str = "samples") -> int:
+        """`index` as a position in [0, size): negative ones count from the end, as for a
+        list; anything else is an IndexError (which also ends plain iteration over a task)."""
+        position = index + size if index < 0 else index
+        if not 0 <= position < size:
+            raise IndexError(f"index {index} out of range for {size} {unit}")
+        return position
+
     def collate(self, samples: list[Batch]) -> Batch:
         return dict(torch.utils.data.default_collate(samples))
 

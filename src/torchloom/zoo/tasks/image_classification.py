@@ -138,11 +138,7 @@ class ImageClassificationTask(Task):
 
     def __getitem__(self, index: int) -> Batch:
         self.prepare()
-        size = len(self._targets)
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError(f"index {index} out of range for {size} samples")
+        index = self.checked_index(index, len(self._targets))
         image = self._images[index] if self._images is not None else self._read_image(index)
         if image.dtype == torch.uint8:  # not precomputed: the same steps, on this image alone
             image = self.transformer.precompute(unit_floats(image).unsqueeze(0))[0]

@@ -81,11 +81,7 @@ class LabelledTextTask(Task):
 
     def __getitem__(self, index: int) -> Batch:
         self.prepare()
-        size = len(self._targets)
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError(f"index {index} out of range for {size} samples")
+        index = self.checked_index(index, len(self._targets))
         target = self._targets[index]
         return {
             "indices": index,

@@ -332,11 +332,7 @@ class LanguageModeling(Task):
 
     def __getitem__(self, index: int) -> Batch:
         self.prepare()
-        size = self._count()
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError(f"index {index} out of range for {size} samples")
+        index = self.checked_index(index, self._count())
         start = self._start(index)
         stop = start + self.window
         tokens = self._words[start:stop]

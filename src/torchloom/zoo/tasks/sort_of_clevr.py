@@ -237,11 +237,7 @@ class SortOfCLEVR(Task):
 
     def __getitem__(self, index: int) -> Batch:
         arrays = self.arrays()
-        size = len(self)
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError(f"index {index} out of range for {size} samples")
+        index = self.checked_index(index, len(self))
         image_index, question = divmod(index, self.per_image)
         colour = int(arrays["colours"][image_index, question])
         subtype = int(arrays["subtypes"][image_index, question])

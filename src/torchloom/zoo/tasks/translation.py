@@ -255,11 +255,7 @@ class TranslationPairs(Task):
 
     def __getitem__(self, index: int) -> Batch:
         self.prepare()
-        size = len(self._sources)
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError(f"index {index} out of range for {size} pairs")
+        index = self.checked_index(index, len(self._sources), "pairs")
         return {
             "indices": index,
             "inputs": self._sources[index],

@@ -292,10 +292,7 @@ class VQATask(Task):
 
     def __getitem__(self, index: int) -> Batch:
         records = self.records()
-        if index < 0:
-            index += len(records)
-        if not 0 <= index < len(records):
-            raise IndexError(f"index {index} out of range for {len(records)} questions")
+        index = self.checked_index(index, len(records), "questions")
         record = records[index]
         image = read_rgb_image(
             record.image, self.height, self.width, self.params.normalize, self.label

@@ -1,0 +1,16 @@
+"""Load a script of the repository (benchmarks/, tools/) as a module, for tests that use its
+functions or constants: those folders are not packages."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+
+def load_script(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"script_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
