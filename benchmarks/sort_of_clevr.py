@@ -1,4 +1,4 @@
-"""Sort-of-CLEVR, the table of Santoro et al. 2017: CNN+RN against CNN+MLP, trained on CPU.
+"""Sort-of-CLEVR, the table of Santoro et al. 2017: CNN+RN against CNN+MLP.
 
 Target (issue #4): CNN+RN >= 90% on both the relational and the non-relational questions,
 CNN+MLP far lower on the relational ones (the paper: 94% against 63%). Both shipped configs
@@ -11,14 +11,16 @@ time and the CPU time (user + system of this process, every thread counted).
     python benchmarks/sort_of_clevr.py [--data ~/data/sort_of_clevr] [--epochs 20]
     python benchmarks/sort_of_clevr.py --only rn --threads 1   # one model, one thread
     python benchmarks/sort_of_clevr.py --reduced --threads 1   # the e2e test's variant
-    python benchmarks/sort_of_clevr.py --only rn --rn-override \
-        'pipeline.relational_network.g_sizes=[256,256,256,256]'   # the paper's g_theta
+    python benchmarks/sort_of_clevr.py --only rn --epochs 40 --rn-override \
+        +pipeline.relational_network.pair_distances=true   # g also reads each pair's distance
     python benchmarks/sort_of_clevr.py --only rn --expdir runs/soc   # Ctrl-C keeps last.pt,
     python benchmarks/sort_of_clevr.py --resume runs/soc/RUN         # ... and this goes on
 
 A run stopped by Ctrl-C (or SIGTERM) ends with a checkpoint, and `--resume` continues it
 exactly (the same batches, the same weights as without the stop), so a CPU run of many hours
-can be done in pieces. The script uses the GPU when there is one (torchloom's default device).
+can be done in pieces. The script uses the GPU when there is one (torchloom's default device):
+the full size needs one (20 epochs of the paper's g take about 15 minutes on an H100 and are out
+of reach of a 2-core CPU; docs/benchmarks.md has the figures).
 
 `--reduced` trains the variant of tests/e2e/test_e2e_sort_of_clevr.py (32x32 images, 800 of
 them, 7 epochs at 2e-3), which must show the RN ahead on the relational questions.
@@ -40,8 +42,8 @@ import torchloom
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "vqa"
 
-# The shipped configs run as they are (g_theta and f_phi narrower than the paper's, for a CPU;
-# see the RN config), on the paper's 9,800 training images, without early stopping.
+# The shipped configs run as they are (the paper's g_theta and f_phi), on the paper's 9,800
+# training images, without early stopping.
 FULL_COMMON: list[str] = []
 FULL_RN: list[str] = []
 FULL_MLP: list[str] = []

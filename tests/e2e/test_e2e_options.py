@@ -42,6 +42,41 @@ def test_bf16_accumulation_clipping_and_a_per_step_scheduler(
     assert result.statistics["validation"]["accuracy"] > 0.3
 
 
+def test_a_warm_up_written_in_the_config(tmp_path: Path, mnist_folder: Path) -> None:
+    warm_up = (
+        "{type: SequentialLR, milestones: [2], schedulers: [{type: LinearLR, start_factor: 0.25,"
+        " total_iters: 2}, {type: CosineAnnealingLR, T_max: 2}]}"
+    )
+    result = torchloom.train(
+        small_config(tmp_path, mnist_folder),
+        [
+            "training.terminal_conditions.epoch_limit=4",
+            "training.optimizer.lr=0.002",
+            "~training.scheduler",
+            f"+training.scheduler={warm_up}",
+        ],
+        expdir=str(tmp_path / "runs"),
+    )
+    rows = _rows(result.run_dir / "training_epoch_statistics.csv")
+    # The rate of each epoch, as torch's own SequentialLR gives it when stepped per epoch.
+    plain = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.002)
+    reference = torch.optim.lr_scheduler.SequentialLR(
+        plain,
+        [
+            torch.optim.lr_scheduler.LinearLR(plain, start_factor=0.25, total_iters=2),
+            torch.optim.lr_scheduler.CosineAnnealingLR(plain, T_max=2),
+        ],
+        milestones=[2],
+    )
+    expected = []
+    for _ in range(4):
+        expected.append(reference.get_last_lr()[0])
+        plain.step()
+        reference.step()
+    assert [float(r["lr"]) for r in rows] == pytest.approx(expected, rel=1e-6)
+    assert expected[0] == pytest.approx(0.0005) and max(expected) == pytest.approx(0.002)
+
+
 def test_histograms_and_two_weighted_losses(tmp_path: Path, mnist_folder: Path) -> None:
     config = small_config(tmp_path, mnist_folder, base="loom://mnist/2lenet5_2losses.yml")
     result = torchloom.train(

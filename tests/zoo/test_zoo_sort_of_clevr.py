@@ -136,6 +136,23 @@ def test_samples_and_batches_match_the_specs(tmp_path: Path) -> None:
     assert torch.allclose(normalized[:, 0, 0], white)
 
 
+@pytest.mark.parametrize("normalize", [False, True])
+def test_fetched_batches_equal_the_collated_samples(tmp_path: Path, normalize: bool) -> None:
+    clevr = task(tmp_path, normalize=normalize)
+    indices = [239, 0, 15, 15, -1, 101]  # any order, repeats, counted from the end
+    fetched = clevr.fetch(indices)
+    collated = clevr.collate([clevr[i] for i in indices])
+    assert set(fetched) == set(collated)
+    for name, value in collated.items():
+        if isinstance(value, torch.Tensor):
+            assert fetched[name].dtype == value.dtype and torch.equal(fetched[name], value), name
+        else:
+            assert fetched[name] == value, name
+    assert fetched["indices"].tolist() == [239, 0, 15, 15, 239, 101]
+    with pytest.raises(IndexError, match="index 240 out of range"):
+        clevr.fetch([0, 240])
+
+
 def test_globals_and_bad_parameters(tmp_path: Path) -> None:
     clevr = task(tmp_path, image_size=40, object_size=4)
     assert clevr.global_value("num_classes") == 10 and clevr.global_value("question_size") == 11

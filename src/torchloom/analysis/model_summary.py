@@ -60,7 +60,7 @@ class Summary:
 def sample_batch(data: SectionLoader) -> Batch:
     """The first `batch_size` samples of the task, collated and renamed as the loader does."""
     count = min(data.config.batch_size, len(data.task))
-    return data.collate([data.task[index] for index in range(count)])
+    return data.collate(data.task.fetch(range(count)))
 
 
 def describe_output(value: Any) -> tuple[str, int]:

@@ -16,7 +16,7 @@ components (tokenizers, reshapers, viewers, ...).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -269,6 +269,13 @@ class Task(Component, torch.utils.data.Dataset):
 
     def collate(self, samples: list[Batch]) -> Batch:
         return dict(torch.utils.data.default_collate(samples))
+
+    def fetch(self, indices: Sequence[int]) -> Batch:
+        """The batch of the samples at `indices`: `collate` of each `self[index]`. The loaders
+        ask for whole batches through this, so a task that holds its data in tensors can
+        override it to gather a batch in a few tensor operations instead of one Python call
+        per sample (the same batch, which a test of such a task should check)."""
+        return self.collate([self[index] for index in indices])
 
     def texts(self, stream: str) -> Iterator[Any]:
         """Every sample's value of one output stream (default name), in sample order, for

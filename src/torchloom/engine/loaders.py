@@ -1,4 +1,5 @@
-"""DataLoaders for a section: the task as dataset, a resumable sampler, renaming collate.
+"""DataLoaders for a section: the task as dataset (fetching whole batches), a resumable
+sampler, renaming collate.
 
 Every loader gets its own generator seeded from (seed, epoch), and the sampler's order is a
 function of (seed, epoch) too, so the data a run sees never depends on how much of the global
@@ -8,10 +9,10 @@ RNG earlier code consumed — the basis of exact resume.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 
 from torchloom.config.schema import SectionConfig
 from torchloom.core.component import Batch, Task
@@ -19,15 +20,32 @@ from torchloom.data.samplers import ResumableSampler, build_sampler
 from torchloom.engine.seeding import worker_init
 
 
-class RenamingCollate:
-    """The task's collate, with its streams renamed to their pipeline-wide names."""
+class TaskBatches(Dataset[Batch]):
+    """The task as torch's DataLoader sees it. The loader hands each batch's indices to
+    `__getitems__` at once, so `Task.fetch` can build the batch in one go; `__getitem__`
+    stays for code that reads single samples."""
 
     def __init__(self, task: Task) -> None:
         self.task = task
+
+    def __len__(self) -> int:
+        return len(self.task)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.task[index]
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        return self.task.fetch(indices)
+
+
+class RenamingCollate:
+    """Renames the streams of a fetched batch to their pipeline-wide names (the batch is
+    already collated by `Task.fetch`)."""
+
+    def __init__(self, task: Task) -> None:
         self.names = {key: task.stream_name(key) for key in task.output_specs()}
 
-    def __call__(self, samples: list[Batch]) -> Batch:
-        batch = self.task.collate(samples)
+    def __call__(self, batch: Batch) -> Batch:
         return {self.names.get(key, key): value for key, value in batch.items()}
 
 
@@ -71,11 +89,13 @@ class SectionLoader:
         # Persistent workers only help a loader that is reused across epochs.
         if self._loader is None or not self.config.persistent_workers or start_batch:
             self._loader = DataLoader(
-                self.task,
+                TaskBatches(self.task),
                 batch_size=self.config.batch_size,
                 sampler=self.sampler,
                 num_workers=self.config.num_workers,
-                collate_fn=self.collate,
+                # torch types collate_fn as taking a list of samples; with __getitems__ it
+                # receives whatever that returns, here the fetched batch.
+                collate_fn=cast("Callable[[list[Any]], Any]", self.collate),
                 pin_memory=self.pin_memory,
                 drop_last=self.config.drop_last,
                 persistent_workers=self.config.persistent_workers and self.config.num_workers > 0,

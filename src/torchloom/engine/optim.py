@@ -8,7 +8,7 @@ own settings (e.g. a smaller learning rate for a pretrained encoder).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -115,6 +115,15 @@ def build_scheduler(
     if not config:
         return None
     options = {k: v for k, v in config.items() if k not in ("type", "interval")}
+    # SequentialLR and ChainedScheduler take scheduler objects: each entry of `schedulers`
+    # that is a mapping is built here on the same optimizer, so that a warm-up (LinearLR,
+    # then CosineAnnealingLR from the milestone on) is written in the config.
+    inner = options.get("schedulers")
+    if isinstance(inner, Sequence) and not isinstance(inner, str):
+        options["schedulers"] = [
+            build_scheduler(entry, optimizer, where) if isinstance(entry, Mapping) else entry
+            for entry in inner
+        ]
     scheduler_base = torch.optim.lr_scheduler.LRScheduler
     cls = _lookup(
         torch.optim.lr_scheduler,

@@ -136,15 +136,17 @@ class AccuracyByGroupStatistics(Statistic):
         hits = inputs["predictions"].detach().argmax(dim=1) == targets
         named = len(self.group_names)
         # Slots: the named groups, then `named` for unnamed groups, then `named + 1` for
-        # ignored targets (dropped). torch.where and weighted bincounts, not boolean indexing,
-        # so that an update never waits for the device.
+        # ignored targets (dropped). torch.where and index_add_ into a buffer of fixed size,
+        # not boolean indexing or torch.bincount (which reads the input's range back to the
+        # host), so that an update never waits for the device; index_add_ is also
+        # deterministic on CUDA, where a weighted bincount is not.
         slots = torch.where((groups >= 0) & (groups < named), groups, named)
         if self.params.ignore_index is not None:
             slots = torch.where(targets == self.params.ignore_index, named + 1, slots)
-        # float32 weights count exactly up to 2**24 samples per batch.
-        self.total += torch.bincount(slots, minlength=named + 2)[: named + 1]
-        hits_per_slot = torch.bincount(slots, weights=hits.to(torch.float32), minlength=named + 2)
-        self.correct += hits_per_slot[: named + 1].to(torch.int64)
+        counts = torch.zeros(named + 2, 2, dtype=torch.int64, device=slots.device)
+        counts.index_add_(0, slots, torch.stack((torch.ones_like(slots), hits.long()), dim=1))
+        self.total += counts[: named + 1, 0]
+        self.correct += counts[: named + 1, 1]
 
     def compute(self) -> dict[str, float]:
         correct = self.correct.detach().cpu().double()

@@ -1,0 +1,68 @@
+"""Schedulers from config: SequentialLR / ChainedScheduler get their inner schedulers built
+from config entries (a warm-up is written in YAML), and keep exact state for resume."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torchloom.engine.optim import build_scheduler
+from torchloom.errors import ConfigError
+
+WARM_UP = {
+    "type": "SequentialLR",
+    "milestones": [3],
+    "schedulers": [
+        {"type": "LinearLR", "start_factor": 0.1, "total_iters": 3},
+        {"type": "CosineAnnealingLR", "T_max": 5},
+    ],
+}
+
+
+def optimizer() -> torch.optim.Optimizer:
+    return torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.5)
+
+
+def rates(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> list[float]:
+    values = []
+    for _ in range(steps):
+        scheduler.optimizer.step()
+        scheduler.step()
+        values.append(scheduler.get_last_lr()[0])
+    return values
+
+
+def where(*keys: str) -> str:
+    return "run.yml: " + ".".join(keys)
+
+
+def test_a_warm_up_from_config_follows_torch_own_sequential_lr() -> None:
+    built = build_scheduler(WARM_UP, optimizer(), where)
+    assert isinstance(built, torch.optim.lr_scheduler.SequentialLR)
+    plain = optimizer()
+    reference = torch.optim.lr_scheduler.SequentialLR(
+        plain,
+        [
+            torch.optim.lr_scheduler.LinearLR(plain, start_factor=0.1, total_iters=3),
+            torch.optim.lr_scheduler.CosineAnnealingLR(plain, T_max=5),
+        ],
+        milestones=[3],
+    )
+    ours = rates(built, 8)
+    assert ours == rates(reference, 8)
+    assert ours[0] < ours[1] < ours[2] == pytest.approx(0.5)  # warms up to the base rate
+
+
+def test_the_warm_up_resumes_from_its_state() -> None:
+    first = build_scheduler(WARM_UP, optimizer(), where)
+    rates(first, 2)
+    resumed = build_scheduler(WARM_UP, optimizer(), where)
+    resumed.optimizer.load_state_dict(first.optimizer.state_dict())
+    resumed.load_state_dict(first.state_dict())
+    assert rates(resumed, 5) == rates(first, 5)
+
+
+def test_a_wrong_inner_scheduler_is_a_config_error() -> None:
+    bad = {**WARM_UP, "schedulers": [{"type": "LinearLR"}, {"type": "CosineAnealingLR"}]}
+    with pytest.raises(ConfigError, match="CosineAnnealingLR"):
+        build_scheduler(bad, optimizer(), where)
