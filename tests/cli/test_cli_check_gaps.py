@@ -37,6 +37,11 @@ TRAINING_MISTAKES = {
         "training:\n  scheduler: {type: StepLRR, step_size: 2}\n",
         ("bad.yml:", "'StepLRR'", "did you mean 'StepLR'"),
     ),
+    "unknown-inner-scheduler-type": (
+        "training:\n  scheduler:\n    type: SequentialLR\n    milestones: [2]\n"
+        "    schedulers:\n      - {type: LinearLR}\n      - {type: CosineAnealingLR}\n",
+        ("bad.yml:", "schedulers[1].type 'CosineAnealingLR'", "did you mean 'CosineAnnealingLR'"),
+    ),
     "loss-weights-name-no-loss": (
         "training:\n  loss_weights: {nlloss: 2.0}\n",
         ("bad.yml:", "'nlloss'", "did you mean 'nllloss'?"),

@@ -32,8 +32,8 @@ def rates(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> list[f
     return values
 
 
-def where(*keys: str) -> str:
-    return "run.yml: " + ".".join(keys)
+def where(*keys: str | int) -> str:
+    return "run.yml: " + ".".join(map(str, keys))
 
 
 def test_a_warm_up_from_config_follows_torch_own_sequential_lr() -> None:
@@ -64,5 +64,10 @@ def test_the_warm_up_resumes_from_its_state() -> None:
 
 def test_a_wrong_inner_scheduler_is_a_config_error() -> None:
     bad = {**WARM_UP, "schedulers": [{"type": "LinearLR"}, {"type": "CosineAnealingLR"}]}
-    with pytest.raises(ConfigError, match="CosineAnnealingLR"):
+    with pytest.raises(ConfigError) as error:
         build_scheduler(bad, optimizer(), where)
+    message = str(error.value)
+    # names the entry, where it was written, and the class it probably meant
+    assert "training.scheduler.schedulers[1].type 'CosineAnealingLR'" in message
+    assert "run.yml: training.scheduler.schedulers.1.type" in message
+    assert "CosineAnnealingLR" in message.split("'CosineAnealingLR'", 1)[1]

@@ -17,9 +17,18 @@ from torchloom.core.pipeline import Pipeline
 from torchloom.errors import ConfigError, Problem, did_you_mean
 
 Where = Callable[..., str]
+Key = tuple[str | int, ...]  # a key path in the config, list positions as ints
 
 
-def _lookup(module: Any, base: type, name: str, key: tuple[str, ...], where: Where) -> type:
+def dotted(key: Key) -> str:
+    """'training.scheduler.schedulers[1].type' for a key path."""
+    text = ""
+    for part in key:
+        text += f"[{part}]" if isinstance(part, int) else f"{'.' if text else ''}{part}"
+    return text
+
+
+def _lookup(module: Any, base: type, name: str, key: Key, where: Where) -> type:
     candidates = [
         n
         for n, v in vars(module).items()
@@ -31,7 +40,7 @@ def _lookup(module: Any, base: type, name: str, key: tuple[str, ...], where: Whe
             [
                 Problem(
                     where(*key),
-                    f"{'.'.join(key)} '{name}'",
+                    f"{dotted(key)} '{name}'",
                     f"is not a {module.__name__} class",
                     did_you_mean(name, candidates),
                 )
@@ -40,14 +49,12 @@ def _lookup(module: Any, base: type, name: str, key: tuple[str, ...], where: Whe
     return cls
 
 
-def _check_kwargs(
-    cls: type, kwargs: Mapping[str, Any], skip: int, key: tuple[str, ...], where: Where
-) -> None:
+def _check_kwargs(cls: type, kwargs: Mapping[str, Any], skip: int, key: Key, where: Where) -> None:
     parameters = list(inspect.signature(cls).parameters)[skip:]
     problems = [
         Problem(
             where(*key, name),
-            f"{'.'.join((*key, name))}",
+            dotted((*key, name)),
             f"is not an argument of {cls.__name__}",
             did_you_mean(name, parameters) or f"arguments: {', '.join(parameters)}",
         )
@@ -110,8 +117,12 @@ def build_optimizer(
 
 
 def build_scheduler(
-    config: Mapping[str, Any] | None, optimizer: torch.optim.Optimizer, where: Where
+    config: Mapping[str, Any] | None,
+    optimizer: torch.optim.Optimizer,
+    where: Where,
+    key: Key = ("training", "scheduler"),
 ) -> Any:
+    """The scheduler that `config` (the mapping at `key`) describes, or None."""
     if not config:
         return None
     options = {k: v for k, v in config.items() if k not in ("type", "interval")}
@@ -121,21 +132,21 @@ def build_scheduler(
     inner = options.get("schedulers")
     if isinstance(inner, Sequence) and not isinstance(inner, str):
         options["schedulers"] = [
-            build_scheduler(entry, optimizer, where) if isinstance(entry, Mapping) else entry
-            for entry in inner
+            build_scheduler(entry, optimizer, where, (*key, "schedulers", index))
+            if isinstance(entry, Mapping)
+            else entry
+            for index, entry in enumerate(inner)
         ]
     scheduler_base = torch.optim.lr_scheduler.LRScheduler
     cls = _lookup(
         torch.optim.lr_scheduler,
         scheduler_base,
         str(config.get("type")),
-        ("training", "scheduler", "type"),
+        (*key, "type"),
         where,
     )
-    _check_kwargs(cls, options, 1, ("training", "scheduler"), where)
+    _check_kwargs(cls, options, 1, key, where)
     try:
         return cls(optimizer, **options)
     except (TypeError, ValueError) as error:
-        raise ConfigError(
-            [Problem(where("training", "scheduler"), "training.scheduler", str(error))]
-        ) from error
+        raise ConfigError([Problem(where(*key), dotted(key), str(error))]) from error
