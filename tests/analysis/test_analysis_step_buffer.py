@@ -32,13 +32,19 @@ def test_a_block_is_handed_over_once_it_holds_enough_elements() -> None:
     assert len(buffer) == 2
 
 
-def test_held_tensors_are_detached() -> None:
+def test_held_tensors_are_detached_copies() -> None:
     held: list[torch.Tensor] = []
     buffer = StepBuffer(held.append, steps=10)
     weight = torch.ones(3, requires_grad=True)
     buffer.add(weight * 2)
+    # The next step writes over the memory of this one's output (as a model compiled with
+    # CUDA graphs does): the held step keeps its values.
+    output = torch.full((3,), 5.0)
+    buffer.add(output)
+    output.fill_(-1.0)
     buffer.flush()
     assert not held[0].requires_grad
+    assert held[0].tolist() == [2.0, 2.0, 2.0, 5.0, 5.0, 5.0]
 
 
 def test_counts_from_blocks_equal_counts_step_by_step() -> None:

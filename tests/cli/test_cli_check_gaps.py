@@ -42,6 +42,14 @@ TRAINING_MISTAKES = {
         "    schedulers:\n      - {type: LinearLR}\n      - {type: CosineAnealingLR}\n",
         ("bad.yml:", "schedulers[1].type 'CosineAnealingLR'", "did you mean 'CosineAnnealingLR'"),
     ),
+    "compile-option-misspelt": (
+        "training:\n  compile: {modee: reduce-overhead}\n",
+        ("bad.yml:", "training.compile.modee", "did you mean 'mode'"),
+    ),
+    "compile-mode-unknown": (
+        "training:\n  compile: {mode: fastest}\n",
+        ("bad.yml:", "training.compile.mode", "'fastest'", "reduce-overhead"),
+    ),
     "loss-weights-name-no-loss": (
         "training:\n  loss_weights: {nlloss: 2.0}\n",
         ("bad.yml:", "'nlloss'", "did you mean 'nllloss'?"),

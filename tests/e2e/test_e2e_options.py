@@ -77,6 +77,25 @@ def test_a_warm_up_written_in_the_config(tmp_path: Path, mnist_folder: Path) -> 
     assert expected[0] == pytest.approx(0.0005) and max(expected) == pytest.approx(0.002)
 
 
+def test_compiled_models_train_and_save_eager_checkpoints(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    result = torchloom.train(
+        small_config(tmp_path, mnist_folder),
+        ["training.terminal_conditions.epoch_limit=1", "+training.compile=true"],
+        expdir=str(tmp_path / "runs"),
+    )
+    assert result.statistics["validation"]["accuracy"] > 0.5
+    log = (result.run_dir / "run.log").read_text(encoding="utf-8")
+    assert "torch.compile (defaults): image_classifier" in log
+    # The checkpoint is the eager model's: an eager pass over the test set with best.pt gives
+    # the run's own test figure.
+    processed = torchloom.process(result.run_dir, expdir=str(tmp_path / "processed"))
+    assert processed.statistics["accuracy"] == pytest.approx(
+        result.statistics["test"]["accuracy"], abs=1e-6
+    )
+
+
 def test_histograms_and_two_weighted_losses(tmp_path: Path, mnist_folder: Path) -> None:
     config = small_config(tmp_path, mnist_folder, base="loom://mnist/2lenet5_2losses.yml")
     result = torchloom.train(

@@ -37,11 +37,13 @@ class StepBuffer:
         return len(self.fields[0]) if self.fields else 0
 
     def add(self, *tensors: torch.Tensor) -> None:
-        """Keep one step's tensors (detached: a block never holds an autograd graph)."""
+        """Keep a copy of one step's tensors: detached (a block never holds an autograd
+        graph) and cloned, because the next step may write over the originals (a model
+        compiled with CUDA graphs reuses its output memory; a component may work in place)."""
         if not self.fields:
             self.fields = [[] for _ in tensors]
         for field, tensor in zip(self.fields, tensors, strict=True):
-            field.append(tensor.detach())
+            field.append(tensor.detach().clone())
         self.held += sum(t.numel() for t in tensors)
         if len(self) >= self.steps or self.held >= self.elements:
             self.flush()

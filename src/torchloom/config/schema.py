@@ -99,6 +99,11 @@ class TrainingConfig(SectionConfig):
         "and recorded in the run's config.yaml when left out",
     )
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms")
+    compile: bool | dict[str, Any] = Field(
+        False,
+        description="torch.compile the pipeline's models: true, or torch.compile's arguments "
+        "such as {mode: reduce-overhead}",
+    )
     logging_interval: int = Field(100, gt=0, description="episodes between statistics rows")
     checkpoint_interval: int | None = Field(
         None,

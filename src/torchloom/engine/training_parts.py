@@ -1,6 +1,6 @@
 """The parts of training a config describes besides the pipeline: optimizer, scheduler,
-weighted loss, monitor. Built (and so checked) without reading data, by `loom check` and by
-`loom train` alike, collecting every problem into one error."""
+weighted loss, monitor, torch.compile options. Built (and so checked) without reading data,
+by `loom check` and by `loom train` alike, collecting every problem into one error."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 
 from torchloom.config.schema import TrainingConfig
 from torchloom.core.pipeline import Pipeline
+from torchloom.engine.compilation import compile_options
 from torchloom.engine.evaluation import statistic_names
 from torchloom.engine.losses import WeightedLoss
 from torchloom.engine.optim import build_optimizer, build_scheduler
@@ -25,6 +26,7 @@ class TrainingParts:
     scheduler: Any
     loss: WeightedLoss
     monitor: Monitor
+    compile_options: dict[str, Any] | None  # for torch.compile; None: eager
 
 
 def check_limits(training: TrainingConfig, where: Callable[..., str]) -> list[Problem]:
@@ -45,7 +47,11 @@ def build_training_parts(
     pipeline: Pipeline, training: TrainingConfig, where: Callable[..., str]
 ) -> TrainingParts:
     problems = check_limits(training, where)
-    optimizer = scheduler = loss = None
+    optimizer = scheduler = loss = compiling = None
+    try:
+        compiling = compile_options(training.compile, where)
+    except LoomError as error:
+        problems += error.problems
     try:
         optimizer = build_optimizer(training.optimizer.model_dump(), pipeline, where)
         scheduler = build_scheduler(
@@ -72,4 +78,4 @@ def build_training_parts(
     if problems:
         raise ConfigError(problems)
     assert optimizer is not None and loss is not None
-    return TrainingParts(optimizer, scheduler, loss, monitor)
+    return TrainingParts(optimizer, scheduler, loss, monitor, compiling)

@@ -22,6 +22,7 @@ from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.pipeline import Pipeline
 from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.compilation import compile_models
 from torchloom.engine.devices import resolve_device
 from torchloom.engine.divergence import DivergenceGuard
 from torchloom.engine.evaluation import statistics_copy
@@ -158,6 +159,13 @@ def build_run_state(
         write_artifacts(run_dir, pipeline.components)
     log = make_logger(run_dir, options.quiet)
     log_build_notes(log, pipeline)
+    if parts.compile_options is not None:
+        compiled = compile_models(pipeline, parts.compile_options)
+        log.info(
+            "torch.compile %s: %s",
+            parts.compile_options or "(defaults)",
+            ", ".join(compiled) or "no model with weights",
+        )
     validation = sections.get("validation")
     state = RunState(
         name=name,
