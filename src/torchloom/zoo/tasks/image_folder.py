@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import torch
 from PIL import Image, UnidentifiedImageError
-from pydantic import Field, PositiveInt, model_validator
+from pydantic import Field, PositiveInt
 from torchvision.transforms.v2 import functional as TF
 
-from torchloom.core.component import BuildContext, ComponentParams
+from torchloom.core.component import BuildContext
 from torchloom.errors import DataError, Problem
 from torchloom.zoo.image_transforms import ImageTransforms
+from torchloom.zoo.tasks.drawn_split import DrawnSplitParams
 from torchloom.zoo.tasks.image_classification import ImageClassificationTask
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 LAYOUT = "one sub-folder per class holding its images (data_folder/<class>/<image>.png|jpg)"
 
 
-class ImageFolderParams(ComponentParams):
+class ImageFolderParams(DrawnSplitParams):
     data_folder: str = Field(
         ..., description="Folder with one sub-folder of images per class; `~` is expanded."
     )
@@ -36,38 +37,21 @@ class ImageFolderParams(ComponentParams):
     grayscale: bool = Field(
         False, description="Read images as one grey channel; otherwise as three RGB channels."
     )
-    split: Literal["train", "validation", "test"] = Field(
-        "train",
-        description="Which part of every class to use; with both fractions 0, train is the "
-        "whole folder (the way to read a folder that already is one split).",
-    )
     validation_fraction: float = Field(
-        0.0, ge=0.0, lt=1.0, description="Share of every class's images in the validation split."
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of every class's images in the validation split; with both "
+        "fractions 0, train is the whole folder (a folder that already is one split).",
     )
     test_fraction: float = Field(
         0.0, ge=0.0, lt=1.0, description="Share of every class's images in the test split."
-    )
-    split_seed: int = Field(
-        0,
-        description="Seed of the split's draw; keep it equal in the tasks of one folder so "
-        "that their splits do not overlap.",
-    )
-    subset: PositiveInt | None = Field(
-        None,
-        description="Use only the first N samples of the split (which is in a seeded random "
-        "order, so a subset mixes the classes).",
     )
     transforms: ImageTransforms = Field(
         default_factory=ImageTransforms,
         description="Image transforms: {resize, random_crop: {size, padding}, horizontal_flip, "
         "normalize: {mean, std}}; random ones are training-time augmentation.",
     )
-
-    @model_validator(mode="after")
-    def _fractions_leave_training_images(self) -> ImageFolderParams:
-        if self.validation_fraction + self.test_fraction >= 1.0:
-            raise ValueError("validation_fraction + test_fraction must be below 1")
-        return self
 
 
 class ImageFolder(ImageClassificationTask):

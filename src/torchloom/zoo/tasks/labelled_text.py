@@ -9,12 +9,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field
 
-from torchloom.core.component import Batch, ComponentParams, Task
+from torchloom.core.component import Batch, Task
 from torchloom.core.streams import StreamSpec
-from torchloom.data.text_sources import SplitName, check_encoding, collate_text_samples
+from torchloom.data.text_sources import collate_text_samples
 from torchloom.errors import ComponentError, Problem
+from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, FallbackEncodingParams
 
 CLASS_GLOBALS = {
     "num_classes": "number of classes",
@@ -108,44 +109,13 @@ class LabelledTextTask(Task):
             raise KeyError(f"{self.label} has no stream '{stream}'")
 
 
-class SplitParams(ComponentParams):
-    """The split parameters of tasks that draw their own splits from one collection."""
+class SplitParams(DrawnSplitParams, FallbackEncodingParams):
+    """The split and encoding parameters of the (text, class) tasks: a fifth of every class
+    for test by default."""
 
-    split: SplitName = Field(
-        "train",
-        description="Which part to use: validation and test are drawn from every class at "
-        "random with split_seed, train is the rest.",
-    )
     validation_fraction: float = Field(
         0.1, ge=0.0, lt=1.0, description="Share of every class in the validation split."
     )
     test_fraction: float = Field(
         0.2, ge=0.0, lt=1.0, description="Share of every class in the test split."
     )
-    split_seed: int = Field(
-        0,
-        description="Seed of the split's draw and order; keep it equal in the tasks of one "
-        "dataset so that their splits do not overlap.",
-    )
-    subset: PositiveInt | None = Field(
-        None,
-        description="Use only the first N samples of the split (which is in a seeded order "
-        "mixing the classes): quick runs and tests.",
-    )
-    encoding: str = Field("utf-8", description="Text encoding of the files (strict).")
-    fallback_encoding: str | None = Field(
-        None,
-        description="Encoding to decode a file with when it is not valid `encoding`, e.g. "
-        "latin-1 for corpora that mix both (BBC News); default: such a file is an error.",
-    )
-
-    @field_validator("encoding", "fallback_encoding")
-    @classmethod
-    def _known_codec(cls, value: str | None) -> str | None:
-        return None if value is None else check_encoding(value)
-
-    @model_validator(mode="after")
-    def _fractions_leave_training_samples(self) -> SplitParams:
-        if self.validation_fraction + self.test_fraction >= 1.0:
-            raise ValueError("validation_fraction + test_fraction must be below 1")
-        return self

@@ -9,19 +9,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams, Task
+from torchloom.core.component import Batch, BuildContext, Task
 from torchloom.core.streams import StreamSpec
 from torchloom.data.text_sources import (
     SplitName,
-    check_encoding,
     collate_text_samples,
     locate_folder,
     read_text,
     split_positions,
 )
 from torchloom.errors import ComponentError, DataError, Problem
+from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, FallbackEncodingParams
 from torchloom.zoo.tasks.text_classification import BBC_PACKAGED, BBC_SOURCE
 
 WIKITEXT_SPLITS = {"train": "train", "validation": "valid", "test": "test"}
@@ -34,7 +34,7 @@ WIKITEXT_SOURCE = (
 WORD_PATTERN = re.compile(r"\w+(?:['\u2019-]\w+)*|[^\w\s]")
 
 
-class LanguageModelingParams(ComponentParams):
+class LanguageModelingParams(DrawnSplitParams, FallbackEncodingParams):
     format: Literal["wikitext", "text"] = Field(
         "wikitext",
         description="wikitext: wiki.train/valid/test.tokens in data_folder; text: any "
@@ -86,7 +86,6 @@ class LanguageModelingParams(ComponentParams):
     unknown_word: str = Field(
         "<unk>", min_length=1, description="What rare words become (WikiText's own <unk>)."
     )
-    split: SplitName = Field("train", description="Which split to use.")
     validation_fraction: float = Field(
         0.1, ge=0.0, lt=1.0, description="text: share of the documents in validation."
     )
@@ -94,25 +93,6 @@ class LanguageModelingParams(ComponentParams):
         0.1, ge=0.0, lt=1.0, description="text: share of the documents in test."
     )
     split_seed: int = Field(0, description="text: seed of the documents' split and order.")
-    subset: PositiveInt | None = Field(
-        None, description="Use only the first N samples of the split (quick runs, tests)."
-    )
-    encoding: str = Field("utf-8", description="Text encoding of the files (strict).")
-    fallback_encoding: str | None = Field(
-        None,
-        description="Encoding for a file that is not valid `encoding` (latin-1 for BBC News).",
-    )
-
-    @field_validator("encoding", "fallback_encoding")
-    @classmethod
-    def _known_codec(cls, value: str | None) -> str | None:
-        return None if value is None else check_encoding(value)
-
-    @model_validator(mode="after")
-    def _fractions_leave_training_documents(self) -> LanguageModelingParams:
-        if self.validation_fraction + self.test_fraction >= 1.0:
-            raise ValueError("validation_fraction + test_fraction must be below 1")
-        return self
 
 
 class LanguageModeling(Task):

@@ -8,13 +8,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams, Task
+from torchloom.core.component import Batch, BuildContext, Task
 from torchloom.core.streams import StreamSpec
 from torchloom.data.text_sources import (
-    SplitName,
-    check_encoding,
     collate_text_samples,
     dedupe_key,
     normalize_spaces,
@@ -22,6 +20,7 @@ from torchloom.data.text_sources import (
     split_positions,
 )
 from torchloom.errors import DataError, Problem
+from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, TextEncodingParams
 from torchloom.zoo.tasks.language_modeling import WORD_PATTERN
 
 LAYOUT = (
@@ -35,7 +34,7 @@ SOURCE = (
 )
 
 
-class TranslationPairsParams(ComponentParams):
+class TranslationPairsParams(DrawnSplitParams, TextEncodingParams):
     data_folder: str = Field(
         "~/data/translation", description="Folder holding `file`; `~` is expanded."
     )
@@ -70,29 +69,12 @@ class TranslationPairsParams(ComponentParams):
         description="Unicode normalisation of both sentences: NFC/NFKC, or ascii (NFD with "
         "the accents dropped, as the PyTorch tutorial does); none keeps the text as it is.",
     )
-    split: SplitName = Field("train", description="Which split to use.")
     validation_fraction: float = Field(
         0.1, ge=0.0, lt=1.0, description="Share of the source sentences in validation."
     )
     test_fraction: float = Field(
         0.1, ge=0.0, lt=1.0, description="Share of the source sentences in test."
     )
-    split_seed: int = Field(0, description="Seed of the split's draw and order.")
-    subset: PositiveInt | None = Field(
-        None, description="Use only the first N pairs of the split (in a seeded order)."
-    )
-    encoding: str = Field("utf-8", description="Text encoding of the file (strict).")
-
-    @field_validator("encoding")
-    @classmethod
-    def _known_codec(cls, value: str) -> str:
-        return check_encoding(value)
-
-    @model_validator(mode="after")
-    def _fractions_leave_training_pairs(self) -> TranslationPairsParams:
-        if self.validation_fraction + self.test_fraction >= 1.0:
-            raise ValueError("validation_fraction + test_fraction must be below 1")
-        return self
 
 
 class TranslationPairs(Task):
