@@ -15,12 +15,16 @@ time and the CPU time (user + system of this process, every thread counted).
         +pipeline.relational_network.pair_distances=true   # g also reads each pair's distance
     python benchmarks/sort_of_clevr.py --only rn --expdir runs/soc   # Ctrl-C keeps last.pt,
     python benchmarks/sort_of_clevr.py --resume runs/soc/RUN         # ... and this goes on
+    python benchmarks/sort_of_clevr.py --only rn --epochs 3 --lr 5e-5 \
+        --init-from runs/soc/RUN/checkpoints/last.pt   # a new run from a finished one's weights
 
 A run stopped by Ctrl-C (or SIGTERM) ends with a checkpoint, and `--resume` continues it
 exactly (the same batches, the same weights as without the stop), so a CPU run of many hours
-can be done in pieces. The script uses the GPU when there is one (torchloom's default device):
-the full size needs one (20 epochs of the paper's g take about 15 minutes on an H100 and are out
-of reach of a 2-core CPU; docs/benchmarks.md has the figures).
+can be done in pieces. `--init-from` starts a new run (fresh Adam state, its own schedule) from
+the weights of a finished one: a warm restart, such as a few more epochs at a low rate after a
+cosine schedule has reached zero. The script uses the GPU when there is one (torchloom's
+default device): the full size needs one (20 epochs of the paper's g take about 15 minutes on an
+H100, about 7 hours on a 2-core CPU; docs/benchmarks.md has the figures).
 
 `--reduced` trains the variant of tests/e2e/test_e2e_sort_of_clevr.py (32x32 images, 800 of
 them, 7 epochs at 2e-3), which must show the RN ahead on the relational questions.
@@ -30,15 +34,15 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import resource
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import torchloom
+from torchloom.host_memory import prefer_huge_page_tensors
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "vqa"
 
@@ -71,6 +75,20 @@ REDUCED_RN = [
     "pipeline.relational_network.dropout=0.0",
 ]
 REDUCED_MLP = ["pipeline.flatten.input_dims=[-1,24,4,4]", "pipeline.flatten.output_dims=[-1,384]"]
+
+
+def init_overrides(checkpoint: str) -> list[str]:
+    """`load:` overrides that start every model component of a new run from the weights in
+    `checkpoint` (a run's last.pt or best.pt): each component of it whose state has weights."""
+    import torch
+
+    path = Path(checkpoint).expanduser().resolve()
+    components = torch.load(path, map_location="cpu", weights_only=True)["components"]
+    models = [
+        name for name, state in components.items() if any(k.endswith("weight") for k in state)
+    ]
+    file = json.dumps(str(path))  # a quoted YAML scalar, whatever characters the path has
+    return [f"+pipeline.{name}.load={{file: {file}, key: components.{name}}}" for name in models]
 
 
 def cpu_seconds() -> float:
@@ -152,7 +170,18 @@ def main() -> None:
             help=f"one more config override for {'both models' if model == 'both' else model}",
         )
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue this stopped run")
+    parser.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT",
+        help="with --only: a new run whose models start from this checkpoint's weights (fresh "
+        "optimizer and schedule), e.g. to go on from a finished run at a new learning rate",
+    )
     args = parser.parse_args()
+    if args.init_from and not args.only:
+        parser.error("--init-from needs --only rn or --only mlp: a checkpoint holds one model")
+    prefer_huge_page_tensors()  # as the loom command does; before torch is imported
+    import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.resume:
@@ -185,6 +214,12 @@ def main() -> None:
         # No early stop (best.pt is still the epoch of best validation accuracy).
         "training.terminal_conditions.early_stopping.patience=1000",
     ]
+    if args.init_from:
+        loads = init_overrides(args.init_from)
+        args.rn_override, args.mlp_override = (
+            [*args.rn_override, *loads],
+            [*args.mlp_override, *loads],
+        )
     print(f"common overrides: {common}", flush=True)
     with tempfile.TemporaryDirectory() as temporary:
         expdir = args.expdir or temporary

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import os
+import platform
 import signal
 import subprocess
 import time
@@ -103,3 +104,11 @@ def test_resume_refuses_overrides_and_missing_runs(tmp_path: Path, reference: Pa
     assert done.returncode == 2 and "give no config or overrides" in done.stderr
     done = run_loom("train", "--resume", str(tmp_path / "nowhere"))
     assert done.returncode == 2 and "last.pt" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="torch's THP allocation is Linux's")
+def test_the_loom_command_puts_large_cpu_tensors_on_huge_pages(reference: Path) -> None:
+    # `loom` sets THP_MEM_ALLOC_ENABLE before torch starts (torchloom/host_memory.py); the run
+    # checked what torch actually did.
+    log = (reference / "run.log").read_text(encoding="utf-8")
+    assert "CPU tensors of 2 MiB or more on huge pages: yes" in log

@@ -10,9 +10,11 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 import torchloom
 from script_modules import load_script
+from torchloom.config.overrides import parse_override
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "src" / "torchloom" / "configs" / "vqa"
@@ -62,3 +64,17 @@ def test_relation_network_beats_mlp_on_relational_questions(tmp_path: Path) -> N
     assert rn["accuracy_relational"] >= mlp["accuracy_relational"] + MARGIN, message
     # and the shipped pipelines report the accuracy of every question subtype
     assert rn["subtype_accuracy_count"] > mlp["subtype_accuracy_count"], message
+
+
+def test_init_from_loads_every_component_with_weights(tmp_path: Path) -> None:
+    # `--init-from`: a new run whose models start from another run's checkpoint.
+    checkpoint = tmp_path / "a run's folder" / "last.pt"
+    checkpoint.parent.mkdir()
+    weights = {"layer.weight": torch.ones(2, 2), "layer.bias": torch.zeros(2)}
+    components = {"encoder": weights, "head": weights, "nllloss": {}, "accuracy": {"seen": 3}}
+    torch.save({"components": components}, checkpoint)
+    overrides = [parse_override(text) for text in benchmark().init_overrides(str(checkpoint))]
+    assert [(o.action.value, o.dotted_key, o.value) for o in overrides] == [
+        ("+", f"pipeline.{name}.load", {"file": str(checkpoint), "key": f"components.{name}"})
+        for name in ("encoder", "head")
+    ]

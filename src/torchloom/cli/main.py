@@ -13,6 +13,8 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from torchloom.host_memory import prefer_huge_page_tensors
+
 # subcommand -> (module under torchloom.cli, one-line help)
 SUBCOMMANDS = {
     "check": ("check", "build a pipeline, run the handshake and print the pipeline table"),
@@ -195,6 +197,8 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
+    # Before any subcommand imports torch, which reads it once (see torchloom/host_memory.py).
+    prefer_huge_page_tensors()
     module = importlib.import_module(f"torchloom.cli.{SUBCOMMANDS[args.command][0]}")
     from torchloom.errors import LoomError  # light: no torch
 

@@ -36,6 +36,8 @@ from torchloom.engine.seeding import seed_everything, set_deterministic
 from torchloom.engine.signals import StopSignals
 from torchloom.engine.training_parts import build_training_parts
 from torchloom.errors import ConfigError, Problem
+from torchloom.host_memory import VARIABLE as THP_VARIABLE
+from torchloom.host_memory import huge_page_tensors_in_effect
 
 
 def _section_loader(
@@ -159,6 +161,13 @@ def build_run_state(
         write_artifacts(run_dir, pipeline.components)
     log = make_logger(run_dir, options.quiet)
     log_build_notes(log, pipeline)
+    if device.type == "cpu":
+        log.info(
+            "CPU tensors of 2 MiB or more on huge pages: %s",
+            "yes"
+            if huge_page_tensors_in_effect()
+            else f"no (set {THP_VARIABLE}=1 before torch is imported, as the loom command does)",
+        )
     if parts.compile_options is not None:
         compiled = compile_models(pipeline, parts.compile_options)
         log.info(
