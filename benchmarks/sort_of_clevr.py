@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torchloom
+from torchloom.errors import LoomError
 from torchloom.host_memory import prefer_huge_page_tensors
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "vqa"
@@ -80,10 +81,10 @@ REDUCED_MLP = ["pipeline.flatten.input_dims=[-1,24,4,4]", "pipeline.flatten.outp
 def init_overrides(checkpoint: str) -> list[str]:
     """`load:` overrides that start every model component of a new run from the weights in
     `checkpoint` (a run's last.pt or best.pt): each component of it whose state has weights."""
-    import torch
+    from torchloom.engine.checkpoint import load_checkpoint  # imports torch: not at start-up
 
     path = Path(checkpoint).expanduser().resolve()
-    components = torch.load(path, map_location="cpu", weights_only=True)["components"]
+    components = load_checkpoint(path)["components"]
     models = [
         name for name, state in components.items() if any(k.endswith("weight") for k in state)
     ]
@@ -215,7 +216,10 @@ def main() -> None:
         "training.terminal_conditions.early_stopping.patience=1000",
     ]
     if args.init_from:
-        loads = init_overrides(args.init_from)
+        try:
+            loads = init_overrides(args.init_from)
+        except LoomError as error:  # a missing or foreign file: its message, exit status 2
+            parser.error(error.format())
         args.rn_override, args.mlp_override = (
             [*args.rn_override, *loads],
             [*args.mlp_override, *loads],
