@@ -20,6 +20,7 @@ from test_analysis_worst_samples import (
 from torch import nn
 
 from torchloom.analysis.layer_statistics import LayerStatistics, combine, find_layers
+from torchloom.analysis.model_summary import ModelSummary
 from torchloom.analysis.schema import AnalysisConfig, LayerStatisticsConfig
 from torchloom.engine.reporting import close_logger, make_logger
 
@@ -93,6 +94,7 @@ def test_measured_steps_match_a_direct_computation_and_warn(tmp_path: Path) -> N
         run.progress.episode = episode
         hook.after_step(run, {}, loss)
         assert hooked(net) == (episode % 2 == 1)  # registered only for the next, measured step
+        assert hook.needs_eager_step(run) == (episode % 2 == 1)  # (compiled models: eager)
     hook.after_train(run, {})
     close_logger(log)
 
@@ -156,3 +158,32 @@ def test_run_with_layer_statistics_is_bit_identical(
     tag = "layers/image_classifier.features.0/gradient_norm"
     assert tag in events.Tags()["scalars"]
     assert [event.step for event in events.Scalars(tag)] == [3, 6]
+
+
+def test_compiled_models_run_eagerly_on_measured_steps(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # torch.compile neither calls nor notices forward hooks added to a compiled model's layers
+    # after it compiled: without the eager steps the activation columns stay empty. (The eager
+    # backend runs torch's graph capture without generating code, which is what matters here.)
+    config = AnalysisConfig(layer_statistics=LayerStatisticsConfig(interval=3), model_summary=True)
+    hooks = [ModelSummary(config), LayerStatistics(config)]
+    state = train(tmp_path_factory, hooks, ["+training.compile={backend: eager}"])
+    assert state.compiled_models == ["image_classifier"]
+    rows = rows_of(state.run_dir / "reports" / "layer_statistics.csv")
+    assert [int(r["episode"]) for r in rows[:: len(find_layers(state.pipeline))]] == [3, 6]
+    for row in rows:
+        low, mean, high = (float(row[f"activation_{k}"]) for k in ("min", "mean", "max"))
+        assert low <= mean <= high
+    summary = (state.run_dir / "reports" / "model_summary.md").read_text(encoding="utf-8")
+    assert "| image_classifier | features.0 | Conv2d | [64, 6, 28, 28] |" in summary
+
+    # The eager stance lasted only the measured steps: torch.compile compiles again.
+    compiled: list[int] = []
+
+    def counting_backend(graph: torch.fx.GraphModule, inputs: Any) -> Any:
+        compiled.append(1)
+        return graph.forward
+
+    torch.compile(lambda x: x + 1, backend=counting_backend)(torch.ones(2))
+    assert compiled == [1]

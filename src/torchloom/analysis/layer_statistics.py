@@ -16,7 +16,9 @@ parameters, the measured step's forward and backward fill them (device tensors, 
 its `after_step` removes the hooks and reads everything back in one copy. Tensor hooks see the
 gradient of that batch's backward (with gradient accumulation: that batch's share), before
 clipping, unscaled here when fp16 loss scaling is on. Forward hooks ignore evaluation passes
-(the pipeline is then in eval mode), which may run while they are registered.
+(the pipeline is then in eval mode), which may run while they are registered. With
+`training.compile` the measured step runs the models eagerly (`needs_eager_step`): a compiled
+model would not call the forward hooks, and the activation columns would stay empty.
 """
 
 from __future__ import annotations
@@ -121,6 +123,9 @@ class LayerStatistics(Hook):
         self.csv = CsvLog(folder / "layer_statistics.csv", run.progress.episode)
         if self.layers and (run.progress.episode + 1) % self.interval == 0:
             self._register(run)
+
+    def needs_eager_step(self, run: RunState) -> bool:
+        return bool(self.handles)  # registered: the coming step is measured
 
     def after_step(self, run: RunState, batch: Batch, loss: torch.Tensor) -> None:
         if not self.layers:

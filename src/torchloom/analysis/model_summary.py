@@ -15,7 +15,7 @@ does, so no loader, sampler or generator advances. Components that publish no st
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from torch.nn.parameter import is_lazy
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.core.component import Batch, Component, Statistic
 from torchloom.core.pipeline import Pipeline
+from torchloom.engine.compilation import running_eagerly
 from torchloom.engine.hooks import Hook
 from torchloom.engine.loaders import SectionLoader, to_device
 from torchloom.engine.losses import batch_size_of
@@ -124,7 +125,9 @@ def measure(run: RunState) -> Summary:
 
     handles = [module.register_forward_hook(record) for module in layers]
     try:
-        with observing(pipeline):
+        # Eager even when the models are compiled: a compiled model would bake these hooks
+        # into the graph it compiles for this pass (and compiling a side pass costs time).
+        with observing(pipeline), running_eagerly() if run.compiled_models else nullcontext():
             batch = sample_batch(run.train_data)
             summary.batch_size = batch_size_of(batch)
             batch = to_device(batch, run.device)

@@ -7,12 +7,17 @@ rest of the pipeline (tasks, losses, statistics, the training loop) stays eager.
 model whose step is bound by Python and kernel launches needs; the first steps are slower
 while torch compiles. The options are checked without compiling, so `loom check` rejects a
 misspelt one.
+
+A compiled model neither calls nor notices forward hooks registered on its layers after it
+compiled (torch does not guard on them), so the passes that observe layers through forward
+hooks (layer statistics' measured steps, the model summary's shapes) run `running_eagerly()`.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -66,3 +71,9 @@ def compile_models(pipeline: Pipeline, options: dict[str, Any]) -> list[str]:
             component.compile(**options)
             compiled.append(name)
     return compiled
+
+
+def running_eagerly() -> AbstractContextManager[Any]:
+    """A block in which every torch.compile'd model runs its eager forward (and restores the
+    compiler's previous stance on the way out, even after an exception)."""
+    return torch.compiler.set_stance("force_eager")

@@ -1,9 +1,12 @@
 """Events of a training run, for everything that is not the loop itself (analysis, viewers).
 
-A hook observes; it never changes training. The loop calls, in order:
+A hook observes; it never changes training (with compiled models, a step a hook asks to see
+eagerly computes the same thing with eager kernels, rounded as those round). The loop calls,
+in order:
 
     before_train(run)
-    per training batch:   after_step(run, batch, loss)      cheap: no host sync, O(1) memory
+    per training batch:   needs_eager_step(run)             only when models are compiled
+                          after_step(run, batch, loss)      cheap: no host sync, O(1) memory
     at logging intervals: after_interval(run)
     after each epoch:     after_training_epoch(run, values)
     evaluation passes:    eval_batch(run, section, batch)   every batch of validation / test
@@ -36,6 +39,12 @@ class Hook:
     name = "hook"
 
     def before_train(self, run: RunState) -> None: ...
+
+    def needs_eager_step(self, run: RunState) -> bool:
+        """Whether the coming training step must run compiled models eagerly: torch.compile
+        neither calls nor notices forward hooks registered on a compiled model's layers after
+        it compiled, so a hook that observes a step through them asks for this."""
+        return False
 
     def after_step(self, run: RunState, batch: Batch, loss: torch.Tensor) -> None: ...
 
@@ -89,6 +98,9 @@ class Hooks:
 
     def before_train(self, run: RunState) -> None:
         self._call("before_train", run)
+
+    def needs_eager_step(self, run: RunState) -> bool:
+        return any(hook.needs_eager_step(run) for hook in self.hooks)
 
     def after_step(self, run: RunState, batch: Batch, loss: torch.Tensor) -> None:
         self._call("after_step", run, batch, loss)

@@ -86,6 +86,7 @@ class RunState:
     train_statistics: dict[str, Statistic]
     validation_statistics: dict[str, Statistic]
     hooks: Hooks = field(default_factory=Hooks)
+    compiled_models: list[str] = field(default_factory=list)  # by `training.compile`
     progress: Progress = field(default_factory=Progress)
     best_statistics: dict[str, float] = field(default_factory=dict)
     latest: dict[str, dict[str, float]] = field(default_factory=dict)

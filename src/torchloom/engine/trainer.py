@@ -6,11 +6,13 @@ helpers so the loop reads top to bottom on one screen.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 
 from torchloom.engine.checkpoint import save_checkpoint
+from torchloom.engine.compilation import running_eagerly
 from torchloom.engine.divergence import Diverged
 from torchloom.engine.evaluation import evaluate, statistic_values
 from torchloom.engine.loaders import to_device
@@ -52,7 +54,7 @@ class Trainer:
         status = None
         for batch in loader:
             batch = to_device(batch, s.device)
-            with s.precision.autocast():
+            with self.step_mode(), s.precision.autocast():
                 s.pipeline(batch)
                 loss = s.loss(batch)
             s.guard.check(loss, batch, p.episode + 1)
@@ -75,6 +77,12 @@ class Trainer:
         if bar is not None:
             bar.close()
         return self.end_epoch(status)
+
+    def step_mode(self) -> AbstractContextManager[Any]:
+        """Compiled models run eagerly for a step a hook observes through forward hooks."""
+        if self.s.compiled_models and self.s.hooks.needs_eager_step(self.s):
+            return running_eagerly()
+        return nullcontext()
 
     def optimizer_step(self) -> None:
         s = self.s

@@ -168,6 +168,7 @@ def build_run_state(
             if huge_page_tensors_in_effect()
             else f"no (set {THP_VARIABLE}=1 before torch is imported, as the loom command does)",
         )
+    compiled: list[str] = []
     if parts.compile_options is not None:
         compiled = compile_models(pipeline, parts.compile_options)
         log.info(
@@ -205,6 +206,7 @@ def build_run_state(
         train_statistics=statistics_copy(pipeline, device),
         validation_statistics=statistics_copy(pipeline, device),
         hooks=Hooks(options.hooks),
+        compiled_models=compiled,
     )
     if checkpoint is not None:
         state.restore(checkpoint)
