@@ -15,7 +15,7 @@ does, so no loader, sampler or generator advances. Components that publish no st
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +127,7 @@ def measure(run: RunState) -> Summary:
     try:
         # Eager even when the models are compiled: a compiled model would bake these hooks
         # into the graph it compiles for this pass (and compiling a side pass costs time).
-        with observing(pipeline), running_eagerly() if run.compiled_models else nullcontext():
+        with observing(pipeline), running_eagerly(bool(run.compiled_models)):
             batch = sample_batch(run.train_data)
             summary.batch_size = batch_size_of(batch)
             batch = to_device(batch, run.device)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -73,7 +73,8 @@ def compile_models(pipeline: Pipeline, options: dict[str, Any]) -> list[str]:
     return compiled
 
 
-def running_eagerly() -> AbstractContextManager[Any]:
+def running_eagerly(needed: bool = True) -> AbstractContextManager[Any]:
     """A block in which every torch.compile'd model runs its eager forward (and restores the
-    compiler's previous stance on the way out, even after an exception)."""
-    return torch.compiler.set_stance("force_eager")
+    compiler's previous stance on the way out, even after an exception); a plain block when
+    not `needed` (nothing compiled), which also keeps torch._dynamo from being imported."""
+    return torch.compiler.set_stance("force_eager") if needed else nullcontext()

@@ -6,7 +6,6 @@ helpers so the loop reads top to bottom on one screen.
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -54,7 +53,9 @@ class Trainer:
         status = None
         for batch in loader:
             batch = to_device(batch, s.device)
-            with self.step_mode(), s.precision.autocast():
+            # Compiled models run eagerly for a step a hook observes through forward hooks.
+            eager = bool(s.compiled_models) and s.hooks.needs_eager_step(s)
+            with running_eagerly(eager), s.precision.autocast():
                 s.pipeline(batch)
                 loss = s.loss(batch)
             s.guard.check(loss, batch, p.episode + 1)
@@ -77,12 +78,6 @@ class Trainer:
         if bar is not None:
             bar.close()
         return self.end_epoch(status)
-
-    def step_mode(self) -> AbstractContextManager[Any]:
-        """Compiled models run eagerly for a step a hook observes through forward hooks."""
-        if self.s.compiled_models and self.s.hooks.needs_eager_step(self.s):
-            return running_eagerly()
-        return nullcontext()
 
     def optimizer_step(self) -> None:
         s = self.s
