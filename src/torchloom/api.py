@@ -68,12 +68,15 @@ def train(
         hook_factory=build_hooks if analysis else None,
     )
     if resume is not None:
-        return Trainer(prepare_training(None, overrides, options, resume=Path(resume))).run()
-    if config is None:
+        prepared = prepare_training(None, overrides, options, resume=Path(resume))
+    elif config is None:
         raise TypeError("train() needs a config or resume=")
-    with _as_file(config) as path:
-        state = prepare_training(path, overrides, options)
-    return Trainer(state).run()
+    else:
+        with _as_file(config) as path:
+            prepared = prepare_training(path, overrides, options)
+    if isinstance(prepared, RunResult):
+        return prepared  # a resumed run that had already finished: nothing was done
+    return Trainer(prepared).run()
 
 
 def process(
@@ -85,9 +88,15 @@ def process(
     expdir: str = "runs",
     device: str | None = None,
     disable: Sequence[str] = (),
+    checkpoint_strict: bool = True,
 ) -> ProcessResult:
-    """One eval pass over `section` of a run folder (its best weights by default) or config."""
+    """One eval pass over `section` of a run folder (its best weights by default) or config.
+    `checkpoint_strict=False` loads the checkpoint's matching weights and lists the rest."""
     if isinstance(source, Mapping):
         with _as_file(source) as path:
-            return _process(path, overrides, section, checkpoint, expdir, device, disable)
-    return _process(Path(source), overrides, section, checkpoint, expdir, device, disable)
+            return _process(
+                path, overrides, section, checkpoint, expdir, device, disable, checkpoint_strict
+            )
+    return _process(
+        Path(source), overrides, section, checkpoint, expdir, device, disable, checkpoint_strict
+    )

@@ -100,3 +100,16 @@ class WeightsError(LoomError):
     """Pretrained weights named by `load:` cannot be read or do not fit the model."""
 
     headline = "weights error"
+
+
+class StorageError(LoomError):
+    """A run's files cannot be written or read back: disk full, a read-only folder, a
+    damaged checkpoint."""
+
+    headline = "storage error"
+
+    @classmethod
+    def from_os(cls, path: object, error: OSError, doing: str = "cannot write it") -> StorageError:
+        """The error for an OSError on `path`: the path, what failed and the OS's reason."""
+        reason = error.strerror or str(error)
+        return cls([Problem("", f"'{path}'", f"{doing}: {reason}")])

@@ -101,7 +101,8 @@ def test_stopped_and_resumed_run_is_bit_identical(
 
 def test_resume_refuses_overrides_and_missing_runs(tmp_path: Path, reference: Path) -> None:
     done = run_loom("train", "--resume", str(reference), "training.optimizer.lr=1")
-    assert done.returncode == 2 and "give no config or overrides" in done.stderr
+    assert done.returncode == 2 and "training.optimizer.lr (0.001 -> 1)" in done.stderr
+    assert "start a new run" in done.stderr and "Traceback" not in done.stderr
     done = run_loom("train", "--resume", str(tmp_path / "nowhere"))
     assert done.returncode == 2 and "last.pt" in done.stderr and "Traceback" not in done.stderr
 

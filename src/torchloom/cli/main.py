@@ -8,10 +8,14 @@ Exit status: 0 success, 2 a user error (printed plainly; `--debug` adds the trac
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
+from types import FrameType
 
 from torchloom.host_memory import prefer_huge_page_tensors
 
@@ -86,9 +90,25 @@ def _process(p: argparse.ArgumentParser) -> None:
         metavar="best|last|PATH",
         help="weights to use (default: the run's best.pt)",
     )
+    p.add_argument(
+        "--checkpoint-strict",
+        type=_boolean,
+        default=True,
+        metavar="true|false",
+        help="false: load the weights that match and list the rest (default: every weight of "
+        "the pipeline must be in the checkpoint)",
+    )
     p.add_argument("--expdir", default="runs", help="parent of a new run folder (CONFIG)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
     _disable(p)
+
+
+def _boolean(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def _report(p: argparse.ArgumentParser) -> None:
@@ -195,12 +215,23 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
+# OS errors that are the machine's state, not a bug: a full disk, a read-only folder.
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EFBIG}
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops a command as Ctrl-C does, in every phase
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(argv)
     # Before any subcommand imports torch, which reads it once (see torchloom/host_memory.py).
     prefer_huge_page_tensors()
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate)
     module = importlib.import_module(f"torchloom.cli.{SUBCOMMANDS[args.command][0]}")
-    from torchloom.errors import LoomError  # light: no torch
+    from torchloom.errors import LoomError, StorageError  # light: no torch
 
     try:
         return int(module.run(args))
@@ -209,9 +240,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(error.format(), file=sys.stderr)
         return 2
+    except OSError as error:
+        if error.errno not in STORAGE_ERRNOS:
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(StorageError.from_os(error.filename or "?", error).format(), file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,15 @@ def run(args: argparse.Namespace) -> int:
         expdir=args.expdir,
         device=args.device,
         disable=disable,
+        checkpoint_strict=args.checkpoint_strict,
     )
     print(f"{args.section}: {format_statistics(result.statistics)}")
+    if result.weights is not None and not result.weights["complete"]:
+        for name, entry in result.weights["components"].items():
+            if entry["not_loaded"] or entry["ignored"]:
+                print(
+                    f"weights of '{name}': {len(entry['loaded'])} loaded, "
+                    f"{len(entry['not_loaded'])} not loaded ({', '.join(entry['not_loaded'][:4])})"
+                )
     print(f"written to: {result.folder}")
     return 0

@@ -6,6 +6,7 @@ import argparse
 
 from torchloom.analysis.build import build_hooks
 from torchloom.engine.run_state import TrainOptions
+from torchloom.engine.summary import RunResult
 from torchloom.engine.trainer import Trainer
 from torchloom.engine.training_setup import prepare_training
 
@@ -24,8 +25,11 @@ def run(args: argparse.Namespace) -> int:
         # argparse fills `config` positionally; with --resume it must be empty.
         args.overrides = [args.config, *args.overrides]
         args.config = None
-    state = prepare_training(args.config, args.overrides, options, resume=args.resume)
-    result = Trainer(state).run()
+    prepared = prepare_training(args.config, args.overrides, options, resume=args.resume)
+    if isinstance(prepared, RunResult):
+        print(finished_message(prepared))
+        return 0
+    result = Trainer(prepared).run()
     summary = result.summary
     final = summary.get("final", {})
     lines = [
@@ -39,3 +43,16 @@ def run(args: argparse.Namespace) -> int:
     lines.append(f"run folder: {result.run_dir}")
     print("\n".join(lines))
     return 130 if result.status == "interrupted" else 0
+
+
+def finished_message(result: RunResult) -> str:
+    summary = result.summary
+    return "\n".join(
+        [
+            f"run already finished: {summary.get('status')} ({summary.get('reason')}); "
+            "nothing to do",
+            "to continue it, raise the condition that ended it, e.g. "
+            f"loom train --resume {result.run_dir} training.terminal_conditions.epoch_limit=N",
+            f"run folder: {result.run_dir}",
+        ]
+    )

@@ -46,3 +46,29 @@ def _escape_interpolation(text: str) -> str:
     # OmegaConf reads `\${` as a literal `${`, and `\\` just before `${` as one backslash;
     # doubling the backslashes in front of each `${` and adding one more undoes both.
     return _INTERPOLATION_START.sub(lambda m: m.group(1) * 2 + "\\${", text)
+
+
+def flatten_config(data: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"a.b.c": value}` for every leaf of nested mappings (lists and empty mappings are
+    leaves), in the data's order."""
+    if isinstance(data, Mapping) and data:
+        flat: dict[str, Any] = {}
+        for key, item in data.items():
+            flat.update(flatten_config(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat
+    return {prefix: data} if prefix else {}
+
+
+MISSING = "(absent)"
+
+
+def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(dotted key, old value, new value) for every leaf that differs; MISSING where a key
+    exists on one side only."""
+    before, after = flatten_config(old), flatten_config(new)
+    keys = [*before, *(key for key in after if key not in before)]
+    return [
+        (key, before.get(key, MISSING), after.get(key, MISSING))
+        for key in keys
+        if before.get(key, MISSING) != after.get(key, MISSING)
+    ]

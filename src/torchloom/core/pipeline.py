@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from torchloom.core.component import Batch, Component, Loss, Model, Statistic, Task
+from torchloom.core.first_batch import FirstBatchCheck, check_task_batch
 from torchloom.core.globals_store import GlobalsStore
 
 if TYPE_CHECKING:
@@ -57,14 +58,38 @@ class Pipeline(nn.Module):
         # and validation sets are aggregated separately) and feed them the same inputs.
         self._routes = [_Route(c) for c in self.components.values() if not isinstance(c, Statistic)]
         self._statistic_inputs = {c.name: _Route(c).inputs for c in self.statistics}
+        self._check_section: str | None = None
+
+    def check_next_batch(self, section: str) -> None:
+        """Check the next batch's streams against every producer's specs (workers call this
+        before the first batch of each pass; see first_batch.py)."""
+        self._check_section = section
 
     def forward(self, batch: Batch) -> Batch:
         """Run every component but the statistics, adding their outputs to the batch."""
+        if self._check_section is not None:
+            return self._forward_checked(batch, self._check_section)
         for route in self._routes:
             inputs = {key: batch[name] for key, name in route.inputs}
             outputs = route.component(inputs)
             for key, value in outputs.items():
                 batch[route.outputs[key]] = value
+        return batch
+
+    def _forward_checked(self, batch: Batch, section: str) -> Batch:
+        task = self.tasks.get(section)
+        sizes = {} if task is None else task.dimension_sizes()
+        sizes = {task.dim_name(k): v for k, v in sizes.items()} if task is not None else {}
+        check = FirstBatchCheck(section, sizes)
+        if task is not None:
+            check_task_batch(check, task, batch)
+        for route in self._routes:
+            inputs = {key: batch[name] for key, name in route.inputs}
+            outputs = route.component(inputs)
+            check.check(route.component, outputs)
+            for key, value in outputs.items():
+                batch[route.outputs[key]] = value
+        self._check_section = None
         return batch
 
     def update_statistics(self, batch: Batch, statistics: Mapping[str, Statistic]) -> None:

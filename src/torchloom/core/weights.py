@@ -10,6 +10,7 @@ inside one model can be transplanted into another.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,166 @@ def _select(data: Mapping[str, Any], key: str, where: str, subject: str) -> Mapp
     )
 
 
-def load_weights(component: Component, spec: LoadSpec, where: str) -> None:
+@dataclass
+class WeightsMatch:
+    """How a source of weights (a checkpoint, a `load:` file) fits one or more components:
+    per component, the keys it loads, the keys the source lacks, and the source's keys the
+    component lacks. Shape mismatches are never loaded: they are errors (`shape_problems`)."""
+
+    loaded: dict[str, list[str]] = field(default_factory=dict)
+    missing: dict[str, list[str]] = field(default_factory=dict)
+    unexpected: dict[str, list[str]] = field(default_factory=dict)
+    mismatched: dict[str, list[tuple[str, list[int], list[int]]]] = field(default_factory=dict)
+    # Components with weights in a checkpoint that the pipeline does not have.
+    extra_components: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return sum(len(keys) for keys in self.loaded.values())
+
+    @property
+    def complete(self) -> bool:
+        lists = (*self.missing.values(), *self.unexpected.values(), *self.mismatched.values())
+        return not any(lists) and not self.extra_components
+
+    def add(self, name: str, own: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+        """Match one component's state dict (`own`) against the source's entry (`given`)."""
+        loaded, mismatched = [], []
+        for key, value in given.items():
+            if key not in own:
+                continue
+            tensors = isinstance(value, torch.Tensor) and isinstance(own[key], torch.Tensor)
+            if tensors and value.shape != own[key].shape:
+                mismatched.append((key, list(value.shape), list(own[key].shape)))
+                continue
+            loaded.append(key)
+        self.loaded[name] = loaded
+        self.missing[name] = sorted(set(own) - set(given))
+        self.unexpected[name] = sorted(set(given) - set(own))
+        self.mismatched[name] = mismatched
+
+    def shape_problems(self, labels: Mapping[str, str], where: str, source: str) -> list[Problem]:
+        return [
+            Problem(
+                where,
+                labels.get(name, f"component '{name}'"),
+                f"weight '{key}' has shape {given} in {source} but {own} in the component",
+                "the source was trained with other sizes (another config?)",
+            )
+            for name, shapes in self.mismatched.items()
+            for key, given, own in shapes
+        ]
+
+    def incomplete_problems(
+        self, labels: Mapping[str, str], where: str, source: str, suggestion: str
+    ) -> list[Problem]:
+        problems = []
+        for name in self.loaded:
+            subject = labels.get(name, f"component '{name}'")
+            missing, unexpected = self.missing[name], self.unexpected[name]
+            if missing:
+                message = f"{source} lacks {len(missing)} weights: {_first(missing)}"
+                problems.append(Problem(where, subject, message, suggestion))
+            if unexpected:
+                message = f"{source} has {len(unexpected)} weights the component lacks: " + _first(
+                    unexpected
+                )
+                problems.append(Problem(where, subject, message, suggestion))
+        return problems
+
+    def report(self) -> dict[str, Any]:
+        """What was loaded and what was not, per component: for summaries and run.log."""
+        return {
+            "complete": self.complete,
+            "components": {
+                name: {
+                    "loaded": keys,
+                    "not_loaded": self.missing[name],
+                    "ignored": self.unexpected[name],
+                }
+                for name, keys in self.loaded.items()
+            },
+            "ignored_components": self.extra_components,
+        }
+
+
+def _first(keys: list[str], shown: int = 6) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(keys[:shown]) + more
+
+
+def with_weights(components: Mapping[str, Component]) -> dict[str, dict[str, Any]]:
+    """The state dicts of the components that have any (models; a task or a loss has none)."""
+    states = {name: c.state_dict() for name, c in components.items()}
+    return {name: state for name, state in states.items() if state}
+
+
+def load_pipeline_weights(
+    components: Mapping[str, Component],
+    source: Mapping[str, Any],
+    source_name: str,
+    strict: bool = True,
+    where: str = "",
+) -> WeightsMatch:
+    """Load a checkpoint's `components` mapping into a pipeline's components, matching names,
+    keys and shapes first (`match_pipeline_weights`). Loads nothing unless the check passes."""
+    match = match_pipeline_weights(components, source, source_name, strict, where)
+    for name, keys in match.loaded.items():
+        given = source[name] if isinstance(source.get(name), Mapping) else {}
+        components[name].load_state_dict({k: given[k] for k in keys}, strict=False)
+    return match
+
+
+def match_pipeline_weights(
+    components: Mapping[str, Component],
+    source: Mapping[str, Any],
+    source_name: str,
+    strict: bool = True,
+    where: str = "",
+) -> WeightsMatch:
+    """How a checkpoint's `components` mapping fits a pipeline's components. Nothing matching
+    is always an error (the run would use untrained weights); a partial match is one unless
+    `strict` is False; a shape mismatch always is (naming component, weight, both shapes)."""
+    expected = with_weights(components)
+    match = WeightsMatch()
+    for name, own in expected.items():
+        given = source.get(name)
+        match.add(name, own, given if isinstance(given, Mapping) else {})
+    match.extra_components = sorted(
+        str(name)
+        for name, state in source.items()
+        if name not in expected and isinstance(state, Mapping) and state
+    )
+    labels = {name: components[name].label for name in expected}
+    if match.count == 0 and not any(match.mismatched.values()):
+        raise WeightsError(
+            [
+                Problem(
+                    where,
+                    source_name,
+                    "holds none of this pipeline's weights (components with weights: "
+                    f"{', '.join(expected) or 'none'}; the checkpoint's components: "
+                    f"{', '.join(str(k) for k in source) or 'none'})",
+                    "is it a checkpoint of this pipeline? `load:` with `key` and `prefix_map` "
+                    "transplants parts of another one",
+                )
+            ]
+        )
+    problems = match.shape_problems(labels, where, source_name)
+    if strict:
+        hint = "to load only what matches, pass --checkpoint-strict false (or `strict: false`)"
+        problems += match.incomplete_problems(labels, where, source_name, hint)
+        problems += [
+            Problem(where, source_name, f"has weights for '{name}', not in this pipeline", hint)
+            for name in match.extra_components
+        ]
+    if problems:
+        raise WeightsError(problems)
+    return match
+
+
+def load_weights(component: Component, spec: LoadSpec, where: str) -> WeightsMatch:
+    """`load:` for one component; notes on the component what a non-strict load left out."""
     subject = component.label
     path = Path(spec.file).expanduser()
     state = read_weights_file(path, where, subject)
@@ -90,40 +250,32 @@ def load_weights(component: Component, spec: LoadSpec, where: str) -> None:
                 name = new + name[len(old) :]
                 break
         renamed[name] = value
-    own = component.state_dict()
-    problems = []
-    for name, value in renamed.items():
-        if name in own and isinstance(value, torch.Tensor) and value.shape != own[name].shape:
-            problems.append(
-                Problem(
-                    where,
-                    subject,
-                    f"weight '{name}' has shape "
-                    f"{list(value.shape)} in '{path}' but {list(own[name].shape)} "
-                    "in the component",
-                )
-            )
-    missing = sorted(set(own) - set(renamed))
-    unexpected = sorted(set(renamed) - set(own))
-    if spec.strict and missing:
+    match = WeightsMatch()
+    match.add(component.name, component.state_dict(), renamed)
+    labels = {component.name: subject}
+    source = f"'{path}'" + (f" (key '{spec.key}')" if spec.key else "")
+    hint = "check 'key' and 'prefix_map', or set `strict: false`"
+    problems = match.shape_problems(labels, where, source)
+    if match.count == 0 and not problems:
         problems.append(
             Problem(
                 where,
                 subject,
-                f"'{path}' lacks {len(missing)} weights: {', '.join(missing[:6])}",
-                "check 'key' and 'prefix_map', or set `strict: false`",
+                f"{source} holds none of its weights (its first keys: "
+                f"{_first(sorted(str(k) for k in renamed)) or 'none'}; the component's: "
+                f"{_first(sorted(component.state_dict()))})",
+                hint,
             )
         )
-    if spec.strict and unexpected:
-        problems.append(
-            Problem(
-                where,
-                subject,
-                f"'{path}' has {len(unexpected)} weights the "
-                f"component lacks: {', '.join(unexpected[:6])}",
-                "check 'key' and 'prefix_map', or set `strict: false`",
-            )
-        )
+    if spec.strict:
+        problems += match.incomplete_problems(labels, where, source, hint)
     if problems:
         raise WeightsError(problems)
-    component.load_state_dict(renamed, strict=spec.strict)
+    component.load_state_dict({k: renamed[k] for k in match.loaded[component.name]}, strict=False)
+    if not match.complete:
+        component.note(
+            f"load: {match.count} weights from {source}; not loaded (strict: false): "
+            f"{_first(match.missing[component.name]) or 'none'}; ignored from the file: "
+            f"{_first(match.unexpected[component.name]) or 'none'}"
+        )
+    return match

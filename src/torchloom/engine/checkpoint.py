@@ -1,36 +1,100 @@
-"""Checkpoints: everything exact resume needs, written atomically.
+"""Checkpoints: everything exact resume needs, written atomically, checked when read.
 
 A checkpoint is a dict of tensors and plain values (loadable with `weights_only=True`):
 component weights by name, optimizer, scheduler, grad scaler, RNG states, progress (epoch,
-episode, position in the epoch), early-stopping state and the running statistics. It is
-written to a temporary file, flushed to disk, then renamed over the old one: a kill during
-a save leaves the previous `last.pt` intact.
+episode, position in the epoch), early-stopping state, the running statistics and the run's
+config text. It carries a SHA-256 digest of its content, checked on load: a bit flipped on
+the disk is an error, never a silently different run. It is written to a temporary file,
+flushed to disk, then renamed over the old one; `last.pt`'s previous version is kept as
+`last.prev.pt` (a hard link, so there is always a whole `last.pt`), and resume falls back to
+it when `last.pt` is damaged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from torchloom.errors import DataError, Problem
+from torchloom.data.atomic_files import atomic_file, sync_folder
+from torchloom.errors import DataError, Problem, StorageError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)  # format 1: before digests (still resumable)
+DIGEST_KEY = "sha256"
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "wb") as handle:
-        torch.save({"format": FORMAT_VERSION, **state}, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
+def content_digest(state: Mapping[str, Any]) -> str:
+    """SHA-256 over the checkpoint's content: every tensor's dtype, shape and bytes, and the
+    plain values' reprs, in order. Computed on what is saved and on what is loaded back."""
+    digest = hashlib.sha256()
+    _feed(digest, {k: v for k, v in state.items() if k != DIGEST_KEY})
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        if tensor.is_quantized:
+            tensor = tensor.int_repr()
+        tensor = tensor.contiguous().reshape(-1)
+        digest.update(f"T{tensor.dtype}{tuple(value.shape)}:".encode())
+        if tensor.numel():
+            digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, Mapping):
+        digest.update(f"M{len(value)}:".encode())
+        for key, item in value.items():
+            digest.update(f"{key!r}=".encode())
+            _feed(digest, item)
+    elif isinstance(value, list | tuple):
+        digest.update(f"L{len(value)}:".encode())
+        for item in value:
+            _feed(digest, item)
+    else:
+        digest.update(f"V{value!r};".encode())
+
+
+def save_checkpoint(path: Path, state: dict[str, Any], keep_previous: bool = False) -> None:
+    """Write `path` atomically (see module docstring); `keep_previous` keeps the old file as
+    `<stem>.prev.pt` until the new one is whole. A full or read-only disk is a StorageError
+    naming the path, with the previous checkpoint intact and no temporary file left."""
+    payload = {"format": FORMAT_VERSION, **state}
+    payload[DIGEST_KEY] = content_digest(payload)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path, durable=True) as handle:
+            torch.save(payload, handle)
+            if keep_previous and path.exists():
+                _keep_previous(path)
+    except OSError as error:
+        raise StorageError.from_os(path, error, "cannot write the checkpoint") from error
+
+
+def _keep_previous(path: Path) -> None:
+    """Link the current file as `<stem>.prev.pt` before the new one is renamed over it."""
+    previous = previous_path(path)
+    staged = previous.with_name(f".{previous.name}.{os.getpid()}.link")
+    staged.unlink(missing_ok=True)
+    try:
+        os.link(path, staged)
+        os.replace(staged, previous)
+    except OSError:  # no hard links on this file system: a copy does the same, slower
+        staged.unlink(missing_ok=True)
+        staged.write_bytes(path.read_bytes())
+        os.replace(staged, previous)
+    sync_folder(path.parent)
+
+
+def previous_path(path: Path) -> Path:
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    """A checkpoint, checked: readable, torchloom's, and with the digest it was saved with."""
     if not path.is_file():
         raise DataError(
             [
@@ -46,16 +110,59 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated or foreign file: a plain message, not a traceback
         raise DataError(
-            [Problem("", f"checkpoint '{path}'", f"cannot be read: {error}".splitlines()[0])]
+            [Problem("", f"checkpoint '{path}'", f"cannot be read: {_first_reason(error)}")]
         ) from error
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+    if not isinstance(state, dict) or state.get("format") not in READABLE_FORMATS:
+        keys = ", ".join(sorted(str(k) for k in state)[:8]) if isinstance(state, dict) else ""
         raise DataError(
             [
                 Problem(
                     "",
                     f"checkpoint '{path}'",
-                    f"is not a torchloom checkpoint (format {FORMAT_VERSION})",
+                    f"is not a torchloom checkpoint (format {FORMAT_VERSION})"
+                    + (f"; its top-level keys: {keys}" if keys else ""),
+                    "`load:` reads weights from other files into one component",
+                )
+            ]
+        )
+    if DIGEST_KEY in state and content_digest(state) != state[DIGEST_KEY]:
+        raise DataError(
+            [
+                Problem(
+                    "",
+                    f"checkpoint '{path}'",
+                    "is damaged: its content does not match the SHA-256 digest it was saved "
+                    "with (a disk or copy error changed it)",
+                    f"resume falls back to {previous_path(path).name} when it exists",
                 )
             ]
         )
     return state
+
+
+def _first_reason(error: Exception) -> str:
+    """The first line of torch's message, without its advice to unpickle untrusted code
+    (`weights_only=False`), which torchloom never follows."""
+    for line in str(error).splitlines():
+        line = line.strip()
+        if line and "weights_only" not in line and not line.startswith("(1)"):
+            return line
+    return type(error).__name__
+
+
+def load_resume_checkpoint(folder: Path) -> tuple[dict[str, Any], str | None]:
+    """`last.pt` of a run folder's checkpoints, or `last.prev.pt` when `last.pt` is missing
+    or damaged; also a note saying so (for the run's log), else None."""
+    last = folder / "last.pt"
+    try:
+        return load_checkpoint(last), None
+    except DataError as error:
+        previous = previous_path(last)
+        if not previous.is_file():
+            raise
+        state = load_checkpoint(previous)
+        note = (
+            f"{error.problems[0].format()}; resuming from {previous.name} instead "
+            f"(episode {state['progress']['episode']})"
+        )
+        return state, note

@@ -49,6 +49,10 @@ def statistic_values(statistics: Mapping[str, Statistic]) -> dict[str, float]:
     }
 
 
+class PassInterrupted(Exception):
+    """A signal asked an evaluation pass to stop (the final test pass: nothing to save)."""
+
+
 def evaluate(
     pipeline: Pipeline,
     batches: Iterable[Batch],
@@ -58,10 +62,12 @@ def evaluate(
     device: torch.device,
     max_batches: int | None = None,
     observe: Callable[[Batch], None] | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, float]:
     """Eval mode, no gradients; everything over the whole pass, never a mean of batch values:
     `loss` is the mean over samples (each batch's mean loss weighted by its size), with
-    `loss_min/max/std` over batches; statistics come from their set-level counts."""
+    `loss_min/max/std` over batches; statistics come from their set-level counts. `stop`,
+    asked before each batch, ends the pass with PassInterrupted when it says so."""
     was_training = pipeline.training
     pipeline.eval()
     for statistic in statistics.values():
@@ -75,6 +81,9 @@ def evaluate(
         for index, batch in enumerate(batches):
             if max_batches is not None and index >= max_batches:
                 break
+            if stop is not None and stop():
+                pipeline.train(was_training)
+                raise PassInterrupted
             batch = to_device(batch, device)
             with precision.autocast():
                 pipeline(batch)

@@ -84,7 +84,11 @@ class SectionLoader:
     def epoch(self, epoch: int, start_batch: int = 0) -> DataLoader[Any]:
         """The loader for `epoch`, skipping its first `start_batch` batches (resume)."""
         self.sampler.set_epoch(epoch)
-        self.sampler.set_start(start_batch * self.config.batch_size)
+        # A save after the epoch's last batch, shorter than batch_size when the epoch does
+        # not divide evenly, resumes at the epoch's end: nothing left to load.
+        at_end = start_batch >= self.batches_per_epoch() > 0
+        start = self.sampler.epoch_length() if at_end else start_batch * self.config.batch_size
+        self.sampler.set_start(start)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         # Persistent workers only help a loader that is reused across epochs.
         if self._loader is None or not self.config.persistent_workers or start_batch:

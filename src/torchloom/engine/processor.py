@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from torchloom.config import dump_config
+from torchloom.core.weights import load_pipeline_weights
 from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint
 from torchloom.engine.devices import resolve_device
@@ -32,6 +33,7 @@ from torchloom.statistics.csv_log import CsvLog
 class ProcessResult:
     folder: Path
     statistics: dict[str, float]
+    weights: dict[str, Any] | None = None  # what the checkpoint loaded (WeightsMatch.report)
 
 
 def _checkpoint_path(run_dir: Path | None, checkpoint: str | None) -> Path | None:
@@ -63,7 +65,11 @@ def process(
     expdir: str = "runs",
     device: str | None = None,
     disable: Sequence[str] = (),
+    checkpoint_strict: bool = True,
 ) -> ProcessResult:
+    """One eval pass. The checkpoint's weights must fit the pipeline: none matching is an
+    error, and so is a partial match unless `checkpoint_strict` is False (then the pass's
+    summary lists what was loaded and what was not)."""
     source = Path(source).expanduser()
     run_dir = source if source.is_dir() else None
     config = source / "config.yaml" if run_dir is not None else source
@@ -84,11 +90,13 @@ def process(
             ]
         )
     weights = _checkpoint_path(run_dir, checkpoint)
+    loaded_weights = None
     if weights is not None:
         state = load_checkpoint(weights)
-        for name, component in pipeline.components.items():
-            if name in state["components"]:
-                component.load_state_dict(state["components"][name])
+        match = load_pipeline_weights(
+            pipeline.components, state["components"], f"checkpoint '{weights}'", checkpoint_strict
+        )
+        loaded_weights = match.report()
     torch_device = resolve_device(device)
     pipeline.to(torch_device)
     section_config: Any = _section_config(loaded.data, section, loaded.where)
@@ -116,6 +124,7 @@ def process(
             if (pipeline.losses)
             else None
         )
+        pipeline.check_next_batch(section)
         values = evaluate(
             pipeline,
             loader.epoch(0),
@@ -132,12 +141,13 @@ def process(
         "section": section,
         "source": str(source),
         "checkpoint": str(weights) if weights else None,
+        "weights": loaded_weights,
         "samples": values.get("samples"),
         "wall_time_seconds": round(time.perf_counter() - started, 3),
         "statistics": values,
     }
     write_text_atomic(folder / f"{section}_summary.json", json.dumps(summary, indent=2) + "\n")
-    return ProcessResult(folder, values)
+    return ProcessResult(folder, values, loaded_weights)
 
 
 def _section_config(data: dict[str, Any], section: str, where: Any) -> Any:

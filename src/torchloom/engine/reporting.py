@@ -21,13 +21,22 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 COMPONENT_LOGGERS = ("torchloom.viewer", "torchloom.data")
 
 
+class RunLogHandler(logging.FileHandler):
+    """run.log. A line that cannot be written (a full disk) is dropped quietly: logging's
+    default prints a traceback per line, and the error that matters reaches the user anyway
+    through the write that fails next (a checkpoint, a statistics row)."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.dropped = getattr(self, "dropped", 0) + 1
+
+
 def make_logger(run_dir: Path, quiet: bool) -> logging.Logger:
     logger = logging.getLogger(f"torchloom.run.{run_dir}")
     logger.setLevel(logging.INFO)
     logger.propagate = False
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
-    file_handler = logging.FileHandler(run_dir / "run.log", encoding="utf-8")
+    file_handler = RunLogHandler(run_dir / "run.log", encoding="utf-8")
     file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logger.addHandler(file_handler)
     if not quiet:
@@ -70,9 +79,16 @@ class Reporter:
         logger: logging.Logger,
         tensorboard: int = 1,
         resume_episode: int | None = None,
+        resume_rows: dict[str, int] | None = None,
     ) -> None:
+        """`resume_episode` and `resume_rows` (the row counts a checkpoint recorded) cut the
+        CSV files back to what they held when the checkpoint was saved."""
         self.run_dir, self.logger, self.tensorboard_level = run_dir, logger, tensorboard
-        self.csv = {name: CsvLog(run_dir / f"{name}.csv", resume_episode) for name in self.FILES}
+        rows = resume_rows or {}
+        self.csv = {
+            name: CsvLog(run_dir / f"{name}.csv", resume_episode, rows.get(name))
+            for name in self.FILES
+        }
         self._writer: Any = None
         self._resume_episode = resume_episode
 
@@ -86,6 +102,10 @@ class Reporter:
                 str(self.run_dir / "tensorboard"), purge_step=self._resume_episode
             )
         return self._writer
+
+    def row_counts(self) -> dict[str, int]:
+        """Rows in each CSV file now: a checkpoint records them (see CsvLog)."""
+        return {name: log.count for name, log in self.csv.items()}
 
     def row(self, file: str, row: dict[str, Any], episode: int) -> None:
         self.csv[file].write(row)

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError, Problem
+
+__all__ = ["RunLock", "create_run_folder", "run_liveness", "write_artifacts", "write_text_atomic"]
 
 if TYPE_CHECKING:  # the run folder module stays torch-free to import
     from torchloom.core.component import Component
@@ -48,13 +51,6 @@ def create_run_folder(
             continue
         return folder
     raise ConfigError([Problem("", f"run folder '{parent / base}'", "too many runs in one second")])
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file and a rename, so a reader never sees half a file."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def write_artifacts(folder: Path, components: Mapping[str, Component]) -> None:

@@ -18,12 +18,14 @@ import torch
 from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.component import Statistic
 from torchloom.core.pipeline import Pipeline
+from torchloom.core.weights import load_pipeline_weights
 from torchloom.engine.divergence import DivergenceGuard
 from torchloom.engine.hooks import Hook, Hooks
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.losses import WeightedLoss
 from torchloom.engine.precision import Precision
 from torchloom.engine.reporting import Reporter, close_logger
+from torchloom.engine.run_folder import RunLock
 from torchloom.engine.seeding import restore_rng_state
 from torchloom.engine.signals import StopSignals
 from torchloom.engine.terminal import Monitor
@@ -85,6 +87,11 @@ class RunState:
     show_progress: bool
     train_statistics: dict[str, Statistic]
     validation_statistics: dict[str, Statistic]
+    # Training statistics over the current logging interval only (the rows of
+    # training_statistics.csv); train_statistics runs over the whole epoch.
+    interval_statistics: dict[str, Statistic]
+    lock: RunLock  # held while this process trains in run_dir
+    config_text: str  # the run's config.yaml as it started: resume checks it is unchanged
     hooks: Hooks = field(default_factory=Hooks)
     compiled_models: list[str] = field(default_factory=list)  # by `training.compile`
     progress: Progress = field(default_factory=Progress)
@@ -138,12 +145,18 @@ class RunState:
             "interval_loss": self.interval_loss.state_dict(),
             "interval_samples": self.interval_samples,
             "train_statistics": {n: s.state_dict() for n, s in self.train_statistics.items()},
+            "interval_statistics": {n: s.state_dict() for n, s in self.interval_statistics.items()},
             "latest": self.latest,
+            "csv_rows": self.reporter.row_counts(),
+            # Gradients summed so far in an unfinished accumulation window (a save between
+            # two optimizer steps): without them a resumed run would step on fewer batches.
+            "gradients": [p.grad for p in self.parameters]
+            if self.progress.batch_in_epoch % self.accumulation
+            else None,
         }
 
-    def restore(self, checkpoint: dict[str, Any]) -> None:
-        for name, component in self.pipeline.components.items():
-            component.load_state_dict(checkpoint["components"][name])
+    def restore(self, checkpoint: dict[str, Any], source: str) -> None:
+        load_pipeline_weights(self.pipeline.components, checkpoint["components"], source)
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.scheduler is not None and checkpoint["scheduler"] is not None:
             self.scheduler.load_state_dict(checkpoint["scheduler"])
@@ -157,6 +170,11 @@ class RunState:
         self.interval_samples = running["interval_samples"]
         for name, statistic in self.train_statistics.items():
             statistic.load_state_dict(running["train_statistics"][name])
+        for name, state in running.get("interval_statistics", {}).items():
+            self.interval_statistics[name].load_state_dict(state)
+        if running.get("gradients") is not None:
+            for parameter, gradient in zip(self.parameters, running["gradients"], strict=True):
+                parameter.grad = None if gradient is None else gradient.to(parameter.device)
         self.latest = running["latest"]
         self.hooks.load_state_dict(checkpoint.get("hooks", {}))
         restore_rng_state(checkpoint["rng"])
@@ -164,3 +182,4 @@ class RunState:
     def close(self) -> None:
         self.reporter.close()
         close_logger(self.log)
+        self.lock.release()

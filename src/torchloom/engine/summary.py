@@ -1,42 +1,35 @@
-"""summary.json: how a run ended and what it reached, and the final test pass.
+"""summary.json: how a run ended and what it reached.
 
-Written at the start (status "running"), so a run killed with SIGKILL still says so, and
-again at the end with the status, reason, counters, wall time and statistics per section.
+Written at the start (status "running", with the process's PID and host), so a run killed
+with SIGKILL still says it was running (`loom runs` then asks the run's lock whether its
+process lives), and again at the end, however the run ends — finished, interrupted, diverged
+or failed — with the status, reason, counters, wall time and statistics per section.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchloom.engine.checkpoint import load_checkpoint
-from torchloom.engine.evaluation import evaluate, statistics_copy
-from torchloom.engine.reporting import format_statistics
-from torchloom.engine.run_folder import write_text_atomic
-from torchloom.errors import LoomError
-from torchloom.statistics.csv_log import CsvLog
+from torchloom.data.atomic_files import write_text_atomic
+from torchloom.engine.terminal import Status
 
 if TYPE_CHECKING:
     from torchloom.engine.run_state import RunState
 
-REASONS = {
-    "converged": "the monitored loss fell below terminal_conditions.loss_stop_threshold",
-    "early_stopped": "the monitored statistic stopped improving (early_stopping.patience)",
-    "epoch_limit": "terminal_conditions.epoch_limit reached",
-    "episode_limit": "terminal_conditions.episode_limit reached",
-    "interrupted": "stopped by a signal (Ctrl-C or SIGTERM); resume with --resume",
-    "diverged": "a loss became NaN or infinite",
-}
-
 
 @dataclass
 class RunResult:
-    """What `torchloom.train` returns: the run folder and its summary."""
+    """What `torchloom.train` returns: the run folder and its summary. `already_finished`:
+    a resumed run that had nothing left to do (see `finished_result`)."""
 
     run_dir: Path
     summary: dict[str, Any]
+    already_finished: bool = False
 
     @property
     def status(self) -> str:
@@ -47,43 +40,19 @@ class RunResult:
         return dict(self.summary.get("final", {}))
 
 
-def _test_pass(state: RunState) -> dict[str, float]:
-    """The test section, evaluated with the best weights (the last ones if none are best)."""
-    assert state.test_data is not None
-    best = state.run_dir / "checkpoints" / "best.pt"
-    if best.exists():
-        for name, weights in load_checkpoint(best)["components"].items():
-            state.pipeline.components[name].load_state_dict(weights)
-    values = evaluate(
-        state.pipeline,
-        state.test_data.epoch(0),
-        statistics_copy(state.pipeline, state.device),
-        state.loss,
-        state.precision,
-        state.device,
-        observe=(lambda batch: state.hooks.eval_batch(state, "test", batch))
-        if state.hooks
-        else None,
-    )
-    state.hooks.after_eval(state, "test", values, False)
-    CsvLog(state.run_dir / "test_statistics.csv").write(
-        {"epoch": state.progress.epoch, "episode": state.progress.episode, **values}
-    )
-    return values
-
-
-def write_summary(state: RunState, status: str, error: LoomError | None = None) -> RunResult:
+def write_summary(
+    state: RunState, status: Status, reason: str, test: dict[str, float] | None
+) -> RunResult:
     final = {
         section: {k.split(".", 1)[1]: v for k, v in values.items()}
         for section, values in state.latest.items()
     }
-    if state.test_data is not None and status not in ("diverged", "interrupted"):
-        final["test"] = _test_pass(state)
-        state.log.info("test: %s", format_statistics(final["test"]))
+    if test is not None:
+        final["test"] = test
     summary = {
         "pipeline": state.name,
-        "status": status,
-        "reason": error.format() if error is not None else REASONS.get(status, status),
+        "status": status.value,
+        "reason": reason,
         "epochs": state.progress.epoch,
         "episodes": state.progress.episode,
         "wall_time_seconds": round(state.wall_time(), 3),
@@ -103,7 +72,19 @@ def write_summary(state: RunState, status: str, error: LoomError | None = None) 
 
 
 def write_running(run_dir: Path, name: str) -> None:
-    write_text_atomic(
-        run_dir / "summary.json",
-        json.dumps({"pipeline": name, "status": "running"}, indent=2) + "\n",
-    )
+    running = {
+        "pipeline": name,
+        "status": Status.RUNNING.value,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+    }
+    write_text_atomic(run_dir / "summary.json", json.dumps(running, indent=2) + "\n")
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """A run folder's summary.json, or {} when it is missing or unreadable."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}

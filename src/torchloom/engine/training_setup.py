@@ -20,8 +20,9 @@ from pydantic import BaseModel
 from torchloom.config import LoadedConfig, dump_config
 from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.pipeline import Pipeline
+from torchloom.core.weights import match_pipeline_weights
 from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
-from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.checkpoint import load_resume_checkpoint
 from torchloom.engine.compilation import compile_models
 from torchloom.engine.devices import resolve_device
 from torchloom.engine.divergence import DivergenceGuard
@@ -30,12 +31,20 @@ from torchloom.engine.hooks import Hooks
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.precision import Precision
 from torchloom.engine.reporting import Reporter, log_build_notes, make_logger
-from torchloom.engine.run_folder import create_run_folder, write_artifacts, write_text_atomic
+from torchloom.engine.resume import (
+    check_resume_overrides,
+    config_change_problem,
+    config_header,
+    finished_result,
+    write_run_config,
+)
+from torchloom.engine.run_folder import RunLock, create_run_folder, write_artifacts
 from torchloom.engine.run_state import RunState, TrainOptions
 from torchloom.engine.seeding import seed_everything, set_deterministic
 from torchloom.engine.signals import StopSignals
+from torchloom.engine.summary import RunResult
 from torchloom.engine.training_parts import build_training_parts
-from torchloom.errors import ConfigError, Problem
+from torchloom.errors import ConfigError, Problem, StorageError, WeightsError
 from torchloom.host_memory import VARIABLE as THP_VARIABLE
 from torchloom.host_memory import huge_page_tensors_in_effect
 
@@ -84,34 +93,96 @@ def prepare_training(
     overrides: Sequence[str],
     options: TrainOptions,
     resume: str | Path | None = None,
-) -> RunState:
-    """A run from a YAML config (new) or from a run folder (`resume`)."""
-    checkpoint = None
-    if resume is not None:
-        if overrides or config is not None:
-            raise ConfigError(
-                [
-                    Problem(
-                        "command line",
-                        "--resume",
-                        "continues a run exactly as it was configured: give no config or overrides",
-                    )
-                ]
-            )
-        checkpoint = load_checkpoint(Path(resume).expanduser() / "checkpoints" / "last.pt")
-        config = Path(resume).expanduser() / "config.yaml"
-    assert config is not None
+) -> RunState | RunResult:
+    """A run from a YAML config (new) or from a run folder (`resume`, with overrides of the
+    keys that may change on resume only). Resuming a run that already reached its terminal
+    condition returns its RunResult (`already_finished`): there is nothing to do."""
+    if resume is None:
+        if config is None:
+            raise ConfigError([Problem("command line", "config", "give a config file or --resume")])
+        return _prepare(config, overrides, options)
+    if config is not None:
+        raise ConfigError(
+            [
+                Problem(
+                    "command line",
+                    "--resume",
+                    "continues a run with the config it started with: give no config file",
+                    "overrides of the keys that may change on resume are allowed",
+                )
+            ]
+        )
+    run_dir = Path(resume).expanduser()
+    if not (run_dir / "checkpoints").is_dir():
+        raise ConfigError(
+            [
+                Problem(
+                    "command line",
+                    f"--resume {resume}",
+                    "is not a run folder with checkpoints "
+                    + ("(it does not exist)" if not run_dir.exists() else "(no checkpoints/)"),
+                    "give <expdir>/<pipeline>/<date> of a run that saved last.pt",
+                )
+            ]
+        )
+    lock = RunLock(run_dir).acquire()  # before reading anything a running process may write
+    try:
+        checkpoint, fallback = load_resume_checkpoint(run_dir / "checkpoints")
+        started_text = checkpoint.get("config")
+        changed = None if started_text is None else config_change_problem(run_dir, started_text)
+        resumed = _prepare(
+            run_dir / "config.yaml", overrides, options, checkpoint, lock, fallback, changed
+        )
+    except BaseException:
+        lock.release()
+        raise
+    if isinstance(resumed, RunResult):
+        lock.release()
+    return resumed
+
+
+def _prepare(
+    config: str | Path,
+    overrides: Sequence[str],
+    options: TrainOptions,
+    checkpoint: dict[str, Any] | None = None,
+    lock: RunLock | None = None,
+    fallback: str | None = None,
+    config_changed: Problem | None = None,
+) -> RunState | RunResult:
     loaded, sections = load_and_validate(config, overrides)
     training = _training_section(loaded, sections)
+    header = "".join(f"# override: {o}\n" for o in overrides)
+    if checkpoint is not None:
+        run_dir = Path(config).parent
+        started_text = (run_dir / "config.yaml").read_text(encoding="utf-8")
+        if overrides:
+            started, _ = load_and_validate(config)
+            check_resume_overrides(started.data, loaded.data, overrides)
+            at = checkpoint["progress"]["episode"]
+            header = config_header(started_text) + "".join(
+                f"# override on resume at episode {at}: {o}\n" for o in overrides
+            )
+        else:
+            header = config_header(started_text)
     seed = training.seed if training.seed is not None else secrets.randbelow(2**31)
     loaded.data["training"]["seed"] = seed  # recorded, so config.yaml reproduces the run
     seed_everything(seed)
     set_deterministic(training.deterministic)
     pipeline = build_checked(loaded, options.disable)
+    if checkpoint is not None:
+        _check_checkpoint_fits(pipeline, checkpoint, Path(config).parent, config_changed)
+        finished = finished_result(
+            Path(config).parent, checkpoint, training, "validation" in sections
+        )
+        if finished is not None:
+            return finished
     if options.disable:  # recorded, so the saved config reproduces the run as it ran
         pipeline_cfg = loaded.data.setdefault("pipeline", {})
         pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
-    header = "".join(f"# override: {o}\n" for o in overrides)
+    config_text = header + dump_config(loaded.data)
+    if checkpoint is not None and not overrides:
+        config_text = checkpoint.get("config") or started_text  # exactly as it started
     if options.hook_factory is not None:
         extra = options.hook_factory(loaded.data, pipeline, loaded.where)
         options = replace(options, hooks=[*options.hooks, *extra])
@@ -122,10 +193,26 @@ def prepare_training(
         seed,
         options,
         loaded.where,
-        header + dump_config(loaded.data),
+        config_text,
         checkpoint,
-        Path(resume).expanduser() if resume is not None else None,
+        Path(config).parent if checkpoint is not None else None,
+        lock,
+        fallback,
     )
+
+
+def _check_checkpoint_fits(
+    pipeline: Pipeline, checkpoint: dict[str, Any], run_dir: Path, changed: Problem | None
+) -> None:
+    """Before anything is written: the checkpoint's weights fit the pipeline (shape errors
+    name the weight), and config.yaml is the config the checkpoint was saved with."""
+    source = f"checkpoint of {run_dir}"
+    try:
+        match_pipeline_weights(pipeline.components, checkpoint["components"], source)
+    except WeightsError as error:
+        raise WeightsError([*error.problems, *([changed] if changed else [])]) from None
+    if changed is not None:
+        raise ConfigError([changed])
 
 
 def build_run_state(
@@ -138,9 +225,45 @@ def build_run_state(
     config_text: str,
     checkpoint: dict[str, Any] | None = None,
     resume_dir: Path | None = None,
+    lock: RunLock | None = None,
+    fallback: str | None = None,
 ) -> RunState:
     """Set up a run of a built pipeline (from YAML or from Python). Everything that can fail
-    is checked before the run folder is created; config_text is saved as its config.yaml."""
+    is checked before the run folder is created; config_text is saved as its config.yaml.
+    The run folder's lock (taken here for a new run) is released if set-up fails."""
+    try:
+        return _build_run_state(
+            pipeline,
+            sections,
+            name,
+            seed,
+            options,
+            where,
+            config_text,
+            checkpoint,
+            resume_dir,
+            lock,
+            fallback,
+        )
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _build_run_state(
+    pipeline: Pipeline,
+    sections: Mapping[str, BaseModel],
+    name: str,
+    seed: int,
+    options: TrainOptions,
+    where: Callable[..., str],
+    config_text: str,
+    checkpoint: dict[str, Any] | None,
+    resume_dir: Path | None,
+    lock: RunLock | None,
+    fallback: str | None,
+) -> RunState:
     training = sections["training"]
     assert isinstance(training, TrainingConfig)
     device = resolve_device(options.device)
@@ -155,11 +278,21 @@ def build_run_state(
     # Everything is checked: only now is anything written.
     if resume_dir is not None:
         run_dir = resume_dir
+        lock = lock or RunLock(run_dir).acquire()
+        if checkpoint is not None and config_text != checkpoint.get("config", config_text):
+            write_run_config(run_dir, config_text)  # overrides given to --resume
     else:
         run_dir = create_run_folder(options.expdir, name, options.tag)
-        write_text_atomic(run_dir / "config.yaml", config_text)
-        write_artifacts(run_dir, pipeline.components)
+        lock = RunLock(run_dir).acquire()
+        try:
+            write_run_config(run_dir, config_text)
+            write_artifacts(run_dir, pipeline.components)
+        except OSError as error:
+            raise StorageError.from_os(error.filename or run_dir, error) from error
+    assert lock is not None
     log = make_logger(run_dir, options.quiet)
+    if fallback is not None:
+        log.warning("%s", fallback)
     log_build_notes(log, pipeline)
     if device.type == "cpu":
         log.info(
@@ -198,6 +331,7 @@ def build_run_state(
             log,
             options.tensorboard,
             checkpoint["progress"]["episode"] if checkpoint else None,
+            checkpoint["running"].get("csv_rows") if checkpoint else None,
         ),
         log=log,
         monitor=parts.monitor,
@@ -205,10 +339,13 @@ def build_run_state(
         show_progress=not options.quiet,
         train_statistics=statistics_copy(pipeline, device),
         validation_statistics=statistics_copy(pipeline, device),
+        interval_statistics=statistics_copy(pipeline, device),
+        lock=lock,
+        config_text=config_text,
         hooks=Hooks(options.hooks),
         compiled_models=compiled,
     )
     if checkpoint is not None:
-        state.restore(checkpoint)
+        state.restore(checkpoint, f"checkpoint of {run_dir}")
         log.info("resumed from episode %d (epoch %d)", state.progress.episode, state.progress.epoch)
     return state

@@ -1,17 +1,22 @@
 """Statistics CSV files: one row per logging interval or per epoch.
 
 Columns are fixed by the first row (new keys later extend the header and the file is
-rewritten once). On resume, rows past the checkpoint's episode are dropped, so a killed and
-resumed run has exactly the rows of an uninterrupted one.
+rewritten once). On resume the file is cut back to what it held when the checkpoint was
+saved: to the row count the checkpoint recorded (exact, also for rows written at the
+checkpoint's own episode after it was saved, such as an epoch's row before the save that
+ends the epoch), or, for a checkpoint without counts, to the rows up to its episode. So a
+killed and resumed run has exactly the rows of an uninterrupted one.
 """
 
 from __future__ import annotations
 
 import csv
-import os
+import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from torchloom.data.atomic_files import atomic_file
 
 
 def _format(value: Any) -> Any:
@@ -21,36 +26,44 @@ def _format(value: Any) -> Any:
 
 
 class CsvLog:
-    def __init__(self, path: Path, keep_until_episode: int | None = None) -> None:
+    def __init__(
+        self, path: Path, keep_until_episode: int | None = None, keep_rows: int | None = None
+    ) -> None:
         self.path = path
         self.columns: list[str] = []
-        if path.exists() and keep_until_episode is not None:
-            self._truncate(keep_until_episode)
-        elif path.exists():
-            with open(path, newline="", encoding="utf-8") as handle:
-                self.columns = next(csv.reader(handle), [])
+        self.count = 0  # data rows in the file
+        if not path.exists():
+            return
+        rows = self.rows()
+        self.columns = list(rows[0].keys()) if rows else self._header()
+        self.count = len(rows)
+        if keep_rows is not None:
+            kept = rows[:keep_rows]
+        elif keep_until_episode is not None:
+            kept = [r for r in rows if int(float(r.get("episode") or 0)) <= keep_until_episode]
+        else:
+            return
+        if len(kept) != len(rows):
+            self._rewrite(kept)
 
-    def _truncate(self, episode: int) -> None:
+    def _header(self) -> list[str]:
         with open(self.path, newline="", encoding="utf-8") as handle:
-            rows = list(csv.DictReader(handle))
-            self.columns = list(rows[0].keys()) if rows else []
-        kept = [r for r in rows if int(float(r.get("episode") or 0)) <= episode]
-        self._rewrite(kept)
+            return next(csv.reader(handle), [])
 
     def _rewrite(self, rows: Sequence[Mapping[str, Any]]) -> None:
-        temporary = self.path.with_name(f".{self.path.name}.tmp")
-        with open(temporary, "w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, self.columns, extrasaction="ignore")
+        with atomic_file(self.path) as handle:
+            text = io.StringIO(newline="")
+            writer = csv.DictWriter(text, self.columns, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(temporary, self.path)
+            handle.write(text.getvalue().encode("utf-8"))
+        self.count = len(rows)
 
     def write(self, row: Mapping[str, Any]) -> None:
         row = {k: _format(v) for k, v in row.items()}
         new = [k for k in row if k not in self.columns]
         if new and self.path.exists() and self.columns:
-            with open(self.path, newline="", encoding="utf-8") as handle:
-                existing = list(csv.DictReader(handle))
+            existing = self.rows()
             self.columns += new
             self._rewrite(existing)
         elif new:
@@ -61,6 +74,7 @@ class CsvLog:
             if header:
                 writer.writeheader()
             writer.writerow(row)
+        self.count += 1
 
     def rows(self) -> list[dict[str, str]]:
         if not self.path.exists():

@@ -1,0 +1,133 @@
+"""What `--resume` may and may not do: continue exactly the run that was started.
+
+A resumed run uses the config it started with. Its text is kept in every checkpoint (and
+`config.yaml` is written read-only): an edit of `config.yaml` is an error naming the changed
+keys, and overrides given to `--resume` may change only the keys that do not change what the
+steps compute (when to stop, how often to log and save). A run that already reached its
+terminal condition is not run again: resuming it does nothing and says so, unless one of its
+conditions was raised on purpose (a larger `epoch_limit`, say).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torchloom.config.dumping import config_changes
+from torchloom.config.schema import TrainingConfig
+from torchloom.config.yaml_reader import parse_config_text
+from torchloom.data.atomic_files import write_text_atomic
+from torchloom.engine.summary import RunResult, read_summary
+from torchloom.engine.terminal import Status, converged, limit_reached
+from torchloom.errors import ConfigError, Problem
+
+# Keys an override to `--resume` may change: none of them changes what a step computes.
+SAFE_RESUME_KEYS = (
+    "training.terminal_conditions.epoch_limit",
+    "training.terminal_conditions.episode_limit",
+    "training.terminal_conditions.early_stopping.patience",
+    "training.logging_interval",
+    "training.checkpoint_interval",
+)
+CONFIG_FILE = "config.yaml"
+
+
+def _shown(changes: Sequence[tuple[str, Any, Any]]) -> str:
+    return ", ".join(f"{key} ({old!r} -> {new!r})" for key, old, new in changes)
+
+
+def write_run_config(run_dir: Path, text: str) -> None:
+    """config.yaml, read-only: it is the record of how the run was started (resume checks
+    it), not a file to edit; `loom train RUN/config.yaml` starts a new run from it."""
+    path = run_dir / CONFIG_FILE
+    write_text_atomic(path, text)
+    os.chmod(path, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+
+
+def config_change_problem(run_dir: Path, started_text: str) -> Problem | None:
+    """The problem with a config.yaml that differs from the config the checkpoint was saved
+    with, naming the changed keys (comments and layout may change); None when it is the same.
+    A deleted config.yaml is written back."""
+    path = run_dir / CONFIG_FILE
+    if not path.is_file():
+        write_run_config(run_dir, started_text)
+        return None
+    current_text = path.read_text(encoding="utf-8")
+    if current_text == started_text:
+        return None
+    started = parse_config_text(started_text, f"{path} (as started)").data
+    current = parse_config_text(current_text, str(path)).data
+    changes = config_changes(started, current)
+    if not changes:
+        return None
+    return Problem(
+        str(path),
+        "config.yaml",
+        f"differs from the config the checkpoint was saved with: {_shown(changes)} (was it "
+        "edited, or does the checkpoint come from another run?); a resumed run continues "
+        "exactly the run that was started",
+        "undo the edit; pass an override to --resume for a key that may change "
+        f"({', '.join(k.rsplit('.', 1)[-1] for k in SAFE_RESUME_KEYS)}); or start a new run "
+        f"from the edited file: loom train {path}",
+    )
+
+
+def check_resume_overrides(
+    started: Mapping[str, Any], resumed: Mapping[str, Any], overrides: Sequence[str]
+) -> None:
+    """Overrides given to --resume may change the SAFE_RESUME_KEYS only (also what they
+    change through interpolation: a scheduler's `T_max: ${...epoch_limit}` is not safe)."""
+    unsafe = [c for c in config_changes(started, resumed) if c[0] not in SAFE_RESUME_KEYS]
+    if unsafe:
+        raise ConfigError(
+            [
+                Problem(
+                    "command line",
+                    f"--resume {' '.join(overrides)}",
+                    f"would change {_shown(unsafe)}, which changes what the resumed steps compute",
+                    f"a resumed run may change only {', '.join(SAFE_RESUME_KEYS)}; "
+                    "start a new run for anything else",
+                )
+            ]
+        )
+
+
+def config_header(text: str) -> str:
+    """The leading comment lines of a config text (its `# override:` record)."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        if not line.startswith("#"):
+            break
+        lines.append(line)
+    return "".join(lines)
+
+
+def finished_result(
+    run_dir: Path, checkpoint: Mapping[str, Any], training: TrainingConfig, has_validation: bool
+) -> RunResult | None:
+    """The run's result when it already reached its terminal condition and the config (with
+    the overrides given to --resume) leaves nothing more to do; None when it should go on."""
+    summary = read_summary(run_dir)
+    try:
+        status = Status(summary.get("status"))
+    except ValueError:
+        return None
+    if not status.finished:
+        return None  # interrupted, failed or killed: what --resume is for
+    progress, conditions = checkpoint["progress"], training.terminal_conditions
+    if status is Status.DIVERGED:
+        done = True
+    elif status.by_limit:
+        done = limit_reached(conditions, progress["epoch"], progress["episode"]) is not None
+    elif status is Status.EARLY_STOPPED:
+        stopping = conditions.early_stopping
+        patience = None if stopping is None else stopping.patience
+        done = patience is not None and checkpoint["monitor"]["bad_evaluations"] > patience
+    else:
+        latest = checkpoint["running"]["latest"]
+        statistics = {k: v for values in latest.values() for k, v in values.items()}
+        done = converged(conditions, statistics, has_validation)
+    return RunResult(run_dir, summary, already_finished=True) if done else None

@@ -1,0 +1,345 @@
+"""How runs end, resume and refuse, on toy pipelines in this process (a second each): every
+way out writes a final status, a finished run is not run again, a resumed run is the run that
+was started, checkpoints are checked, a run folder has one trainer at a time, and components
+keep the promises of their specs."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import torchloom
+from torchloom.config import dump_config
+from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.hooks import Hook
+from torchloom.engine.run_folder import RunLock, run_liveness
+from torchloom.engine.run_state import RunState, TrainOptions
+from torchloom.engine.summary import RunResult
+from torchloom.engine.trainer import Trainer
+from torchloom.engine.training_setup import prepare_training
+from torchloom.errors import ComponentError, ConfigError, DataError, StorageError, WeightsError
+
+
+def toy_config(epochs: int = 2, **training: Any) -> dict[str, Any]:
+    return {
+        "name": "toy",
+        "training": {
+            "task": {"type": "toy_components:ToyTask", "size": 40},
+            "dataloader": {"batch_size": 8},
+            "optimizer": {"type": "SGD", "lr": 0.1},
+            "seed": 3,
+            "logging_interval": 2,
+            "terminal_conditions": {"epoch_limit": epochs},
+            **training,
+        },
+        "validation": {"task": {"type": "toy_components:ToyTask", "size": 16}},
+        "test": {"task": {"type": "toy_components:ToyTask", "size": 16}},
+        "pipeline": {
+            "model": {
+                "type": "toy_components:ToyLinear",
+                "globals": {"prediction_size": "num_classes"},
+            },
+            "loss": {"type": "toy_components:ToyLoss"},
+            "counter": {"type": "trust_components:SampleCounter"},
+        },
+    }
+
+
+def write(folder: Path, config: dict[str, Any], name: str = "toy.yml") -> Path:
+    path = folder / name
+    path.write_text(dump_config(config), encoding="utf-8")
+    return path
+
+
+def start(
+    config: Path | None, expdir: Path, *hooks: Hook, resume: Path | None = None, **kw: Any
+) -> RunState | RunResult:
+    options = TrainOptions(expdir=str(expdir), quiet=True, tensorboard=0, hooks=hooks)
+    return prepare_training(config, kw.pop("overrides", ()), options, resume=resume)
+
+
+def train(config: Path | None, expdir: Path, *hooks: Hook, **kw: Any) -> RunResult:
+    prepared = start(config, expdir, *hooks, **kw)
+    return prepared if isinstance(prepared, RunResult) else Trainer(prepared).run()
+
+
+def only_run(expdir: Path) -> Path:
+    (run,) = [p for p in expdir.glob("*/*") if p.is_dir()]
+    return run
+
+
+def summary(run: Path) -> dict[str, Any]:
+    return dict(json.loads((run / "summary.json").read_text()))
+
+
+def model_weights(run: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
+    return dict(load_checkpoint(run / "checkpoints" / name)["components"]["model"])
+
+
+class StopAt(Hook):
+    """Asks the run to stop after `episode`, as a Ctrl-C then would (a graceful stop)."""
+
+    name = "stop_at"
+
+    def __init__(self, episode: int) -> None:
+        self.episode = episode
+
+    def after_step(self, run: RunState, batch: Any, loss: torch.Tensor) -> None:
+        if run.progress.episode == self.episode:
+            run.signals.requested = True
+
+
+class CrashAfterInterval(Hook):
+    name = "crash"
+
+    def after_interval(self, run: RunState) -> None:
+        raise ValueError("the hook broke")
+
+
+# ---- every way out writes a final status ---------------------------------------------------
+def test_a_component_bug_ends_the_run_as_failed_with_its_message(tmp_path: Path) -> None:
+    config = toy_config()
+    config["pipeline"]["bug"] = {"type": "trust_components:FailsAtStep", "at": 3}
+    with pytest.raises(RuntimeError, match="boom at step 3"):
+        train(write(tmp_path, config), tmp_path / "runs")
+    run = only_run(tmp_path / "runs")
+    ended = summary(run)
+    assert ended["status"] == "failed"
+    assert ended["reason"] == "RuntimeError: boom at step 3"  # one line
+    assert ended["episodes"] == 2  # the step that failed did not count
+    assert not run_liveness(run).alive  # the lock went with the run
+    assert "failed: RuntimeError: boom at step 3" in (run / "run.log").read_text()
+
+
+def test_a_crash_in_a_hook_ends_the_run_as_failed(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="the hook broke"):
+        train(write(tmp_path, toy_config()), tmp_path / "runs", CrashAfterInterval())
+    ended = summary(only_run(tmp_path / "runs"))
+    assert ended["status"] == "failed" and ended["reason"] == "ValueError: the hook broke"
+
+
+def test_a_full_disk_is_a_storage_error_that_keeps_the_last_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torchloom.engine.checkpoint as checkpoints
+
+    saves = {"count": 0}
+    real_save = torch.save
+
+    def save_until_full(obj: Any, handle: Any) -> None:
+        saves["count"] += 1
+        if saves["count"] == 3:  # last.pt and best.pt of epoch 1 fit; then the disk is full
+            handle.write(b"partial")
+            raise OSError(28, "No space left on device")
+        real_save(obj, handle)
+
+    monkeypatch.setattr(checkpoints.torch, "save", save_until_full)
+    with pytest.raises(StorageError) as raised:
+        train(write(tmp_path, toy_config()), tmp_path / "runs")
+    run = only_run(tmp_path / "runs")
+    assert "cannot write the checkpoint: No space left on device" in raised.value.format()
+    assert str(run / "checkpoints") in raised.value.format()
+    kept = load_checkpoint(run / "checkpoints" / "last.pt")
+    assert kept["progress"]["epoch"] == 1  # the previous checkpoint, whole and checked
+    assert not [p.name for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert summary(run)["status"] == "failed"
+
+
+# ---- a finished run is not run again --------------------------------------------------------
+def test_resuming_a_finished_run_does_nothing_unless_a_limit_is_raised(tmp_path: Path) -> None:
+    first = train(write(tmp_path, toy_config()), tmp_path / "runs")
+    run = first.run_dir
+    files = {name: (run / name).read_bytes() for name in ("run.log", "test_statistics.csv")}
+    again = train(None, tmp_path / "runs", resume=run)
+    assert again.already_finished and again.status == "epoch_limit"
+    for name, content in files.items():
+        assert (run / name).read_bytes() == content, f"{name} changed"
+    longer = train(
+        None,
+        tmp_path / "runs",
+        resume=run,
+        overrides=["training.terminal_conditions.epoch_limit=3"],
+    )
+    assert not longer.already_finished and longer.summary["epochs"] == 3
+    tests = (run / "test_statistics.csv").read_text().strip().splitlines()
+    assert len(tests) == 3 and tests[1].split(",")[0] == "2" and tests[2].split(",")[0] == "3"
+    assert (
+        "# override on resume at episode 10: training.terminal_conditions.epoch_limit=3"
+        in (run / "config.yaml").read_text()
+    )
+
+
+# ---- a resumed run is the run that was started ----------------------------------------------
+def test_an_edited_config_is_refused_naming_the_changed_keys(tmp_path: Path) -> None:
+    result = train(write(tmp_path, toy_config()), tmp_path / "runs", StopAt(3))
+    assert result.status == "interrupted"
+    config = result.run_dir / "config.yaml"
+    assert not config.stat().st_mode & 0o222, "config.yaml is written read-only"
+    text = config.read_text()
+    config.chmod(0o644)
+    config.write_text(text.replace("lr: 0.1", "lr: 0.5").replace("seed: 3", "seed: 4"))
+    with pytest.raises(ConfigError) as raised:
+        start(None, tmp_path / "runs", resume=result.run_dir)
+    message = raised.value.format()
+    assert "training.optimizer.lr (0.1 -> 0.5)" in message
+    assert "training.seed (3 -> 4)" in message
+    assert not run_liveness(result.run_dir).alive
+
+
+def test_resume_overrides_may_change_only_the_safe_keys(tmp_path: Path) -> None:
+    result = train(write(tmp_path, toy_config()), tmp_path / "runs", StopAt(3))
+    with pytest.raises(ConfigError) as raised:
+        start(None, tmp_path / "runs", resume=result.run_dir, overrides=["training.optimizer.lr=1"])
+    assert "training.optimizer.lr (0.1 -> 1)" in raised.value.format()
+    resumed = train(
+        None,
+        tmp_path / "runs",
+        resume=result.run_dir,
+        overrides=["training.logging_interval=3"],
+    )
+    assert resumed.status == "epoch_limit"
+
+
+def test_a_stopped_run_with_gradient_accumulation_resumes_bit_identical(tmp_path: Path) -> None:
+    # A stop between two optimizer steps: the gradients summed so far go into last.pt.
+    config = write(tmp_path, toy_config(gradient_accumulation=3, checkpoint_interval=2))
+    reference = train(config, tmp_path / "reference")
+    stopped = train(config, tmp_path / "runs", StopAt(4))
+    assert stopped.status == "interrupted" and stopped.summary["episodes"] == 4
+    resumed = train(None, tmp_path / "runs", resume=stopped.run_dir)
+    for key, tensor in model_weights(reference.run_dir).items():
+        assert torch.equal(tensor, model_weights(resumed.run_dir)[key]), key
+
+
+class StopDuringValidation(Hook):
+    """A second Ctrl-C during the first validation pass: the run stops at once."""
+
+    name = "stop_in_validation"
+
+    def eval_batch(self, run: RunState, section: str, batch: Any) -> None:
+        if section == "validation":
+            raise KeyboardInterrupt
+
+
+def test_a_run_saved_after_its_last_partial_batch_resumes(tmp_path: Path) -> None:
+    # 40 samples in batches of 16: the epoch's third batch has 8. A save after it (every 3
+    # episodes), then a stop during validation, left a last.pt at the epoch's very end.
+    config = write(tmp_path, toy_config(dataloader={"batch_size": 16}, checkpoint_interval=3))
+    reference = train(config, tmp_path / "reference")
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tmp_path / "runs", StopDuringValidation())
+    run = only_run(tmp_path / "runs")
+    saved = load_checkpoint(run / "checkpoints" / "last.pt")["progress"]
+    assert (saved["epoch"], saved["batch_in_epoch"]) == (0, 3)
+    assert summary(run)["status"] == "interrupted"
+    resumed = train(None, tmp_path / "runs", resume=run)
+    assert resumed.status == "epoch_limit"
+    for key, tensor in model_weights(reference.run_dir).items():
+        assert torch.equal(tensor, model_weights(run)[key]), key
+    assert (run / "validation_epoch_statistics.csv").read_text() == (
+        reference.run_dir / "validation_epoch_statistics.csv"
+    ).read_text()
+
+
+# ---- one trainer per run folder --------------------------------------------------------------
+def test_a_run_folder_held_by_a_trainer_refuses_a_second(tmp_path: Path) -> None:
+    result = train(write(tmp_path, toy_config()), tmp_path / "runs", StopAt(3))
+    held = RunLock(result.run_dir).acquire()
+    try:
+        with pytest.raises(ConfigError) as raised:
+            start(None, tmp_path / "runs", resume=result.run_dir)
+        assert "is in use by process" in raised.value.format()
+        assert str(held.path.parent) in raised.value.format()
+    finally:
+        held.release()
+    assert train(None, tmp_path / "runs", resume=result.run_dir).status == "epoch_limit"
+
+
+# ---- checkpoints are checked --------------------------------------------------------------
+def flip_a_bit_in_the_largest_tensor(path: Path) -> None:
+    with zipfile.ZipFile(path) as archive:
+        entry = max(
+            (i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size
+        )
+    data = bytearray(path.read_bytes())
+    header = entry.header_offset
+    name_length = int.from_bytes(data[header + 26 : header + 28], "little")
+    extra_length = int.from_bytes(data[header + 28 : header + 30], "little")
+    start_of_data = header + 30 + name_length + extra_length
+    data[start_of_data + entry.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_last_pt_is_an_error_and_resume_falls_back_to_the_previous(
+    tmp_path: Path,
+) -> None:
+    config = write(tmp_path, toy_config(epochs=3))
+    reference = train(config, tmp_path / "reference")
+    stopped = train(config, tmp_path / "runs", StopAt(7))  # after epoch 1 (5 episodes each)
+    last = stopped.run_dir / "checkpoints" / "last.pt"
+    flip_a_bit_in_the_largest_tensor(last)
+    with pytest.raises(DataError, match="is damaged"):
+        load_checkpoint(last)
+    resumed = train(None, tmp_path / "runs", resume=stopped.run_dir)
+    log = (stopped.run_dir / "run.log").read_text()
+    assert "resuming from last.prev.pt instead (episode 5)" in log
+    for key, tensor in model_weights(reference.run_dir).items():
+        assert torch.equal(tensor, model_weights(resumed.run_dir)[key]), key
+
+
+def test_another_models_checkpoint_names_the_weight_and_both_shapes(tmp_path: Path) -> None:
+    other = toy_config()
+    other["pipeline"]["model"]["type"] = "trust_components:WideLinear"
+    foreign = train(write(tmp_path, other, "other.yml"), tmp_path / "other", StopAt(2))
+    stopped = train(write(tmp_path, toy_config()), tmp_path / "runs", StopAt(2))
+    target = stopped.run_dir / "checkpoints" / "last.pt"
+    target.write_bytes((foreign.run_dir / "checkpoints" / "last.pt").read_bytes())
+    with pytest.raises(WeightsError) as raised:
+        start(None, tmp_path / "runs", resume=stopped.run_dir)
+    message = raised.value.format()
+    assert "component 'model' (ToyLinear)" in message
+    assert "weight 'linear.weight' has shape [3, 5]" in message and "but [3, 4]" in message
+    assert "pipeline.model.type ('trust_components:WideLinear' -> " in message
+
+
+# ---- components keep their word --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("WrongKeyModel", "returned stream 'preds', which it does not declare"),
+        ("TooManyClasses", "has size 5 in dimension 1 ('classes'), but it declares 3"),
+    ],
+)
+def test_the_first_batch_names_a_component_that_breaks_its_specs(
+    tmp_path: Path, model: str, expected: str
+) -> None:
+    config = toy_config()
+    config["pipeline"]["model"]["type"] = f"trust_components:{model}"
+    with pytest.raises(ComponentError) as raised:
+        train(write(tmp_path, config), tmp_path / "runs")
+    message = raised.value.format()
+    assert f"[training] component 'model' ({model})" in message and expected in message
+    assert "toy.yml" in message
+
+
+def test_interval_rows_count_the_interval_and_epoch_rows_the_epoch(tmp_path: Path) -> None:
+    result = train(write(tmp_path, toy_config()), tmp_path / "runs")
+    intervals = (result.run_dir / "training_statistics.csv").read_text().splitlines()
+    header = intervals[0].split(",")
+    seen = [float(row.split(",")[header.index("seen")]) for row in intervals[1:]]
+    # logging_interval 2 x batch 8; the epoch's 5th batch opens the next interval
+    assert seen == [16.0, 16.0, 16.0, 16.0, 16.0][: len(seen)] and len(seen) == 5
+    epochs = (result.run_dir / "training_epoch_statistics.csv").read_text().splitlines()
+    epoch_header = epochs[0].split(",")
+    assert [float(r.split(",")[epoch_header.index("seen")]) for r in epochs[1:]] == [40.0, 40.0]
+
+
+def test_the_python_api_says_a_finished_run_is_finished(tmp_path: Path) -> None:
+    first = torchloom.train(toy_config(), expdir=str(tmp_path / "runs"), analysis=False)
+    again = torchloom.train(resume=first.run_dir, analysis=False)
+    assert again.already_finished and again.summary == first.summary

@@ -1,0 +1,102 @@
+"""Toy components that misbehave on purpose, for the tests of how runs end and resume
+(`trust_components:Class` in a config, as a third-party component would be named)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from torchloom.core.component import Batch, BuildContext, Component, ComponentParams, Statistic
+from torchloom.core.streams import Dim, StreamSpec
+from toy_components import ToyLinear
+
+
+class FailsAtStep(Component):
+    """Reads `inputs` and raises RuntimeError on its `at`-th training call: a component bug."""
+
+    class Params(ComponentParams):
+        at: int = Field(3, gt=0)
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.calls = 0
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(None, None, "anything")}
+
+    def forward(self, inputs: Batch) -> Batch:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.params.at:
+                raise RuntimeError(f"boom at step {self.calls}\nsecond line of the message")
+        return {}
+
+
+class SlowInEvaluation(Component):
+    """Sleeps `seconds` per batch of an evaluation pass (validation, test): a window in which
+    a test can stop the process."""
+
+    class Params(ComponentParams):
+        seconds: float = Field(0.2, ge=0)
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(None, None, "anything")}
+
+    def forward(self, inputs: Batch) -> Batch:
+        if not self.training:
+            time.sleep(self.params.seconds)
+        return {}
+
+
+class WrongKeyModel(ToyLinear):
+    """Declares `predictions` but returns `preds`: a plugin bug the first batch must name."""
+
+    def forward(self, inputs: Batch) -> Batch:
+        return {"preds": super().forward(inputs)["predictions"]}
+
+
+class TooManyClasses(ToyLinear):
+    """Declares `classes` outputs but returns two more."""
+
+    def forward(self, inputs: Batch) -> Batch:
+        predictions = super().forward(inputs)["predictions"]
+        return {"predictions": F.pad(predictions, (0, 2))}
+
+
+class WideLinear(ToyLinear):
+    """A ToyLinear whose hidden layer width differs: another model's checkpoint."""
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.linear = torch.nn.Linear(self.width + 1, self.classes)
+
+    def forward(self, inputs: Batch) -> Batch:
+        padded = F.pad(inputs["inputs"], (0, 1))
+        return {"predictions": F.log_softmax(self.linear(padded), -1)}
+
+    def output_specs(self) -> dict[str, StreamSpec]:
+        return {"predictions": StreamSpec(("batch", Dim("classes", self.classes)), None, "")}
+
+
+class SampleCounter(Statistic):
+    """Counts the samples it was given since its last reset: `seen`."""
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.register_buffer("seen", torch.zeros((), dtype=torch.int64))
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"targets": StreamSpec(("batch",), None, "one per sample")}
+
+    def update(self, inputs: Batch) -> None:
+        self.seen += len(inputs["targets"])
+
+    def compute(self) -> dict[str, float]:
+        return {"seen": float(self.seen)}
+
+    def reset(self) -> None:
+        self.seen.zero_()
