@@ -5,6 +5,9 @@
     result.run_dir, result.status, result.statistics["test"]["accuracy"]
     torchloom.process(result.run_dir, section="test").statistics
 
+    trainer = torchloom.Trainer(epochs=3, analysis="full")    # a plain nn.Module, no YAML
+    result = trainer.fit(Net(), train=my_data.train_set, validation=my_data.validation_set)
+
 A config is a YAML path or a mapping (a pipeline described in Python); a mapping's
 `default_configs` entries must be absolute paths or `loom://...`.
 """
@@ -20,11 +23,12 @@ from typing import Any
 
 from torchloom.analysis.build import build_hooks
 from torchloom.config import dump_config
+from torchloom.engine.code_first import Trainer as _CodeFirstTrainer
 from torchloom.engine.processor import ProcessResult
 from torchloom.engine.processor import process as _process
 from torchloom.engine.run_state import TrainOptions
 from torchloom.engine.summary import RunResult
-from torchloom.engine.trainer import Trainer
+from torchloom.engine.trainer import Trainer as _Loop
 from torchloom.engine.training_setup import prepare_training
 
 ConfigSource = str | os.PathLike[str] | Mapping[str, Any]
@@ -68,12 +72,18 @@ def train(
         hook_factory=build_hooks if analysis else None,
     )
     if resume is not None:
-        return Trainer(prepare_training(None, overrides, options, resume=Path(resume))).run()
+        return _Loop(prepare_training(None, overrides, options, resume=Path(resume))).run()
     if config is None:
         raise TypeError("train() needs a config or resume=")
     with _as_file(config) as path:
         state = prepare_training(path, overrides, options)
-    return Trainer(state).run()
+    return _Loop(state).run()
+
+
+class Trainer(_CodeFirstTrainer):
+    __doc__ = _CodeFirstTrainer.__doc__
+    # The same hooks a YAML run's `analysis:` section gets (one path for both).
+    hook_factory = staticmethod(build_hooks)
 
 
 def process(
@@ -85,9 +95,16 @@ def process(
     expdir: str = "runs",
     device: str | None = None,
     disable: Sequence[str] = (),
+    module: Any = None,
+    data: Any = None,
 ) -> ProcessResult:
-    """One eval pass over `section` of a run folder (its best weights by default) or config."""
+    """One eval pass over `section` of a run folder (its best weights by default) or config.
+
+    For a run of `torchloom.Trainer(...).fit(...)`, `module` (an instance of the trained
+    class) and `data` (the section's dataset, or a factory) replace what the run recorded, so
+    any code-first run can be processed, rebuildable by `loom process` or not."""
+    code = {"module": module, "data": data}
     if isinstance(source, Mapping):
         with _as_file(source) as path:
-            return _process(path, overrides, section, checkpoint, expdir, device, disable)
-    return _process(Path(source), overrides, section, checkpoint, expdir, device, disable)
+            return _process(path, overrides, section, checkpoint, expdir, device, disable, **code)
+    return _process(Path(source), overrides, section, checkpoint, expdir, device, disable, **code)
