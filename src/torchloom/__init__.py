@@ -15,14 +15,13 @@ _LAZY = {
     "process": "torchloom.api",
     "RunResult": "torchloom.engine.summary",
     "ProcessResult": "torchloom.engine.processor",
-    "Trainer": "torchloom.engine.code_first",
+    "Trainer": "torchloom.api",
     "outputs": "torchloom.core.outputs",
 }
 
 if TYPE_CHECKING:
-    from torchloom.api import process, train
+    from torchloom.api import Trainer, process, train
     from torchloom.core import outputs
-    from torchloom.engine.code_first import Trainer
     from torchloom.engine.processor import ProcessResult
     from torchloom.engine.summary import RunResult
 

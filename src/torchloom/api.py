@@ -5,6 +5,9 @@
     result.run_dir, result.status, result.statistics["test"]["accuracy"]
     torchloom.process(result.run_dir, section="test").statistics
 
+    trainer = torchloom.Trainer(epochs=3, analysis="full")    # a plain nn.Module, no YAML
+    result = trainer.fit(Net(), train=my_data.train_set, validation=my_data.validation_set)
+
 A config is a YAML path or a mapping (a pipeline described in Python); a mapping's
 `default_configs` entries must be absolute paths or `loom://...`.
 """
@@ -20,11 +23,12 @@ from typing import Any
 
 from torchloom.analysis.build import build_hooks
 from torchloom.config import dump_config
+from torchloom.engine.code_first import Trainer as _CodeFirstTrainer
 from torchloom.engine.processor import ProcessResult
 from torchloom.engine.processor import process as _process
 from torchloom.engine.run_state import TrainOptions
 from torchloom.engine.summary import RunResult
-from torchloom.engine.trainer import Trainer
+from torchloom.engine.trainer import Trainer as _Loop
 from torchloom.engine.training_setup import prepare_training
 
 ConfigSource = str | os.PathLike[str] | Mapping[str, Any]
@@ -76,7 +80,13 @@ def train(
             prepared = prepare_training(path, overrides, options)
     if isinstance(prepared, RunResult):
         return prepared  # a resumed run that had already finished: nothing was done
-    return Trainer(prepared).run()
+    return _Loop(prepared).run()
+
+
+class Trainer(_CodeFirstTrainer):
+    __doc__ = _CodeFirstTrainer.__doc__
+    # The same hooks a YAML run's `analysis:` section gets (one path for both).
+    hook_factory = staticmethod(build_hooks)
 
 
 def process(
@@ -89,14 +99,17 @@ def process(
     device: str | None = None,
     disable: Sequence[str] = (),
     checkpoint_strict: bool = True,
+    module: Any = None,
+    data: Any = None,
 ) -> ProcessResult:
     """One eval pass over `section` of a run folder (its best weights by default) or config.
-    `checkpoint_strict=False` loads the checkpoint's matching weights and lists the rest."""
+    `checkpoint_strict=False` loads the checkpoint's matching weights and lists the rest.
+
+    For a run of `torchloom.Trainer(...).fit(...)`, `module` (an instance of the trained
+    class) and `data` (the section's dataset, or a factory) replace what the run recorded, so
+    any code-first run can be processed, rebuildable by `loom process` or not."""
+    code = {"module": module, "data": data, "checkpoint_strict": checkpoint_strict}
     if isinstance(source, Mapping):
         with _as_file(source) as path:
-            return _process(
-                path, overrides, section, checkpoint, expdir, device, disable, checkpoint_strict
-            )
-    return _process(
-        Path(source), overrides, section, checkpoint, expdir, device, disable, checkpoint_strict
-    )
+            return _process(path, overrides, section, checkpoint, expdir, device, disable, **code)
+    return _process(Path(source), overrides, section, checkpoint, expdir, device, disable, **code)

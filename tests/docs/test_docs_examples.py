@@ -11,8 +11,9 @@ the line right before the fence:
   deliberately not checked). An unmarked block that is not a complete config fails the test,
   so nothing is skipped silently.
 - ```python: executed in a fresh namespace with a temporary folder as the working directory.
-  `<!-- module: my_components.py -->` blocks are instead assembled, in order, into that
-  module, which the other blocks and the configs import (`type: my_components:Class`).
+  `<!-- module: NAME.py -->` blocks (of any page) are instead assembled, in order, into that
+  module, which the other blocks and the configs import (`type: my_components:Class`,
+  `import my_models`).
 - ```console: a block with one `$ loom check ...` or `$ loom config ...` command (optionally
   prefixed by `PYTHONPATH=.`) must print exactly the rest of the block. Output that cannot be
   reproduced (training runs: dates, seeds, timings) is marked `<!-- illustrative -->`.
@@ -135,9 +136,17 @@ def checked(lang: str, *kinds: str) -> list[Any]:
 
 
 # ---- the environment every example runs in ------------------------------------------------
+def module_sources() -> dict[str, str]:
+    """Every `<!-- module: NAME.py -->` module of the docs: NAME -> its blocks, in order."""
+    parts: dict[str, list[str]] = {}
+    for block in ALL_BLOCKS:
+        if block.lang == "python" and block.marker_kind == "module":
+            parts.setdefault(block.marker_value.removesuffix(".py"), []).append(block.text)
+    return {name: "\n\n".join(texts) for name, texts in parts.items()}
+
+
 def module_source() -> str:
-    blocks = [b for b in parse_blocks(COMPONENT_GUIDE) if b.marker == f"module: {MODULE_NAME}.py"]
-    return "\n\n".join(b.text for b in blocks)
+    return module_sources()[MODULE_NAME]
 
 
 def plugin_entry_points() -> dict[str, str]:
@@ -160,10 +169,12 @@ def install_fake_distribution(folder: Path) -> None:
 
 @pytest.fixture
 def docs_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A folder holding my_components.py (importable and installed as a plugin) and every
-    named config of the docs; it is the working directory, and HOME points inside it so that
-    data tasks fill their `~/data/...` folders there."""
-    (tmp_path / f"{MODULE_NAME}.py").write_text(module_source(), encoding="utf-8")
+    """A folder holding my_components.py (importable and installed as a plugin), the docs'
+    other modules and every named config of the docs; it is the working directory, and HOME
+    points inside it so that data tasks fill their `~/data/...` folders there."""
+    modules = module_sources()
+    for name, source in modules.items():
+        (tmp_path / f"{name}.py").write_text(source, encoding="utf-8")
     install_fake_distribution(tmp_path)
     for block in ALL_BLOCKS:
         if block.lang == "yaml" and block.marker_kind in ("as", "expect-error"):
@@ -173,13 +184,15 @@ def docs_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(tmp_path)
     sys.path.insert(0, str(tmp_path))
-    sys.modules.pop(MODULE_NAME, None)
+    for name in modules:
+        sys.modules.pop(name, None)
     clear_cache()
     try:
         yield tmp_path
     finally:
         sys.path.remove(str(tmp_path))
-        sys.modules.pop(MODULE_NAME, None)
+        for name in modules:
+            sys.modules.pop(name, None)
         clear_cache()
 
 

@@ -1,12 +1,16 @@
-"""Code-first training: a plain nn.Module with Lazy layers, plain datasets, same engine."""
+"""Code-first training: a plain nn.Module with Lazy layers, plain datasets, same engine, and
+the same `analysis:` reports as a YAML run."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+import yaml
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -37,7 +41,9 @@ class Classifier(nn.Module):
         }
 
 
-def test_fit_trains_a_lazy_module_into_a_run_folder(tmp_path: Path) -> None:
+def test_fit_trains_a_lazy_module_into_a_run_folder_with_a_yaml_runs_reports(
+    tmp_path: Path,
+) -> None:
     trainer = torchloom.Trainer(
         epochs=3,
         batch_size=32,
@@ -59,7 +65,82 @@ def test_fit_trains_a_lazy_module_into_a_run_folder(tmp_path: Path) -> None:
         "validation_epoch_statistics.csv",
     ):
         assert (result.run_dir / name).is_file(), name
-    assert "built in Python from Classifier" in (result.run_dir / "config.yaml").read_text()
+    config = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert config["pipeline"] == "built in Python from Classifier"
+    # No `analysis=`: the default preset, as for a YAML run without an analysis section, with
+    # the module's Classification output analysed by the sample ids its task adds.
+    assert config["analysis"] == {
+        "outputs": [
+            {"name": "cluster", "predictions": "cluster", "targets": "targets", "ids": "indices"}
+        ]
+    }
+    reports = result.run_dir / "reports"
+    for name in (
+        "model_summary.md",
+        "learning_rate.csv",
+        "history/accuracy.png",
+        "cluster-training-report.md",
+        "cluster-validation-cm.csv",
+        "cluster-validation-roc.png",
+        "cluster-validation-errors.csv",
+        "worst_samples/worst.csv",
+    ):
+        assert (reports / name).is_file(), name
+    report = (reports / "cluster-validation-report.md").read_text()
+    accuracy = result.statistics["validation"]["accuracy"]
+    assert f"64 samples, accuracy {accuracy:.4f}" in report
+    assert (
+        "| model | module.body.0 | Linear | [32, 16] | 144 |"
+        in (reports / "model_summary.md").read_text()
+    )
+    with open(reports / "worst_samples" / "worst.csv", newline="") as handle:
+        ids = [int(row["id"]) for row in csv.DictReader(handle)]
+    assert ids and all(0 <= i < 256 for i in ids)  # training sample positions
+
+
+@pytest.mark.parametrize(
+    ("analysis", "expected"),
+    [
+        ("minimal", {"history", "learning_rate.csv", "learning_rate.png"}),
+        (
+            {"preset": "minimal", "learning_rate": False, "model_summary": True},
+            {"history", "model_summary.md"},
+        ),
+        (False, None),
+    ],
+)
+def test_analysis_takes_a_preset_name_a_mapping_or_false(
+    tmp_path: Path, analysis: Any, expected: set[str] | None
+) -> None:
+    result = torchloom.Trainer(
+        epochs=1, batch_size=32, seed=3, expdir=tmp_path, analysis=analysis
+    ).fit(Classifier(), train=clusters(64, 0))
+    reports = result.run_dir / "reports"
+    assert (set(p.name for p in reports.iterdir()) if reports.exists() else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("analysis", "message"),
+    [
+        ("fulll", "key 'analysis.preset': Input should be 'minimal', 'default' or 'full'"),
+        ({"rocc": False}, "key 'analysis.rocc': unknown key (did you mean 'roc'?)"),
+        (
+            {"outputs": [{"name": "digits", "predictions": "digit"}]},
+            "predictions stream 'digit' is produced by no component or task",
+        ),
+        (3, "must be a preset name, a mapping or False, got int"),
+    ],
+)
+def test_a_bad_analysis_is_an_error_naming_the_trainer_before_anything_is_written(
+    tmp_path: Path, analysis: Any, message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        torchloom.Trainer(epochs=1, expdir=tmp_path, analysis=analysis).fit(
+            Classifier(), clusters(8, 0)
+        )
+    assert caught.value.problems[0].where == "Trainer(analysis=...)"
+    assert message in str(caught.value)
+    assert not any(tmp_path.iterdir())
 
 
 def test_fit_resumes_and_extends_a_run(tmp_path: Path) -> None:
@@ -72,6 +153,9 @@ def test_fit_resumes_and_extends_a_run(tmp_path: Path) -> None:
     assert longer.run_dir == first.run_dir and longer.summary["epochs"] == 2
     summary = json.loads((first.run_dir / "summary.json").read_text())
     assert summary["episodes"] == 8
+    # The analysis hooks resumed with the run: their reports are of the second epoch.
+    report = (first.run_dir / "reports" / "cluster-training-report.md").read_text()
+    assert report.startswith("# cluster, training (epoch 2, episode 8)")
 
 
 def test_regression_output_and_dict_samples(tmp_path: Path) -> None:
@@ -94,7 +178,12 @@ def test_regression_output_and_dict_samples(tmp_path: Path) -> None:
             return {"fit": outputs.Regression(self.linear(batch["x"]), target="y", loss="l1")}
 
     result = torchloom.Trainer(
-        epochs=30, batch_size=16, seed=0, expdir=tmp_path, optimizer={"type": "SGD", "lr": 0.1}
+        epochs=30,
+        batch_size=16,
+        seed=0,
+        expdir=tmp_path,
+        optimizer={"type": "SGD", "lr": 0.1},
+        analysis=False,
     ).fit(Line(), DictData())
     assert result.statistics["training"]["loss"] < 0.1
 

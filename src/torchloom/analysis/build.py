@@ -40,10 +40,16 @@ NEEDS_OUTPUTS = (
 )
 
 
-def parse_analysis(data: Mapping[str, Any], where: Callable[..., str]) -> AnalysisConfig:
+def _section(data: Mapping[str, Any]) -> Any:
+    """The `analysis:` section as a mapping: a preset name alone (`analysis: full`) stands
+    for `{preset: full}`; no section for the default preset."""
     raw = data.get("analysis")
+    return {"preset": raw} if isinstance(raw, str) else (raw or {})
+
+
+def parse_analysis(data: Mapping[str, Any], where: Callable[..., str]) -> AnalysisConfig:
     try:
-        return AnalysisConfig.model_validate(raw or {})
+        return AnalysisConfig.model_validate(_section(data))
     except ValidationError as error:
         problems = []
         for item in error.errors():
@@ -109,7 +115,8 @@ def build_hooks(
 ) -> list[Hook]:
     """The analysis hooks a run's config asks for (the `default` preset when it says none)."""
     config = parse_analysis(data, where)
-    explicit = "outputs" in (data.get("analysis") or {})
+    section = _section(data)
+    explicit = isinstance(section, Mapping) and "outputs" in section
     outputs_ok = check_outputs(config, pipeline, where, explicit)
     hooks: list[Hook] = []
     for class_name, (module, items) in HOOKS.items():

@@ -81,7 +81,11 @@ def _train(p: argparse.ArgumentParser) -> None:
 
 
 def _process(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", metavar="CONFIG|RUN_DIR", help="a config, or a run folder")
+    p.add_argument(
+        "source",
+        metavar="CONFIG|RUN_DIR",
+        help="a config, or a run folder (of `loom train` or of torchloom.Trainer(...).fit)",
+    )
     p.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDES_HELP)
     p.add_argument("--section", default="test", help="training, validation or test")
     p.add_argument(

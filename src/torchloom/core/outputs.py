@@ -28,7 +28,8 @@ class Output:
 @dataclass
 class Classification(Output):
     """Class scores (logits) [batch, classes] trained with cross entropy against `target`,
-    a stream of class indices [batch]; accuracy is reported as `<name>.accuracy`."""
+    a stream of class indices [batch]; accuracy is reported as `accuracy` (with several
+    Classification outputs, as `<name>_accuracy.accuracy`)."""
 
     target: str = "targets"
     weight: float = 1.0

@@ -71,26 +71,31 @@ def _check_component_class(obj: object, type_name: str, where: str) -> type[Comp
     return obj
 
 
-def _import_dotted(type_name: str, where: str) -> type[Component]:
-    module_name, _, attribute = type_name.partition(":")
+def import_object(path: str) -> object:
+    """The object that `package.module:attribute` (or `:Outer.Inner`) names, importing the
+    module; a LookupError saying why not. Callers decide what the object may be before they
+    call it: this only finds it."""
+    module_name, _, attribute = path.partition(":")
     if not module_name or not attribute or ":" in attribute:
-        raise _refuse(type_name, where, "expected the form 'package.module:ClassName'")
+        raise LookupError("expected the form 'package.module:Name'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise _refuse(
-            type_name,
-            where,
-            f"cannot import module '{module_name}': {error}",
-            "is the package that provides it installed?",
-        ) from error
-    obj = module
+        raise LookupError(f"cannot import module '{module_name}': {error}") from error
+    obj: object = module
     for part in attribute.split("."):
         if not hasattr(obj, part):
-            raise _refuse(
-                type_name, where, f"module '{module_name}' has no attribute '{attribute}'"
-            )
+            raise LookupError(f"module '{module_name}' has no attribute '{attribute}'")
         obj = getattr(obj, part)
+    return obj
+
+
+def _import_dotted(type_name: str, where: str) -> type[Component]:
+    try:
+        obj = import_object(type_name)
+    except LookupError as error:
+        hint = "is the package that provides it installed?" if "cannot import" in str(error) else ""
+        raise _refuse(type_name, where, str(error), hint) from error
     return _check_component_class(obj, type_name, where)
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,18 @@ from torchloom.core.handshake import handshake
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.registry import resolve
 from torchloom.core.streams import Dim, StreamSpec
-from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.checkpoint import load_resume_checkpoint
+from torchloom.engine.code_first_sources import (
+    FIT_ARGUMENT,
+    describe_module,
+    open_dataset,
+    rebuild_dataset,
+    rebuild_module,
+)
+from torchloom.engine.code_first_sources import KEY as SOURCES
+from torchloom.engine.hooks import Hook
+from torchloom.engine.resume import check_resumed_config, finished_result
+from torchloom.engine.run_folder import RunLock
 from torchloom.engine.run_state import TrainOptions
 from torchloom.engine.seeding import seed_everything
 from torchloom.engine.summary import RunResult
@@ -40,13 +52,19 @@ from torchloom.engine.trainer import Trainer as _Loop
 from torchloom.engine.training_setup import build_run_state
 from torchloom.errors import ConfigError, Problem
 
+INDICES = "indices"
+ANALYSIS = "Trainer(analysis=...)"
+BUILT_IN_PYTHON = "built in Python from"  # config.yaml's `pipeline:` of a code-first run
+HookFactory = Callable[[Mapping[str, Any], Pipeline, Callable[..., str]], Sequence[Hook]]
+
 
 def _where(*keys: Any) -> str:
     return "Trainer.fit(...)" + ("" if not keys else " " + ".".join(str(k) for k in keys))
 
 
 class DatasetTask(Task):
-    """A torch Dataset as a task: samples are dicts of streams, or (inputs, targets) pairs."""
+    """A torch Dataset as a task: samples are dicts of streams, or (inputs, targets) pairs;
+    each sample's position in the dataset is the stream `indices` (per-sample reports)."""
 
     def __init__(self, dataset: Any, section: str, store: GlobalsStore) -> None:
         super().__init__(ComponentParams(), BuildContext(f"{section}.task", store=store))
@@ -67,10 +85,10 @@ class DatasetTask(Task):
     def __getitem__(self, index: int) -> Batch:
         sample = self.dataset[index]
         if isinstance(sample, Mapping):
-            return dict(sample)
+            return {INDICES: index, **sample}  # the sample's own `indices` win
         if isinstance(sample, Sequence) and len(sample) == 2:
             inputs, targets = sample
-            return {"inputs": inputs, "targets": torch.as_tensor(targets)}
+            return {"inputs": inputs, "targets": torch.as_tensor(targets), INDICES: index}
         raise ConfigError(
             [
                 Problem(
@@ -167,7 +185,12 @@ class Trainer:
 
     Settings are the keys of a config's `training:` section (optimizer, scheduler, precision,
     gradient_clipping, ...), with `epochs` and `batch_size` as shortcuts; the run folder is
-    `<expdir>/<name>/<timestamp>/` as for `loom train`."""
+    `<expdir>/<name>/<timestamp>/` as for `loom train`. `analysis` is what a config's
+    `analysis:` section holds (a preset name or a mapping; None: the default preset; False:
+    none); its hooks come from `hook_factory`, which `torchloom.Trainer` sets (the engine
+    never imports the analysis package)."""
+
+    hook_factory: HookFactory | None = None
 
     def __init__(
         self,
@@ -179,6 +202,7 @@ class Trainer:
         device: str | None = None,
         quiet: bool = True,
         tensorboard: int = 1,
+        analysis: str | Mapping[str, Any] | bool | None = None,
         **training: Any,
     ) -> None:
         training.setdefault("dataloader", {}).setdefault("batch_size", batch_size)
@@ -186,6 +210,7 @@ class Trainer:
             training.setdefault("terminal_conditions", {})["epoch_limit"] = epochs
         self.training = {"task": {"type": "python"}, **training}
         self.name = name
+        self.analysis = analysis
         self.options = TrainOptions(
             expdir=str(expdir), device=device, quiet=quiet, tensorboard=tensorboard
         )
@@ -199,13 +224,24 @@ class Trainer:
         resume: str | os.PathLike[str] | None = None,
     ) -> RunResult:
         """Train `module`; `resume` continues the run folder of an earlier fit of the same
-        module class (its weights, optimizer, RNG and position come from its last.pt)."""
+        module class (its weights, optimizer, RNG and position come from its last.pt).
+
+        A dataset is an object, or a zero-argument factory (a function or a Dataset class, or
+        its `package.module:name`): a factory that imports is recorded in config.yaml, so
+        `loom process RUN_DIR` can build the data again (see engine/code_first_sources.py)."""
         seed = self.training.get("seed")
         seed = seed if isinstance(seed, int) else secrets.randbelow(2**31)
         seed_everything(seed)  # before the dry run, which initialises Lazy layers
-        pipeline = self._pipeline(
-            module, {"training": train, "validation": validation, "test": test}
-        )
+        given = {"training": train, "validation": validation, "test": test}
+        datasets, sources = {}, {}
+        for section, value in given.items():
+            if value is not None:
+                where = _where(FIT_ARGUMENT[section])
+                datasets[section], sources[section] = open_dataset(value, section, where)
+        pipeline = build_pipeline(module, datasets)
+        declared = _declared(pipeline)
+        weights = {f"{n}_loss": o.weight for n, o in declared.items() if _has_loss(o)}
+        self.training["loss_weights"] = {**weights, **self.training.get("loss_weights", {})}
         try:
             settings: dict[str, Any] = {**self.training, "seed": seed}
             config = TrainingConfig.model_validate(settings)
@@ -216,50 +252,125 @@ class Trainer:
             "training": config,
             **{s: plain for s in ("validation", "test") if s in pipeline.tasks},
         }
+        analysis = self._analysis_section(declared)
+        options = self.options
+        if analysis is not None and self.hook_factory is not None:
+            hooks = self.hook_factory({"analysis": analysis}, pipeline, lambda *_: ANALYSIS)
+            options = replace(options, hooks=[*options.hooks, *hooks])
         record = {
             "name": self.name,
-            "training": config.model_dump(),
-            "pipeline": f"built in Python from {type(module).__name__}",
+            **{s: c.model_dump() for s, c in sections.items()},
+            **({"analysis": analysis} if analysis is not None else {}),
+            SOURCES: {"module": describe_module(module), "data": sources},
+            "pipeline": f"{BUILT_IN_PYTHON} {type(module).__name__}",
         }
-        run_dir = None if resume is None else Path(resume).expanduser()
-        checkpoint = (
-            None if run_dir is None else load_checkpoint(run_dir / "checkpoints" / "last.pt")
+        config_text = (
+            "# a code-first run: torchloom.Trainer(...).fit(...); `loom process` builds it again "
+            f"from `{SOURCES}`\n" + dump_config(record)
         )
+        run_dir = checkpoint = lock = fallback = None
+        if resume is not None:
+            run_dir = Path(resume).expanduser()
+            lock = RunLock(run_dir).acquire()
+            try:
+                checkpoint, fallback = load_resume_checkpoint(run_dir / "checkpoints")
+                if checkpoint.get("config"):
+                    check_resumed_config(
+                        checkpoint["config"], config_text, _where(), "Trainer settings"
+                    )
+                finished = finished_result(run_dir, checkpoint, config, "validation" in sections)
+            except BaseException:
+                lock.release()
+                raise
+            if finished is not None:
+                lock.release()
+                return finished
         state = build_run_state(
             pipeline,
             sections,
             self.name,
             seed,
-            self.options,
+            options,
             _where,
-            "# a code-first run: torchloom.Trainer(...).fit(...)\n" + dump_config(record),
+            config_text,
             checkpoint,
             run_dir,
+            lock,
+            fallback,
         )
         return _Loop(state).run()
 
-    def _pipeline(self, module: nn.Module, datasets: Mapping[str, Any]) -> Pipeline:
-        store = GlobalsStore()
-        tasks = {s: DatasetTask(d, s, store) for s, d in datasets.items() if d is not None}
-        model = ModuleModel(module, tasks["training"], store)
-        losses = [
-            OutputLoss(n, o, store)
-            for n, o in model.declared.items()
-            if isinstance(o, (outputs.Classification, outputs.Regression))
-        ]
-        statistics = []
-        for name, out in model.declared.items():
-            if isinstance(out, outputs.Classification):
-                context = BuildContext(
-                    f"{name}_accuracy", {"predictions": name, "targets": out.target}, store=store
-                )
-                store.publish(f"{name}_classes", int(out.value.shape[-1]), "Trainer")
-                context.global_names = {"num_classes": f"{name}_classes"}
-                # Through the registry, as a config would: the engine does not import the zoo.
-                accuracy = resolve("AccuracyStatistics")
-                statistics.append(accuracy(accuracy.Params(), context))
-        weights = {loss.name: loss.output.weight for loss in losses}
-        self.training["loss_weights"] = {**weights, **self.training.get("loss_weights", {})}
-        pipeline = Pipeline(tasks, [model, *losses, *statistics], store, {})
-        handshake(pipeline, _where)
-        return pipeline
+    def _analysis_section(self, declared: Mapping[str, outputs.Output]) -> dict[str, Any] | None:
+        """The `analysis:` section this run stands for; its outputs default to the module's
+        Classification outputs (a YAML pipeline's default is its `predictions` stream)."""
+        value = self.analysis
+        if value is False:
+            return None
+        if self.hook_factory is None and value not in (None, True):
+            raise TypeError("this Trainer runs no analysis: use torchloom.Trainer")
+        if value is None or value is True:
+            section: dict[str, Any] = {}
+        elif isinstance(value, str):
+            section = {"preset": value}
+        elif isinstance(value, Mapping):
+            section = dict(value)
+        else:
+            message = f"must be a preset name, a mapping or False, got {type(value).__name__}"
+            raise ConfigError([Problem(ANALYSIS, "analysis", message)])
+        section.setdefault(
+            "outputs",
+            [
+                {"name": name, "predictions": name, "targets": out.target, "ids": INDICES}
+                for name, out in declared.items()
+                if isinstance(out, outputs.Classification)
+            ],
+        )
+        return section
+
+
+def _has_loss(output: outputs.Output) -> TypeGuard[outputs.Classification | outputs.Regression]:
+    return isinstance(output, (outputs.Classification, outputs.Regression))
+
+
+def _declared(pipeline: Pipeline) -> dict[str, outputs.Output]:
+    model = pipeline.components["model"]
+    assert isinstance(model, ModuleModel)
+    return model.declared
+
+
+def build_pipeline(module: nn.Module, datasets: Mapping[str, Any]) -> Pipeline:
+    """The pipeline of a module and its datasets ({section: dataset}), handshaken: the module
+    as the `model`, a loss per trained output, an accuracy per Classification output."""
+    store = GlobalsStore()
+    tasks = {s: DatasetTask(d, s, store) for s, d in datasets.items()}
+    first = tasks.get("training") or next(iter(tasks.values()))  # the dry run's samples
+    model = ModuleModel(module, first, store)
+    losses = [OutputLoss(n, o, store) for n, o in model.declared.items() if _has_loss(o)]
+    statistics = []
+    for name, out in model.declared.items():
+        if isinstance(out, outputs.Classification):
+            context = BuildContext(
+                f"{name}_accuracy", {"predictions": name, "targets": out.target}, store=store
+            )
+            store.publish(f"{name}_classes", int(out.value.shape[-1]), "Trainer")
+            context.global_names = {"num_classes": f"{name}_classes"}
+            # Through the registry, as a config would: the engine does not import the zoo.
+            accuracy = resolve("AccuracyStatistics")
+            statistics.append(accuracy(accuracy.Params(), context))
+    pipeline = Pipeline(tasks, [model, *losses, *statistics], store, {})
+    handshake(pipeline, _where)
+    return pipeline
+
+
+def rebuild_pipeline(
+    record: Any, section: str, where: Callable[..., str], module: Any = None, data: Any = None
+) -> Pipeline:
+    """The pipeline of a code-first run for one section: the module and dataset from the run's
+    record (config.yaml's `code_first`), or the ones given in code."""
+    if module is None:
+        module = rebuild_module(record, where)
+    if data is None:
+        dataset = rebuild_dataset(record, section, where)
+    else:
+        dataset, _ = open_dataset(data, section, f"process(data=...) for {section}")
+    return build_pipeline(module, {section: dataset})

@@ -14,10 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchloom.config import dump_config
+from torchloom.config import LoadedConfig, dump_config, load_config
+from torchloom.config.schema import validate_sections
 from torchloom.core.weights import load_pipeline_weights
-from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
+from torchloom.engine.assemble import build_checked, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.code_first import BUILT_IN_PYTHON, rebuild_pipeline
+from torchloom.engine.code_first_sources import KEY as CODE_FIRST
 from torchloom.engine.devices import resolve_device
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
@@ -65,18 +68,29 @@ def process(
     expdir: str = "runs",
     device: str | None = None,
     disable: Sequence[str] = (),
+    *,
     checkpoint_strict: bool = True,
+    module: Any = None,
+    data: Any = None,
 ) -> ProcessResult:
     """One eval pass. The checkpoint's weights must fit the pipeline: none matching is an
     error, and so is a partial match unless `checkpoint_strict` is False (then the pass's
-    summary lists what was loaded and what was not)."""
+    summary lists what was loaded and what was not). `module`/`data`: a code-first run's
+    module and section data given in code, in place of those its config.yaml records (see
+    engine/code_first_sources.py)."""
     source = Path(source).expanduser()
     run_dir = source if source.is_dir() else None
     config = source / "config.yaml" if run_dir is not None else source
-    loaded, _ = load_and_validate(config, overrides)
+    loaded = load_config(config, overrides)
     training = loaded.data.get("training") or {}
-    seed_everything(int(training.get("seed") or 0))
-    pipeline = build_checked(loaded, disable)
+    if _is_code_first(loaded, module, data, disable):
+        seed_everything(int(training.get("seed") or 0))
+        record = loaded.data.get(CODE_FIRST)
+        pipeline = rebuild_pipeline(record, section, loaded.where, module, data)
+    else:
+        validate_sections(loaded.data, loaded.where)
+        seed_everything(int(training.get("seed") or 0))
+        pipeline = build_checked(loaded, disable)
     if section not in pipeline.tasks:
         raise ConfigError(
             [
@@ -113,7 +127,8 @@ def process(
     else:
         folder = create_run_folder(expdir, pipeline_name(loaded), f"process_{section}")
         header = "".join(f"# override: {o}\n" for o in overrides)
-        write_text_atomic(folder / "config.yaml", header + dump_config(loaded.data))
+        named = {"name": pipeline_name(loaded), **loaded.data}  # the name, as `loom train`
+        write_text_atomic(folder / "config.yaml", header + dump_config(named))
     write_artifacts(folder, pipeline.components)
     started = time.perf_counter()
     for component in pipeline.components.values():
@@ -153,6 +168,22 @@ def process(
 def _section_config(data: dict[str, Any], section: str, where: Any) -> Any:
     from torchloom.config.schema import SectionConfig
 
+    # A code-first run given a section's data in code may have no such section recorded.
+    settings = data.get(section) or {"task": {"type": "python"}}
     return SectionConfig.model_validate(
-        {k: v for k, v in data[section].items() if k in SectionConfig.model_fields}
+        {k: v for k, v in settings.items() if k in SectionConfig.model_fields}
     )
+
+
+def _is_code_first(loaded: LoadedConfig, module: Any, data: Any, disable: Sequence[str]) -> bool:
+    """A run of `torchloom.Trainer(...).fit(...)` (its `pipeline` is a sentence, not
+    components): rebuilt from its record or from the objects given in code."""
+    pipeline = loaded.data.get("pipeline")
+    code_first = CODE_FIRST in loaded.data or str(pipeline).startswith(BUILT_IN_PYTHON)
+    if (module is not None or data is not None) and not code_first:
+        message = "module= and data= are for runs of torchloom.Trainer(...).fit(...)"
+        raise ConfigError([Problem(loaded.where(), "process(module=, data=)", message)])
+    if code_first and disable:
+        message = "a code-first run has no pipeline components to disable"
+        raise ConfigError([Problem("command line", "--disable", message)])
+    return code_first

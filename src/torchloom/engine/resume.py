@@ -75,18 +75,20 @@ def config_change_problem(run_dir: Path, started_text: str) -> Problem | None:
     )
 
 
-def check_resume_overrides(
-    started: Mapping[str, Any], resumed: Mapping[str, Any], overrides: Sequence[str]
-) -> None:
-    """Overrides given to --resume may change the SAFE_RESUME_KEYS only (also what they
-    change through interpolation: a scheduler's `T_max: ${...epoch_limit}` is not safe)."""
+def check_resumed_config(started_text: str, resumed_text: str, where: str, subject: str) -> None:
+    """The config a run resumes with may differ from the one it started with in the
+    SAFE_RESUME_KEYS only (also what they change through interpolation: a scheduler's
+    `T_max: ${...epoch_limit}` is not safe). `subject`: what asked for the change (the
+    overrides given to --resume, the settings of a code-first `fit`)."""
+    started = parse_config_text(started_text, "the started config").data
+    resumed = parse_config_text(resumed_text, "the resumed config").data
     unsafe = [c for c in config_changes(started, resumed) if c[0] not in SAFE_RESUME_KEYS]
     if unsafe:
         raise ConfigError(
             [
                 Problem(
-                    "command line",
-                    f"--resume {' '.join(overrides)}",
+                    where,
+                    subject,
                     f"would change {_shown(unsafe)}, which changes what the resumed steps compute",
                     f"a resumed run may change only {', '.join(SAFE_RESUME_KEYS)}; "
                     "start a new run for anything else",

@@ -32,7 +32,7 @@ from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.precision import Precision
 from torchloom.engine.reporting import Reporter, log_build_notes, make_logger
 from torchloom.engine.resume import (
-    check_resume_overrides,
+    check_resumed_config,
     config_change_problem,
     config_header,
     finished_result,
@@ -157,8 +157,6 @@ def _prepare(
         run_dir = Path(config).parent
         started_text = (run_dir / "config.yaml").read_text(encoding="utf-8")
         if overrides:
-            started, _ = load_and_validate(config)
-            check_resume_overrides(started.data, loaded.data, overrides)
             at = checkpoint["progress"]["episode"]
             header = config_header(started_text) + "".join(
                 f"# override on resume at episode {at}: {o}\n" for o in overrides
@@ -183,6 +181,9 @@ def _prepare(
     config_text = header + dump_config(loaded.data)
     if checkpoint is not None and not overrides:
         config_text = checkpoint.get("config") or started_text  # exactly as it started
+    elif checkpoint is not None:
+        subject = f"--resume {' '.join(overrides)}"
+        check_resumed_config(started_text, config_text, "command line", subject)
     if options.hook_factory is not None:
         extra = options.hook_factory(loaded.data, pipeline, loaded.where)
         options = replace(options, hooks=[*options.hooks, *extra])
