@@ -343,3 +343,33 @@ def test_the_python_api_says_a_finished_run_is_finished(tmp_path: Path) -> None:
     first = torchloom.train(toy_config(), expdir=str(tmp_path / "runs"), analysis=False)
     again = torchloom.train(resume=first.run_dir, analysis=False)
     assert again.already_finished and again.summary == first.summary
+
+
+def rename_a_global_in_the_pickle(path: Path) -> None:
+    """Turn `torch._utils` into `os.system.xx` inside the checkpoint's pickle: a damaged (or
+    hostile) file that asks the unpickler for code."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        entry = next(i for i in archive.infolist() if i.filename.endswith("data.pkl"))
+    header = entry.header_offset
+    start_of_data = header + 30 + int.from_bytes(data[header + 26 : header + 28], "little")
+    start_of_data += int.from_bytes(data[header + 28 : header + 30], "little")
+    where = data.index(b"torch._utils", start_of_data)
+    data[where : where + 12] = b"os.system.xx"
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_is_named_without_torchs_unpickling_advice(tmp_path: Path) -> None:
+    result = train(write(tmp_path, toy_config(epochs=1)), tmp_path / "runs")
+    best = result.run_dir / "checkpoints" / "best.pt"
+    rename_a_global_in_the_pickle(best)
+    with pytest.raises(DataError) as raised:
+        load_checkpoint(best)
+    message = raised.value.format()
+    assert f"checkpoint '{best}': cannot be read: it holds more than tensors" in message
+    assert "os.system.xx" in message and "torchloom never unpickles code" in message
+    assert "weights_only" not in message and "trust" not in message
+    truncated = result.run_dir / "checkpoints" / "last.pt"
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    with pytest.raises(DataError, match="cannot be read: PytorchStreamReader failed"):
+        load_checkpoint(truncated)

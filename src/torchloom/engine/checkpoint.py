@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -141,11 +142,18 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def _first_reason(error: Exception) -> str:
-    """The first line of torch's message, without its advice to unpickle untrusted code
-    (`weights_only=False`), which torchloom never follows."""
-    for line in str(error).splitlines():
+    """What is wrong, in one line, without torch's advice to load with `weights_only=False`
+    (which would run whatever code the file names: torchloom never does)."""
+    text = str(error)
+    refused = re.search(r"WeightsUnpickler error: (.*?\.)(?:\s|$)", text)
+    if refused:
+        return (
+            f"it holds more than tensors and plain values ({refused.group(1)}); torchloom "
+            "never unpickles code"
+        )
+    for line in text.splitlines():
         line = line.strip()
-        if line and "weights_only" not in line and not line.startswith("(1)"):
+        if line and "weights_only" not in line.lower() and "weights only" not in line.lower():
             return line
     return type(error).__name__
 
