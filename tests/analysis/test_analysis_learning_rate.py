@@ -1,5 +1,6 @@
-"""Learning rates: the recorder on a run with a scheduler, the range test's suggestion rule,
-`lr_find` (and `loom lr-find`'s module) on a small MNIST subset, and its user errors."""
+"""Learning rates: the recorder on a run with a scheduler, the range test's rules (divergence of
+the raw loss, the suggestion before it) on synthetic curves, `lr_find` (and `loom lr-find`'s
+module) on a small MNIST subset, training at its suggestion, and its user errors."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import csv
 import itertools
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from torchloom.analysis.learning_rate import LearningRateRecorder, lr_find, suggest
+from torchloom.analysis.learning_rate import LearningRateRecorder, lr_find
+from torchloom.analysis.lr_range_rules import find_divergence, smoothing_window, suggest
 from torchloom.analysis.plotting import png_data
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.cli.main import main
@@ -43,8 +46,13 @@ validation:
 
 
 @pytest.fixture(scope="module")
-def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return small_config(tmp_path_factory.mktemp("lr"), tmp_path_factory.mktemp("mnist"))
+def mnist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mnist")
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory, mnist: Path) -> Path:
+    return small_config(tmp_path_factory.mktemp("lr"), mnist)
 
 
 def rows(path: Path) -> list[dict[str, str]]:
@@ -79,13 +87,58 @@ def test_recorder_follows_a_scheduler(config: Path, tmp_path: Path) -> None:
     assert_png_has_content(run / "reports" / "learning_rate.png")
 
 
-def test_suggestion_is_the_steepest_descent_of_the_smoothed_loss() -> None:
-    rates = np.logspace(-6, 0, 61)
-    # A loss that falls fastest at 1e-3 (a logistic step in log-rate), then diverges.
-    losses = 2.0 - 1.5 / (1 + np.exp(-(np.log10(rates) + 3) * 3)) + (rates > 0.3) * 10
-    assert suggest(rates.tolist(), losses.tolist()) == pytest.approx(1e-3, rel=0.3)
-    assert suggest([1e-4, 1e-3], [1.0, 0.5]) == 1e-3  # too few points: the lowest loss
-    assert suggest([1e-4, 1e-3, 1e-2], [math.nan] * 3) == 1e-4
+RATES = np.logspace(-7, 1, 100)
+
+
+def falling_loss(seed: int = 0) -> np.ndarray:
+    """A classifier's raw loss over the default ramp: the chance loss 2.30 until ~1e-4, the
+    fastest fall at 3e-3 (a logistic step in log-rate) down to 0.8, batch noise throughout."""
+    noise = np.random.default_rng(seed).normal(0.0, 0.05, RATES.size)
+    return 2.3 - 1.5 / (1 + np.exp(-(np.log10(RATES) - np.log10(3e-3)) * 3)) + noise
+
+
+def test_a_clean_fall_has_no_divergence_and_its_steepest_point_is_suggested() -> None:
+    for seed in range(5):  # batch noise alone never reads as divergence
+        losses = falling_loss(seed)
+        assert find_divergence(losses.tolist()) is None
+        chosen = suggest(RATES.tolist(), losses.tolist(), smoothing_window(100), None)
+        assert chosen.rate == pytest.approx(3e-3, rel=0.6)
+
+
+@pytest.mark.parametrize(
+    ("name", "after"),
+    [
+        # The reported case: a spike to 44.7, then the network dead at the chance loss.
+        ("spike then plateau", lambda n: np.r_[44.7, np.full(n - 1, 2.30)]),
+        # A dead network with no spike large enough for the ratio: 3 steps at chance.
+        ("plateau", lambda n: np.full(n, 2.30)),
+        ("NaN", lambda n: np.full(n, math.nan)),
+        ("spike then recovery", lambda n: np.r_[9.0, np.full(n - 1, 0.9)]),
+    ],
+)
+def test_divergence_of_the_raw_loss_and_a_suggestion_before_it(
+    name: str, after: Callable[[int], np.ndarray]
+) -> None:
+    losses = falling_loss()
+    began = 75  # at rate 0.16, past the fall
+    losses[began:] = after(losses.size - began)
+    divergence = find_divergence(losses.tolist())
+    assert divergence is not None and divergence.began == began, name
+    chosen = suggest(RATES.tolist(), losses.tolist(), smoothing_window(100), divergence)
+    assert chosen.rate == pytest.approx(3e-3, rel=0.6), name
+    assert chosen.step is not None and chosen.step < began
+
+
+def test_no_suggestion_when_too_little_comes_before_divergence_or_nothing_falls() -> None:
+    losses = [2.3, 2.3, 2.31, math.inf, 2.3]
+    early = find_divergence(losses)
+    assert early is not None and early.began == 3 and "inf" in early.reason
+    window = smoothing_window(5)
+    assert suggest(RATES[:5].tolist(), losses, window, early).rate is None
+    flat = np.full(40, 2.3) + np.linspace(0, 0.1, 40)
+    assert find_divergence(flat.tolist()) is None
+    rising = suggest(RATES[:40].tolist(), flat.tolist(), smoothing_window(40), None)
+    assert rising.rate is None and "never fell" in rising.problem
 
 
 def test_lr_find_on_mnist(config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -124,7 +177,16 @@ def test_lr_find_on_mnist(config: Path, tmp_path: Path, capsys: pytest.CaptureFi
         assert rates[-1] == pytest.approx(10.0)
     assert any(r == pytest.approx(summary["suggested_lr"], rel=1e-6) for r in rates)
     assert_png_has_content(run / "lr_find.png")
-    assert png_data(run / "lr_find.png") == {"suggested_lr": summary["suggested_lr"]}
+    divergence = summary["divergence"]
+    marked = divergence["lr"] if divergence else None
+    assert png_data(run / "lr_find.png") == {
+        "suggested_lr": summary["suggested_lr"],
+        "divergence_lr": marked,
+    }
+    assert [int(r["diverged"]) for r in table] == [
+        int(divergence is not None and step >= divergence["began_step"])
+        for step in range(1, len(table) + 1)
+    ]
     assert (run / "config.yaml").is_file()
 
 
@@ -134,3 +196,48 @@ def test_lr_find_user_errors_leave_no_run_folder(config: Path, tmp_path: Path) -
     with pytest.raises(ConfigError, match="--end-lr"):
         lr_find(config, [], start_lr=1.0, end_lr=0.1, expdir=tmp_path)
     assert not any(tmp_path.iterdir())
+
+
+def test_training_at_the_suggested_rate_beats_chance(
+    tmp_path: Path, mnist: Path, one_thread: None
+) -> None:
+    """The issue's check: the default ramp's suggestion, used for one epoch, trains. The old
+    rule (steepest fall of a lagging average) suggested rates past divergence for these seeds:
+    0.35, 10 and 2.3, where one epoch ends at chance (10%)."""
+    config = tmp_path / "three_thousand.yml"
+    config.write_text(
+        f"""\
+default_configs: [loom://mnist/lenet5.yml]
+training:
+  task: {{data_folder: {mnist}, subset: 3000}}
+  dataloader: {{batch_size: 64}}
+  terminal_conditions: {{epoch_limit: 1}}
+validation:
+  task: {{subset: 1000}}
+""",
+        encoding="utf-8",
+    )
+    options = TrainOptions(expdir=str(tmp_path), quiet=True, tensorboard=0)
+    for seed in (1, 3, 5):
+        seeded = [f"+training.seed={seed}"]
+        found = lr_find(config, seeded, expdir=tmp_path, device="cpu")
+        divergence = found.divergence
+        assert divergence is None or found.suggested_lr < found.learning_rates[divergence.began]
+        overrides = [*seeded, f"training.optimizer.lr={found.suggested_lr}", "~training.scheduler"]
+        run = Trainer(prepare_training(config, [*overrides, "~test"], options)).run()
+        accuracy = run.summary["final"]["validation"]["accuracy"]
+        assert accuracy > 0.6, f"seed {seed}: rate {found.suggested_lr:.3g}, accuracy {accuracy}"
+
+
+def test_a_ramp_that_diverges_at_once_suggests_nothing(
+    config: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arguments = ["lr-find", str(config), "--start-lr", "10", "--end-lr", "1000", "--steps", "20"]
+    assert main([*arguments, "--expdir", str(tmp_path), "--device", "cpu"]) == 2
+    (run,) = (tmp_path / "small").iterdir()
+    error = capsys.readouterr().err
+    assert "--start-lr" in error and "diverged" in error and str(run) in error
+    assert "Traceback" not in error
+    summary = json.loads((run / "lr_find.json").read_text())
+    assert summary["suggested_lr"] is None and summary["divergence"]["began_step"] < 7
+    assert png_data(run / "lr_find.png")["suggested_lr"] is None

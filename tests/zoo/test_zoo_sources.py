@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from torchloom.data import sources
-from torchloom.data.sources import download, ensure_files, md5_of, packaged_copy
+from torchloom.data.atomic_files import FolderNotWritable
+from torchloom.data.sources import Origins, download, ensure_files, md5_of, packaged_copy
 from torchloom.errors import DataError
 
 CONTENT = b"some dataset bytes\n" * 1000
@@ -47,9 +50,10 @@ def test_download_falls_back_to_the_next_mirror(tmp_path: Path) -> None:
     dest_folder.mkdir()
     urls = [(tmp_path / "nowhere" / "data.bin").as_uri(), (mirror / "data.bin").as_uri()]
 
-    result = download(urls, dest_folder / "data.bin", CONTENT_MD5, timeout=5)
+    used = download(urls, dest_folder / "data.bin", CONTENT_MD5, timeout=5)
 
-    assert result.read_bytes() == CONTENT
+    assert used == urls[1]
+    assert (dest_folder / "data.bin").read_bytes() == CONTENT
     assert all_files(dest_folder) == {dest_folder / "data.bin"}
 
 
@@ -93,6 +97,55 @@ def test_ensure_files_prefers_a_verified_packaged_copy_then_a_mirror(tmp_path: P
     assert result == folder
     assert all_files(tmp_path) - before == {folder / "a.bin", folder / "b.bin"}
     assert md5_of(folder / "a.bin") == md5_of(folder / "b.bin") == CONTENT_MD5
+
+
+def test_ensure_files_records_where_each_file_came_from(tmp_path: Path) -> None:
+    package, mirror, folder = tmp_path / "package", tmp_path / "mirror", tmp_path / "data"
+    for path in (package, mirror, folder):
+        path.mkdir()
+    (folder / "a.bin").write_bytes(CONTENT)
+    (package / "b.bin").write_bytes(CONTENT)
+    (mirror / "c.bin").write_bytes(CONTENT)
+    origins = Origins(folder)
+
+    files = {name: CONTENT_MD5 for name in ("a.bin", "b.bin", "c.bin")}
+    ensure_files(folder, files, [package], [mirror.as_uri() + "/"], True, "abc", origins=origins)
+
+    assert origins.files == {
+        "found in it": ["a.bin"],
+        f"copied from the packaged copy in {package}": ["b.bin"],
+        f"downloaded from {mirror.as_uri()}/": ["c.bin"],
+    }
+    assert origins.describe() == (
+        f"data folder {folder}: a.bin found in it; b.bin copied from the packaged copy in "
+        f"{package}; c.bin downloaded from {mirror.as_uri()}/"
+    )
+    # Downloading not allowed: a packaged copy is still used, into a folder created for it.
+    new_folder, new_origins = tmp_path / "new" / "data", Origins(tmp_path / "new" / "data")
+    ensure_files(new_folder, {"b.bin": CONTENT_MD5}, [package], [], False, "b", origins=new_origins)
+    assert new_origins.created and (new_folder / "b.bin").read_bytes() == CONTENT
+    assert "(created now): b.bin copied from the packaged copy" in new_origins.describe()
+
+
+def test_a_download_into_a_folder_that_cannot_hold_it_blames_the_folder(
+    tmp_path: Path, file_size_limit: Callable[[int], contextlib.AbstractContextManager[None]]
+) -> None:
+    mirrors = []
+    for name in ("mirror1", "mirror2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "a.bin").write_bytes(CONTENT)
+        mirrors.append((tmp_path / name).as_uri() + "/")
+    folder = tmp_path / "data"
+
+    with pytest.raises(FolderNotWritable) as error, file_size_limit(len(CONTENT) // 2):
+        ensure_files(folder, {"a.bin": CONTENT_MD5}, [], mirrors, True, "a.bin")
+
+    assert str(error.value) == (
+        f"data error: {folder}: data folder: cannot be written (File too large) when writing "
+        "a.bin (make it writable or choose another data_folder; a folder that already holds "
+        "every file is only read)"
+    )
+    assert not folder.exists()  # created for the download, removed again: nothing left
 
 
 def test_ensure_files_keeps_a_verified_folder_without_copying(

@@ -3,11 +3,13 @@ labels, the archive path (checked and extracted), the errors, augmentation under
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
 import pickle
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import torch
 from pydantic import ValidationError
 
 from torchloom.data import cifar_files
+from torchloom.data.atomic_files import FolderNotWritable
 from torchloom.data.sources import md5_of
 from torchloom.errors import ComponentError, DataError
 from torchloom.zoo.tasks.cifar import (
@@ -144,11 +147,47 @@ def test_the_archive_is_checked_extracted_and_reused(
 
     task = CIFAR10.create(data_folder=str(folder), split="test", download=False)
     assert len(task) == TEST_SIZE
+    assert task.build_notes == [
+        f"CIFAR-10 test split from data folder {folder}: cifar-10-python.tar.gz found in it; "
+        "cifar-10-batches-py/ extracted from cifar-10-python.tar.gz"
+    ]
     extracted = sorted(p.name for p in (folder / "cifar-10-batches-py").iterdir())
     assert extracted == sorted(release.files)
     assert not (tmp_path / "outside").exists()
     os.remove(archive)  # the extracted folder is used as it is from now on
-    assert len(CIFAR10.create(data_folder=str(folder), split="test", download=False)) == 8
+    again = CIFAR10.create(data_folder=str(folder), split="test", download=False)
+    assert len(again) == 8
+    assert again.build_notes == [
+        f"CIFAR-10 test split from data folder {folder}: cifar-10-batches-py/ found in it"
+    ]
+
+
+def test_an_extraction_the_folder_cannot_hold_blames_the_folder_not_the_archive(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    file_size_limit: Callable[[int], contextlib.AbstractContextManager[None]],
+) -> None:
+    folder = tmp_path / "data"
+    folder.mkdir()
+    archive = folder / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(write_cifar10(tmp_path / "source"), arcname="cifar-10-batches-py")
+    release = dataclasses.replace(cifar_files.CIFAR10, archive_md5=md5_of(archive))
+    monkeypatch.setattr(CIFAR10, "RELEASE", release)
+
+    with pytest.raises(FolderNotWritable) as error, file_size_limit(8192):  # batches: 18 KB
+        CIFAR10.create(data_folder=str(folder), split="test", download=False).prepare()
+
+    assert f"{folder / 'cifar-10-batches-py'}: data folder: cannot be written (File too large)" in (
+        str(error.value)
+    )
+    assert "archive" not in str(error.value)
+    # Files small enough were extracted whole; nothing else is there (no .part, no half file).
+    for path in (folder / "cifar-10-batches-py").iterdir():
+        assert (
+            path.read_bytes()
+            == (tmp_path / "source" / "cifar-10-batches-py" / path.name).read_bytes()
+        )
 
 
 def test_a_wrong_archive_is_reported_and_left_untouched(tmp_path: Path) -> None:

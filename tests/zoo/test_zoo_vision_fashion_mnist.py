@@ -179,8 +179,16 @@ def test_a_recompressed_packaged_copy_is_verified_by_content(
         "t10k-images-idx3-ubyte",
         "t10k-labels-idx1-ubyte",
     ]
+    names = "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte"
+    assert task.build_notes == [
+        f"Fashion-MNIST test split from data folder {folder} (created now): {names} "
+        f"decompressed from the packaged copy in {debian}"
+    ]
     again = FashionMNIST.create(data_folder=str(folder), split="test", download=False)
     assert torch.equal(again[3]["inputs"], task[3]["inputs"])
+    assert again.build_notes == [
+        f"Fashion-MNIST test split from data folder {folder}: {names} found in it"
+    ]
 
 
 def test_a_wrong_file_is_reported_and_left_untouched(dataset: Fixture, tmp_path: Path) -> None:

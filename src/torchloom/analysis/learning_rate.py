@@ -2,10 +2,10 @@
 
 `lr_find` is Smith's learning-rate range test ("Cyclical Learning Rates for Training Neural
 Networks", 2015): train from the config's initial weights while the rate grows exponentially
-from `start_lr` to `end_lr` over `steps` optimizer steps, smooth the loss, stop once it
-exceeds 4x its best, and suggest the rate where the smoothed loss falls fastest. It builds
-the pipeline, optimizer and training loader exactly as `loom train` does, in a run folder of
-its own (`<expdir>/<name>/<stamp>_lr_find/`): it never touches another run.
+from `start_lr` to `end_lr` over `steps` optimizer steps, stop where the raw loss diverges,
+and suggest the rate where the loss falls fastest before that (`lr_range_rules` holds both
+rules). It builds the pipeline, optimizer and training loader exactly as `loom train` does,
+in a run folder of its own (`<expdir>/<name>/<stamp>_lr_find/`): it never touches another run.
 
     result = lr_find("configs/mnist/lenet5.yml", steps=100)
     result.suggested_lr, result.run_dir  # lr_find.csv, lr_find.png, lr_find.json
@@ -22,9 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
+from torchloom.analysis.lr_range_rules import (
+    Divergence,
+    DivergenceWatch,
+    centred_average,
+    smoothing_window,
+    suggest,
+)
 from torchloom.analysis.plotting import CURVE_MARGINS, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.config import dump_config
@@ -44,9 +50,6 @@ from torchloom.statistics.csv_log import CsvLog
 
 if TYPE_CHECKING:
     from torchloom.engine.run_state import RunState
-
-SMOOTHING = 0.98  # of the loss's exponential moving average (debiased), as in fastai
-DIVERGENCE = 4.0  # stop when the smoothed loss exceeds this many times its best
 
 
 # ---- recording a run's rates -----------------------------------------------------------------
@@ -117,23 +120,12 @@ class LearningRateRecorder(Hook):
 class LrFindResult:
     run_dir: Path
     suggested_lr: float
+    rule: str  # how the suggestion was chosen, in words
     learning_rates: list[float]
-    losses: list[float]
-    smoothed_losses: list[float]
+    losses: list[float]  # raw: the mean loss of each step's batches
+    smoothed_losses: list[float | None]  # the rule's centred average; None from divergence on
+    divergence: Divergence | None
     stopped: str  # why the ramp ended
-
-
-def suggest(learning_rates: Sequence[float], smoothed: Sequence[float]) -> float:
-    """The rate where the smoothed loss falls fastest per log-rate (steepest descent); the
-    rate of the lowest loss when there are too few points for a slope."""
-    finite = [(r, s) for r, s in zip(learning_rates, smoothed, strict=True) if math.isfinite(s)]
-    if not finite:
-        return float(learning_rates[0])
-    rates, losses = (np.asarray(v, dtype=float) for v in zip(*finite, strict=True))
-    if len(rates) < 3:
-        return float(rates[int(np.argmin(losses))])
-    slope = np.gradient(losses, np.log(rates))
-    return float(rates[int(np.argmin(slope))])
 
 
 def _check_range(start_lr: float, end_lr: float, steps: int) -> None:
@@ -202,9 +194,8 @@ def lr_find(
     ratios = [b / bases[0] if bases[0] > 0 else 1.0 for b in bases]
     parameters = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     rates: list[float] = []
-    losses: list[float] = []
-    smoothed: list[float] = []
-    average, best, stopped = 0.0, math.inf, f"all {steps} steps"
+    watch = DivergenceWatch()
+    stopped = f"all {steps} steps"
     batches = _endless(data, training.gradient_accumulation)
     pipeline.train()
     for step in range(steps):
@@ -212,23 +203,55 @@ def lr_find(
         for group, ratio in zip(optimizer.param_groups, ratios, strict=True):
             group["lr"] = rate * ratio
         loss = _optimizer_step(pipeline, parts.loss, precision, optimizer, parameters, batches)
-        average = SMOOTHING * average + (1 - SMOOTHING) * loss
-        value = average / (1 - SMOOTHING ** (step + 1))
         rates.append(rate)
-        losses.append(loss)
-        smoothed.append(value)
-        if not math.isfinite(value):
-            stopped = f"the loss became {loss} at step {step + 1}"
+        # Nothing after divergence can be suggested: the network is dead, or going.
+        if watch.add(loss) is not None:
+            stopped = f"the raw loss diverged (confirmed at step {step + 1})"
             break
-        if step > 0 and best > 0 and value > DIVERGENCE * best:
-            stopped = f"the smoothed loss exceeded {DIVERGENCE:g}x its best at step {step + 1}"
-            break
-        best = min(best, value)
     batches.close()  # ends the last loader iteration (and its workers) now
 
-    result = LrFindResult(run_dir, suggest(rates, smoothed), rates, losses, smoothed, stopped)
+    losses, divergence = watch.losses, watch.divergence
+    window = smoothing_window(steps)
+    end = divergence.began if divergence is not None else len(losses)
+    smoothed: list[float | None] = [*centred_average(losses[:end], window)]
+    smoothed += [None] * (len(losses) - end)
+    suggestion = suggest(rates, losses, window, divergence)
+    result = LrFindResult(
+        run_dir,
+        suggestion.rate if suggestion.rate is not None else math.nan,
+        suggestion.rule,
+        rates,
+        losses,
+        smoothed,
+        divergence,
+        stopped,
+    )
     _write_files(result, start_lr, end_lr, steps, seed, run_device)
+    if suggestion.rate is None:
+        raise ConfigError([_no_suggestion(result, suggestion.problem)])
     return result
+
+
+def _no_suggestion(result: LrFindResult, problem: str) -> Problem:
+    """Why no rate is suggested, and which option to change."""
+    low, high = result.learning_rates[0], result.learning_rates[-1]
+    files = f"the curve is in {result.run_dir}"
+    if result.divergence is not None:
+        began = result.divergence.began
+        rate = result.learning_rates[began]
+        message = f"the raw loss diverged at step {began + 1} (rate {rate:.3g}); {problem}"
+        return Problem(
+            "command line",
+            "--start-lr",
+            message,
+            f"start lower than {low:.3g}, or use more --steps; {files}",
+        )
+    return Problem(
+        "command line",
+        "--end-lr",
+        f"{problem} (rates {low:.3g} to {high:.3g})",
+        f"ramp higher than {high:.3g}, or use more --steps; {files}",
+    )
 
 
 def _endless(data: SectionLoader, accumulation: int) -> Generator[list[Batch], None, None]:
@@ -277,15 +300,26 @@ def _write_files(
     seed: int,
     device: torch.device,
 ) -> None:
-    run_dir = result.run_dir
+    run_dir, divergence = result.run_dir, result.divergence
+    began = divergence.began if divergence is not None else len(result.losses)
     table = CsvLog(run_dir / "lr_find.csv")
     for step, (rate, loss, value) in enumerate(
-        zip(result.learning_rates, result.losses, result.smoothed_losses, strict=True), 1
+        zip(result.learning_rates, result.losses, result.smoothed_losses, strict=True)
     ):
-        table.write({"step": step, "lr": rate, "loss": loss, "smoothed_loss": value})
+        row = {"step": step + 1, "lr": rate, "loss": loss, "smoothed_loss": value}
+        table.write({**row, "diverged": int(step >= began)})
+    suggested = result.suggested_lr if math.isfinite(result.suggested_lr) else None
     summary = {
-        "suggested_lr": result.suggested_lr,
-        "rule": "steepest descent of the smoothed loss against log(lr)",
+        "suggested_lr": suggested,
+        "rule": f"{result.rule}, before the raw loss diverged",
+        "divergence": None
+        if divergence is None
+        else {
+            "began_step": divergence.began + 1,
+            "lr": result.learning_rates[divergence.began],
+            "confirmed_step": divergence.detected + 1,
+            "reason": divergence.reason,
+        },
         "start_lr": start_lr,
         "end_lr": end_lr,
         "steps": steps,
@@ -295,25 +329,41 @@ def _write_files(
         "device": str(device),
     }
     write_text_atomic(run_dir / "lr_find.json", json.dumps(summary, indent=2) + "\n")
+    _plot(result, run_dir / "lr_find.png", suggested, began)
 
+
+def _plot(result: LrFindResult, path: Path, suggested: float | None, began: int) -> None:
+    rates, losses = result.learning_rates, result.losses
     fig = figure(6.4, 4.4, CURVE_MARGINS)
     ax = fig.add_subplot()
-    ax.plot(result.learning_rates, result.losses, color="lightgrey", label="loss")
-    ax.plot(result.learning_rates, result.smoothed_losses, label="smoothed loss")
-    ax.axvline(
-        result.suggested_lr,
-        color="red",
-        linestyle="--",
-        label=f"suggested {result.suggested_lr:.3g}",
-    )
-    smooth = [v for v in result.smoothed_losses if math.isfinite(v)]
-    if smooth:  # keep the divergent tail from squashing the interesting part
-        low = min(v for v in [*smooth, *result.losses] if math.isfinite(v))
-        high = min(max(smooth), DIVERGENCE * max(min(smooth), 1e-12))
+    ax.plot(rates, losses, color="lightgrey", label="loss (one step's batches)")
+    kept = [(r, v) for r, v in zip(rates, result.smoothed_losses, strict=True) if v is not None]
+    if kept:
+        ax.plot(*zip(*kept, strict=True), label="centred average")
+    if suggested is not None:
+        ax.axvline(suggested, color="red", linestyle="--", label=f"suggested {suggested:.3g}")
+    divergence_lr = None
+    if result.divergence is not None:
+        divergence_lr = rates[began]
+        ax.axvline(divergence_lr, color="black", linestyle=":", label="divergence began")
+        ax.annotate(
+            f"diverged from {divergence_lr:.3g}",
+            (divergence_lr, 0.97),
+            xycoords=("data", "axes fraction"),
+            ha="right",
+            va="top",
+            rotation=90,
+            fontsize=8,
+        )
+    before = [v for v in losses[: max(began, 1)] if math.isfinite(v)]
+    if before:  # scaled to the curve before divergence: a spike to 44 would flatten it
+        low = min(v for v in losses if math.isfinite(v))
+        high = max(before)
         margin = 0.05 * (high - low) + 1e-12
-        ax.set_ylim(low - margin, high + margin)
+        top = high + margin + (0.2 * (high - low) if result.divergence is not None else 0.0)
+        ax.set_ylim(low - margin, top)
     ax.set_xscale("log")
     ax.set(xlabel="learning rate", ylabel="loss", title="learning-rate range test")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    save_png(fig, run_dir / "lr_find.png", {"suggested_lr": result.suggested_lr})
+    save_png(fig, path, {"suggested_lr": suggested, "divergence_lr": divergence_lr})

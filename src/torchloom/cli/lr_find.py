@@ -19,13 +19,20 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         disable=[n.strip() for n in args.disable.split(",") if n.strip()],
     )
+    rates, divergence = result.learning_rates, result.divergence
+    diverged = (
+        f"divergence: began at step {divergence.began + 1} (rate {rates[divergence.began]:.3g}): "
+        f"{divergence.reason}"
+        if divergence is not None
+        else f"divergence: none up to rate {rates[-1]:.3g}"
+    )
     print(
         "\n".join(
             [
                 f"suggested learning rate: {result.suggested_lr:.3g} "
-                "(steepest descent of the smoothed loss)",
-                f"steps: {len(result.learning_rates)} "
-                f"({result.learning_rates[0]:.3g} to {result.learning_rates[-1]:.3g}), "
+                f"({result.rule}, before the raw loss diverged)",
+                diverged,
+                f"steps: {len(rates)} ({rates[0]:.3g} to {rates[-1]:.3g}), "
                 f"stopped: {result.stopped}",
                 f"run folder: {result.run_dir}",
             ]

@@ -3,7 +3,8 @@
 Every file torchloom writes whole (checkpoints, summaries, configs, data caches, reports)
 goes through `atomic_file`: a unique hidden name next to the target, renamed over it when
 complete, removed when anything fails (a full disk included), so the previous version stays
-intact and no temporary file is left behind.
+intact and no temporary file is left behind. Writes into a data folder also say plainly when
+the folder cannot be written (`writing_into`, `FolderNotWritable`).
 """
 
 from __future__ import annotations
@@ -15,22 +16,61 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from torchloom.errors import DataError, Problem
+
+
+class FolderNotWritable(DataError):
+    """A data folder cannot be written (read-only, no permission, full disk, a file size
+    limit). Raised with the OS's reason, so that it is never blamed on the mirrors or the
+    archive, and never caught as a failed download."""
+
 
 @contextlib.contextmanager
-def atomic_file(dest: Path, durable: bool = False) -> Iterator[BinaryIO]:
+def writing_into(path: Path) -> Iterator[None]:
+    """The OS errors of the block, which writes `path` into a data folder, as a
+    `FolderNotWritable` naming its folder, the file and the OS's reason. Only writes belong in
+    the block: a read error of a source is not the folder's fault."""
+    try:
+        yield
+    except OSError as error:
+        reason = error.strerror or str(error)
+        problem = Problem(
+            str(path.parent),
+            "data folder",
+            f"cannot be written ({reason}) when writing {path.name}",
+            "make it writable or choose another data_folder; a folder that already holds every "
+            "file is only read",
+        )
+        raise FolderNotWritable([problem]) from error
+
+
+def temporary_name(dest: Path) -> Path:
+    """A unique hidden name next to `dest` (so that renaming it to `dest` is atomic)."""
+    return dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+
+
+@contextlib.contextmanager
+def atomic_file(dest: Path, durable: bool = False, data_folder: bool = False) -> Iterator[BinaryIO]:
     """Open a binary file to write `dest` through: a unique hidden name next to it, renamed
     to `dest` when the block ends without an error, removed otherwise. Two processes writing
     the same file at once each write their own temporary file; the last rename wins, and
     either way `dest` is always a whole file. `durable` also flushes the file and its folder
-    to the disk before returning (checkpoints: a power cut must not lose the one kept)."""
-    temporary = dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
+    to the disk before returning (checkpoints: a power cut must not lose the one kept).
+    `data_folder`: failing to create, flush or rename the file is a `FolderNotWritable` (the
+    block wraps its own writes in `writing_into(dest)`); otherwise the OSError itself."""
+    guard = (lambda: writing_into(dest)) if data_folder else contextlib.nullcontext
+    temporary = temporary_name(dest)
     try:
-        with open(temporary, "wb") as out:
+        with guard():
+            out = open(temporary, "wb")  # noqa: SIM115 (the `with` below closes it)
+        with out:
             yield out
-            if durable:
+            with guard():
                 out.flush()
-                os.fsync(out.fileno())
-        os.replace(temporary, dest)
+                if durable:
+                    os.fsync(out.fileno())
+        with guard():
+            os.replace(temporary, dest)
         if durable:
             sync_folder(dest.parent)
     finally:

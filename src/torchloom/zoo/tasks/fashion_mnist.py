@@ -79,9 +79,10 @@ class FashionMNIST(IdxImageClassification):
 
     The files are looked up in `data_folder`, then in the Debian package
     `dataset-fashion-mnist` (checked by the md5 of their content, since Debian re-compresses
-    them; they are copied decompressed), then downloaded when `download` is true; every file
-    is checked against its md5 and a wrong file in `data_folder` is reported, never
-    overwritten. The validation split is the last `validation_size` training images. Building
+    them; they are copied decompressed, even when `download` is false), then downloaded when
+    `download` is true; every file is checked against its md5 and a wrong file in
+    `data_folder` is reported, never overwritten. The run's log says where each split came
+    from. The validation split is the last `validation_size` training images. Building
     the task reads no data; the data is loaded on first use, or by `prepare()`.
 
     Streams, per batch: `indices` (position of each sample in the split), `inputs` (images,

@@ -18,7 +18,7 @@ from pydantic import Field, PositiveInt
 from torchloom.core.component import BuildContext
 from torchloom.data.gzipped_files import GzippedFile, ensure_gzipped_files
 from torchloom.data.idx import read_idx_images, read_idx_labels
-from torchloom.data.sources import packaged_copy
+from torchloom.data.sources import Origins, packaged_copy
 from torchloom.errors import DataError, Problem
 from torchloom.zoo.image_transforms import Normalization
 from torchloom.zoo.tasks.image_classification import (
@@ -116,6 +116,7 @@ class IdxImageClassification(FixedSplitImageClassification):
         dataset = self.DATASET
         prefix = "t10k" if self.params.split == "test" else "train"
         images_file, labels_file = dataset.file(prefix, "images"), dataset.file(prefix, "labels")
+        origins = Origins(self.data_folder)
         paths = ensure_gzipped_files(
             self.data_folder,
             dataset.files if dataset.fetch_every_split else (images_file, labels_file),
@@ -123,7 +124,11 @@ class IdxImageClassification(FixedSplitImageClassification):
             mirrors=dataset.mirrors,
             allow_download=self.params.download,
             layout_hint=dataset.layout_hint,
+            origins=origins,
         )
+        # Where the data came from, in the run's log: a folder can be created and filled from
+        # a packaged copy with download false (a packaged copy is not a download).
+        self.note(f"{dataset.name} {self.params.split} split from {origins.describe()}")
         images_path = paths[images_file.name]
         images = read_idx_images(images_path)
         labels = read_idx_labels(paths[labels_file.name])

