@@ -373,3 +373,27 @@ def test_a_damaged_checkpoint_is_named_without_torchs_unpickling_advice(tmp_path
     truncated.write_bytes(truncated.read_bytes()[:300])
     with pytest.raises(DataError, match="cannot be read: PytorchStreamReader failed"):
         load_checkpoint(truncated)
+
+
+def test_every_statistics_file_numbers_epochs_alike(tmp_path: Path) -> None:
+    # Online mode: partial validations inside epoch 1 are numbered 1, as the interval rows of
+    # epoch 1 and epoch 1's own row are (they were numbered 0 while interval rows said 1).
+    config = toy_config(mode="online")
+    config["validation"]["partial_validation_interval"] = 2
+    result = train(write(tmp_path, config), tmp_path / "runs")
+
+    def epochs(name: str) -> list[tuple[int, int]]:
+        lines = (result.run_dir / name).read_text().splitlines()
+        header = lines[0].split(",")
+        return [
+            (
+                int(row.split(",")[header.index("episode")]),
+                int(row.split(",")[header.index("epoch")]),
+            )
+            for row in lines[1:]
+        ]
+
+    assert epochs("validation_statistics.csv") == [(2, 1), (4, 1), (6, 2), (8, 2), (10, 2)]
+    assert epochs("training_statistics.csv") == [(2, 1), (4, 1), (6, 2), (8, 2), (10, 2)]
+    assert epochs("training_epoch_statistics.csv") == [(5, 1), (10, 2)]
+    assert epochs("validation_epoch_statistics.csv") == [(10, 2)]  # the final full pass
