@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from torchloom.config.interpolation import first_line
+from torchloom.config.limits import MAX_DEPTH, limit_problem, value_depth
 from torchloom.config.origins import CommandLineOverride, Origins, iter_key_paths
 from torchloom.config.yaml_reader import describe_type, parse_yaml_value
 from torchloom.errors import ConfigError, Problem, did_you_mean
@@ -89,6 +90,9 @@ def parse_override(text: str) -> Override:
             value = parse_yaml_value(value_text) if value_text else ""
         except ValueError as exc:
             raise ConfigError([_problem(text, str(exc))]) from exc
+    if len(segments) + value_depth(value) > MAX_DEPTH:
+        found = f"override '{text}' nests more than {MAX_DEPTH} levels deep"
+        raise ConfigError([limit_problem(WHERE, "max_depth", found)])
     return Override(text, action, tuple(segments), value, has_value)
 
 
