@@ -1,6 +1,7 @@
 """Command-line overrides in Hydra's grammar, applied to the merged config.
 
     training.optimizer.lr=0.01        change a key that exists (a typo is an error, not a new key)
+    training.seed=7                   ... or set one the section schemas declare (schema.py)
     +pipeline.viewer.type=StreamViewer   add a key that must not exist yet
     ++training.seed=7                 add the key or change it, whichever applies
     ~pipeline.accuracy                delete a key that exists
@@ -138,11 +139,12 @@ def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
                 )
             ]
         )
-    if override.action is Action.SET and not exists:
+    declared = _schema_fields(override.key[:depth]) if not exists else []
+    if override.action is Action.SET and not exists and override.key[depth] not in declared:
         hint = "To add a new key write '+" + text + "'."
-        raise ConfigError([_unknown_key(override, depth, found, hint)])
+        raise ConfigError([_unknown_key(override, depth, [*found, *declared], hint)])
     if override.action is Action.DELETE and not exists:
-        raise ConfigError([_unknown_key(override, depth, found, "")])
+        raise ConfigError([_unknown_key(override, depth, list(found), "")])
     if override.action is Action.ADD and exists:
         body = text[1:]
         raise ConfigError(
@@ -172,6 +174,16 @@ def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
     _record(origins, override, first_new_depth=len(override.key) if exists else depth + 1)
 
 
+def _schema_fields(path: tuple[str, ...]) -> list[str]:
+    # As in Hydra with a structured config, a key the schema declares can be set without `+`
+    # even where no file sets it (and is suggested for a misspelt one). Imported here: the
+    # schemas need pydantic, which plain loading does not (`import torchloom.config` stays
+    # cheap).
+    from torchloom.config.schema import schema_fields
+
+    return schema_fields(path)
+
+
 def _delete(config: DictConfig, override: Override, current: Any) -> None:
     if override.has_value and current != override.value:
         raise ConfigError(
@@ -188,12 +200,12 @@ def _delete(config: DictConfig, override: Override, current: Any) -> None:
     del parent[override.key[-1]]
 
 
-def _unknown_key(override: Override, depth: int, container: dict[Any, Any], hint: str) -> Problem:
+def _unknown_key(override: Override, depth: int, known: list[Any], hint: str) -> Problem:
     missing = override.key[depth]
     message = f"unknown override key '{override.dotted_key}'"
     if depth:
         message += f": '{'.'.join(override.key[:depth])}' has no key '{missing}'"
-    suggestions = [did_you_mean(missing, (str(k) for k in container)), hint]
+    suggestions = [did_you_mean(missing, (str(k) for k in known)), hint]
     return _problem(override.text, message, " ".join(s for s in suggestions if s))
 
 
