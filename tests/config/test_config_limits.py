@@ -206,6 +206,15 @@ def test_a_doubling_through_a_resolver_is_bounded_too(tmp_path: Path) -> None:
     refused(write(tmp_path, "select.yml", doubling("lol", 40, form)), "max_interpolation_steps")
 
 
+def test_an_environment_variable_counts_with_its_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LOOM_TEST_LONG", "v" * (MAX_STRING_LENGTH // 2 + 1))
+    path = write(tmp_path, "env.yml", 'a: "${oc.env:LOOM_TEST_LONG}${oc.env:LOOM_TEST_LONG}"\n')
+    with pytest.raises(ConfigError, match="env.yml:1: loading limit max_string_length: 'a'"):
+        load_config(path)
+
+
 def test_a_long_chain_of_interpolations_is_refused(tmp_path: Path) -> None:
     lines = ["x0: 1", *(f"x{n}: ${{x{n - 1}}}" for n in range(1, 200))]
     # Declared last-first, so that the walk meets the whole chain at once.

@@ -206,8 +206,8 @@ class _Estimator:
         steps = 1 + sum(s.steps for s in sizes)
         if name == "oc.env" and args:
             variable, _ = self._static_text(args[0], at)
-            default = sizes[1].length if len(sizes) > 1 else 0
-            return _text(max(len(os.environ.get(variable, "")), default), steps)
+            default_length = sizes[1].length if len(sizes) > 1 else 0
+            return _text(max(len(os.environ.get(variable, "")), default_length), steps)
         if name in ("oc.select", "oc.deprecated", "oc.dict.keys", "oc.dict.values") and args:
             key, _ = self._static_text(args[0], at)
             size = self._follow(key, at)
