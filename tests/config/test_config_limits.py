@@ -211,7 +211,7 @@ def test_an_environment_variable_counts_with_its_length(
 ) -> None:
     monkeypatch.setenv("LOOM_TEST_LONG", "v" * (MAX_STRING_LENGTH // 2 + 1))
     path = write(tmp_path, "env.yml", 'a: "${oc.env:LOOM_TEST_LONG}${oc.env:LOOM_TEST_LONG}"\n')
-    with pytest.raises(ConfigError, match="env.yml:1: loading limit max_string_length: 'a'"):
+    with pytest.raises(ConfigError, match=r"env\.yml:1: loading limit max_string_length: 'a'"):
         load_config(path)
 
 

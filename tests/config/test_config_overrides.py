@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +200,13 @@ def test_a_key_outside_the_section_schemas_still_needs_plus(
     message = error_of(config_file, override)
     assert f"unknown override key '{override.split('=')[0]}'" in message
     assert hint in message
+
+
+def test_only_a_whole_key_path_the_schemas_declare_needs_no_plus(tmp_path: Path) -> None:
+    path = tmp_path / "bare.yml"
+    path.write_text("training:\n  optimizer: {type: Adam}\n", encoding="utf-8")
+    data = load_config(path, ["test.dataloader.batch_size=8"]).data
+    assert data["test"] == {"dataloader": {"batch_size": 8}}
+    for override in ("pipeline.viewer.type=StreamViewer", "training.seed.extra=1"):
+        with pytest.raises(ConfigError, match=re.escape(f"To add a new key write '+{override}'")):
+            load_config(path, [override])

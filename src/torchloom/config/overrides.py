@@ -139,10 +139,10 @@ def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
                 )
             ]
         )
-    declared = _schema_fields(override.key[:depth]) if not exists else []
-    if override.action is Action.SET and not exists and override.key[depth] not in declared:
+    if override.action is Action.SET and not exists and not _schema_declares(override.key):
         hint = "To add a new key write '+" + text + "'."
-        raise ConfigError([_unknown_key(override, depth, [*found, *declared], hint)])
+        known = [*found, *_schema_fields(override.key[:depth])]
+        raise ConfigError([_unknown_key(override, depth, known, hint)])
     if override.action is Action.DELETE and not exists:
         raise ConfigError([_unknown_key(override, depth, list(found), "")])
     if override.action is Action.ADD and exists:
@@ -182,6 +182,12 @@ def _schema_fields(path: tuple[str, ...]) -> list[str]:
     from torchloom.config.schema import schema_fields
 
     return schema_fields(path)
+
+
+def _schema_declares(key: tuple[str, ...]) -> bool:
+    """Whether the whole key path is the schemas' (`training.seed`), not only its start
+    (`pipeline.viewer.type` names a new component inside the schema's `pipeline`)."""
+    return key[-1] in _schema_fields(key[:-1])
 
 
 def _delete(config: DictConfig, override: Override, current: Any) -> None:
