@@ -126,6 +126,9 @@ class GlobalReader(Component):
         super().__init__(params, context)
         self.publish_global("doubled", 2 * self.global_value("value"))
 
+    def forward(self, inputs: Batch) -> Batch:
+        return {}  # it has no streams: its work is done at build time
+
 
 class GlobalWriter(Component):
     """Publishes `value`."""
@@ -138,6 +141,9 @@ class GlobalWriter(Component):
     def __init__(self, params: Any, context: BuildContext) -> None:
         super().__init__(params, context)
         self.publish_global("value", params.value)
+
+    def forward(self, inputs: Batch) -> Batch:
+        return {}  # it has no streams: its work is done at build time
 
 
 class NotAComponent:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -171,3 +172,41 @@ def test_override_value_may_interpolate(config_file: Path) -> None:
 
 def test_single_string_is_one_override(config_file: Path) -> None:
     assert load_config(config_file, "seed=3").overrides == ["seed=3"]
+
+
+def test_a_key_a_section_schema_declares_is_set_without_plus(config_file: Path) -> None:
+    # As Hydra does with a structured config: the schema knows them, the files need not set them.
+    overrides = ["training.seed=7", "training.terminal_conditions.early_stopping.patience=5"]
+    cfg = load_config(config_file, [*overrides, "++seed=0"])
+    assert cfg.data["training"]["seed"] == 7
+    assert cfg.data["training"]["terminal_conditions"] == {"early_stopping": {"patience": 5}}
+    assert cfg.where("training", "seed") == "command-line override 'training.seed=7'"
+
+
+@pytest.mark.parametrize(
+    ("override", "hint"),
+    [
+        # a component's parameters: its schema is only known when the pipeline is built
+        ("pipeline.model.dropout=0.1", "+pipeline.model.dropout=0.1"),
+        # a torch argument: not part of the section schema
+        ("training.optimizer.momentum=0.9", "+training.optimizer.momentum=0.9"),
+        # a misspelt schema key is suggested from the schema, not only from the file
+        ("training.sed=7", "did you mean 'seed'?"),
+    ],
+)
+def test_a_key_outside_the_section_schemas_still_needs_plus(
+    config_file: Path, override: str, hint: str
+) -> None:
+    message = error_of(config_file, override)
+    assert f"unknown override key '{override.split('=')[0]}'" in message
+    assert hint in message
+
+
+def test_only_a_whole_key_path_the_schemas_declare_needs_no_plus(tmp_path: Path) -> None:
+    path = tmp_path / "bare.yml"
+    path.write_text("training:\n  optimizer: {type: Adam}\n", encoding="utf-8")
+    data = load_config(path, ["test.dataloader.batch_size=8"]).data
+    assert data["test"] == {"dataloader": {"batch_size": 8}}
+    for override in ("pipeline.viewer.type=StreamViewer", "training.seed.extra=1"):
+        with pytest.raises(ConfigError, match=re.escape(f"To add a new key write '+{override}'")):
+            load_config(path, [override])

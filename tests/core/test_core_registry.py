@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import toy_components
-from torchloom.core.component import Component
-from torchloom.core.registry import clear_cache, registered_names, resolve
+from torchloom.core.component import Component, missing_methods
+from torchloom.core.registry import all_components, clear_cache, registered_names, resolve
 from torchloom.errors import ComponentError
 
 
@@ -91,3 +91,12 @@ def test_plugins_cannot_shadow_builtins_and_clashes_are_named(
     finally:
         monkeypatch.undo()
         clear_cache()
+
+
+def test_every_registered_component_implements_what_its_family_needs() -> None:
+    # resolve() refuses a class that could not run; none of the built-ins may be one.
+    components = all_components()
+    assert len(components) > 40
+    assert {
+        name: missing_methods(cls) for name, cls in components.items() if missing_methods(cls)
+    } == {}

@@ -14,6 +14,11 @@ Include paths are relative to the directory of the file that names them; `~` is 
 `loom://sub/path.yml` names a config shipped inside the package (see packaged_configs_root).
 The same file may be reached twice through different branches (a diamond); a file that
 includes itself, directly or not, is an error showing the chain.
+
+Loading is bounded (torchloom.config.limits): a file's size is checked before it is read, the
+YAML reader refuses a document that expands past the limits, the files read and their sizes
+are added up here (a file counts each time an include reaches it), and interpolation is
+bounded before anything is resolved.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from torchloom.config.interpolation import dotted, first_line, resolve_config
+from torchloom.config.interpolation_bounds import check_interpolation_bounds
+from torchloom.config.limits import MAX_CHARS, MAX_FILE_BYTES, MAX_FILES, MAX_VALUES, limit_problem
 from torchloom.config.origins import (
     Origins,
     describe_origin,
@@ -87,8 +94,14 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
     reader = _IncludeReader()
     config, origins = reader.load(top_file, chain=())
     apply_overrides(config, override_list, origins)
-    origins = prune_origins(origins, OmegaConf.to_container(config, resolve=False))
-    data = resolve_config(config, lambda keys: describe_origin(origins, keys, top_file))
+    raw = OmegaConf.to_container(config, resolve=False)
+    origins = prune_origins(origins, raw)
+
+    def locate(keys: tuple[Any, ...]) -> str:
+        return describe_origin(origins, keys, top_file)
+
+    check_interpolation_bounds(cast(dict[str, Any], raw), locate)
+    data = resolve_config(config, locate)
     return LoadedConfig(data, top_file, reader.files, override_list, origins)
 
 
@@ -123,11 +136,14 @@ class _IncludeReader:
     def __init__(self) -> None:
         self.files: list[Path] = []
         self._parsed: dict[Path, ParsedYaml] = {}
+        # What every load so far added up to: each load merges the whole file again.
+        self._reads = self._values = self._chars = 0
 
     def load(self, file: Path, chain: tuple[Path, ...]) -> tuple[DictConfig, Origins]:
         """`file` merged over its includes, and the origin of every key path in it.
         `chain` is the files whose includes are being loaded, outermost first."""
         parsed = self._read(file)
+        self._count(file, parsed)
         chain = (*chain, file)
         merged: DictConfig = OmegaConf.create({})
         origins: Origins = {}
@@ -162,14 +178,23 @@ class _IncludeReader:
 
     def _read(self, file: Path) -> ParsedYaml:
         if file not in self._parsed:
-            try:
-                text = file.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigError(
-                    [Problem(display_path(file), "config file", f"cannot read it: {exc}")]
-                ) from exc
-            self._parsed[file] = parse_config_text(text, display_path(file))
+            self._parsed[file] = parse_config_text(_read_text(file), display_path(file))
         return self._parsed[file]
+
+    def _count(self, file: Path, parsed: ParsedYaml) -> None:
+        self._reads += 1
+        self._values += parsed.size.values
+        self._chars += parsed.size.chars
+        where = display_path(file)
+        if self._reads > MAX_FILES:
+            found = f"more than {MAX_FILES} files read, counting each include of a file"
+            raise ConfigError([limit_problem(where, "max_files", found)])
+        if self._values > MAX_VALUES:
+            found = f"the files read have more than {MAX_VALUES:,} keys and list items together"
+            raise ConfigError([limit_problem(where, "max_values", found)])
+        if self._chars > MAX_CHARS:
+            found = f"the files read have more than {MAX_CHARS:,} characters together"
+            raise ConfigError([limit_problem(where, "max_chars", found)])
 
     def _includes(
         self, file: Path, parsed: ParsedYaml, problems: list[Problem]
@@ -197,6 +222,22 @@ class _IncludeReader:
                 message = f"entries must be file paths, got {describe_type(entry)} ({entry!r})"
                 problems.append(Problem(where, f"{INCLUDES_KEY}[{index}]", message))
         return includes
+
+
+def _read_text(file: Path) -> str:
+    """The file's text; refused by its size before it is parsed. At most one byte past the
+    limit is read, so a file that is huge (or endless) costs nothing."""
+    try:
+        with file.open("rb") as stream:
+            data = stream.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            found = f"the file is larger than {MAX_FILE_BYTES:,} bytes"
+            raise ConfigError([limit_problem(display_path(file), "max_file_bytes", found)])
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            [Problem(display_path(file), "config file", f"cannot read it: {exc}")]
+        ) from exc
 
 
 def _merge(

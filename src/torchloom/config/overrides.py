@@ -1,6 +1,7 @@
 """Command-line overrides in Hydra's grammar, applied to the merged config.
 
     training.optimizer.lr=0.01        change a key that exists (a typo is an error, not a new key)
+    training.seed=7                   ... or set one the section schemas declare (schema.py)
     +pipeline.viewer.type=StreamViewer   add a key that must not exist yet
     ++training.seed=7                 add the key or change it, whichever applies
     ~pipeline.accuracy                delete a key that exists
@@ -23,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from torchloom.config.interpolation import first_line
+from torchloom.config.limits import MAX_DEPTH, limit_problem, value_depth
 from torchloom.config.origins import CommandLineOverride, Origins, iter_key_paths
 from torchloom.config.yaml_reader import describe_type, parse_yaml_value
 from torchloom.errors import ConfigError, Problem, did_you_mean
@@ -89,6 +91,9 @@ def parse_override(text: str) -> Override:
             value = parse_yaml_value(value_text) if value_text else ""
         except ValueError as exc:
             raise ConfigError([_problem(text, str(exc))]) from exc
+    if len(segments) + value_depth(value) > MAX_DEPTH:
+        found = f"override '{text}' nests more than {MAX_DEPTH} levels deep"
+        raise ConfigError([limit_problem(WHERE, "max_depth", found)])
     return Override(text, action, tuple(segments), value, has_value)
 
 
@@ -134,11 +139,12 @@ def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
                 )
             ]
         )
-    if override.action is Action.SET and not exists:
+    if override.action is Action.SET and not exists and not _schema_declares(override.key):
         hint = "To add a new key write '+" + text + "'."
-        raise ConfigError([_unknown_key(override, depth, found, hint)])
+        known = [*found, *_schema_fields(override.key[:depth])]
+        raise ConfigError([_unknown_key(override, depth, known, hint)])
     if override.action is Action.DELETE and not exists:
-        raise ConfigError([_unknown_key(override, depth, found, "")])
+        raise ConfigError([_unknown_key(override, depth, list(found), "")])
     if override.action is Action.ADD and exists:
         body = text[1:]
         raise ConfigError(
@@ -168,6 +174,22 @@ def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
     _record(origins, override, first_new_depth=len(override.key) if exists else depth + 1)
 
 
+def _schema_fields(path: tuple[str, ...]) -> list[str]:
+    # As in Hydra with a structured config, a key the schema declares can be set without `+`
+    # even where no file sets it (and is suggested for a misspelt one). Imported here: the
+    # schemas need pydantic, which plain loading does not (`import torchloom.config` stays
+    # cheap).
+    from torchloom.config.schema import schema_fields
+
+    return schema_fields(path)
+
+
+def _schema_declares(key: tuple[str, ...]) -> bool:
+    """Whether the whole key path is the schemas' (`training.seed`), not only its start
+    (`pipeline.viewer.type` names a new component inside the schema's `pipeline`)."""
+    return key[-1] in _schema_fields(key[:-1])
+
+
 def _delete(config: DictConfig, override: Override, current: Any) -> None:
     if override.has_value and current != override.value:
         raise ConfigError(
@@ -184,12 +206,12 @@ def _delete(config: DictConfig, override: Override, current: Any) -> None:
     del parent[override.key[-1]]
 
 
-def _unknown_key(override: Override, depth: int, container: dict[Any, Any], hint: str) -> Problem:
+def _unknown_key(override: Override, depth: int, known: list[Any], hint: str) -> Problem:
     missing = override.key[depth]
     message = f"unknown override key '{override.dotted_key}'"
     if depth:
         message += f": '{'.'.join(override.key[:depth])}' has no key '{missing}'"
-    suggestions = [did_you_mean(missing, (str(k) for k in container)), hint]
+    suggestions = [did_you_mean(missing, (str(k) for k in known)), hint]
     return _problem(override.text, message, " ".join(s for s in suggestions if s))
 
 

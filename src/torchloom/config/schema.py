@@ -138,6 +138,27 @@ TOP_LEVEL_KEYS: dict[str, type[BaseModel] | None] = {
 }
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """Every pydantic model inside an annotation (`SamplerConfig` is a union of several)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [model for argument in get_args(annotation) for model in _models_in(argument)]
+
+
+def schema_fields(path: tuple[str, ...]) -> list[str]:
+    """The keys the section schemas declare in the mapping at `path` (the top-level keys for
+    `()`, `seed`, `optimizer`, ... for `("training",)`), whether a file sets them or not.
+    Component entries and torch's own arguments (`training.optimizer.momentum`) are not in
+    these schemas: [] for them."""
+    if not path:
+        return list(TOP_LEVEL_KEYS)
+    models = [m for m in [TOP_LEVEL_KEYS.get(path[0])] if m is not None]
+    for part in path[1:]:
+        fields = [m.model_fields[part] for m in models if part in m.model_fields]
+        models = [model for f in fields for model in _models_in(f.annotation)]
+    return list(dict.fromkeys(name for model in models for name in model.model_fields))
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -9,6 +9,11 @@ differs from PyYAML's YAML 1.1 defaults in three ways:
 * Dates such as `2024-01-31` stay strings: OmegaConf cannot hold `datetime.date` values.
 * A key written twice in one mapping is an error instead of the last one silently winning.
 
+It also counts while it composes PyYAML's node graph, where an alias is still one shared
+node: aliases, keys and list items and characters with every alias expanded, and nesting
+depth. A document that passes a loading limit (torchloom.config.limits) is refused before a
+single Python object is constructed, so an alias bomb costs microseconds, not gigabytes.
+
 Every problem becomes a `ConfigError` that names the file and the 1-based line.
 """
 
@@ -20,8 +25,18 @@ from typing import Any
 
 import yaml
 import yaml.constructor
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.events import AliasEvent, MappingStartEvent, SequenceStartEvent
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from torchloom.config.limits import (
+    MAX_ALIASES,
+    MAX_CHARS,
+    MAX_DEPTH,
+    MAX_VALUES,
+    LimitExceeded,
+    interpolation_nesting,
+    limit_problem,
+)
 from torchloom.errors import ConfigError, Problem
 
 FLOAT_TAG = "tag:yaml.org,2002:float"
@@ -75,6 +90,71 @@ class ConfigLoader(yaml.SafeLoader):
         super().__init__(text)
         self.source = source
         self.problems: list[Problem] = []
+        self.size = DocumentSize()
+        self._open_collections = 0  # mappings and lists being composed around this node
+        self._deepest = 0  # the most open collections seen inside the node being composed
+        # (keys and list items, characters, depth) inside each anchored node, aliases
+        # expanded: what one more alias to it adds. Only anchored nodes can be aliased.
+        self._anchored: dict[int, tuple[int, int, int]] = {}
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        # A key of a mapping and an item of a list are the "values" MAX_VALUES counts; the
+        # value of a key is counted with its key.
+        counted = (index is None and isinstance(parent, MappingNode)) or isinstance(
+            parent, SequenceNode
+        )
+        if self.check_event(AliasEvent):
+            line = self.peek_event().start_mark.line + 1
+            self.size.aliases += 1
+            if self.size.aliases > MAX_ALIASES:
+                raise LimitExceeded("max_aliases", f"uses more than {MAX_ALIASES:,} aliases", line)
+            node = super().compose_node(parent, index)
+            # A node still being composed (a recursive alias) has no size yet: the key-line
+            # walk reports it as an error later.
+            values, chars, depth = self._anchored.get(id(node), (0, 0, 0))
+            self._grow(int(counted) + values, chars, self._open_collections + depth, line)
+            return node
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        is_collection = isinstance(event, MappingStartEvent | SequenceStartEvent)
+        own_depth = self._open_collections + int(is_collection)
+        self._grow(int(counted), 0, own_depth, line)
+        start_values, start_chars = self.size.values, self.size.chars
+        outer_deepest, self._deepest = self._deepest, own_depth
+        self._open_collections += int(is_collection)
+        node = super().compose_node(parent, index)
+        self._open_collections -= int(is_collection)
+        if isinstance(node, ScalarNode):
+            self._grow(0, len(node.value), 0, line)
+            if "${" in node.value and interpolation_nesting(node.value) > MAX_DEPTH:
+                found = f"nests '${{...}}' more than {MAX_DEPTH} levels deep in one string"
+                raise LimitExceeded("max_depth", found, line)
+        if event.anchor is not None:
+            inner_depth = self._deepest - self._open_collections
+            self._anchored[id(node)] = (
+                self.size.values - start_values,
+                self.size.chars - start_chars,
+                inner_depth,
+            )
+        self._deepest = max(outer_deepest, self._deepest)
+        return node
+
+    def _grow(self, values: int, chars: int, depth: int, line: int) -> None:
+        """Add to the document's expanded size; refuse it as soon as it passes a limit."""
+        size = self.size
+        size.values += values
+        size.chars += chars
+        self._deepest = max(self._deepest, depth)
+        size.depth = max(size.depth, depth)
+        if size.depth > MAX_DEPTH:
+            found = f"nests mappings and lists more than {MAX_DEPTH} levels deep"
+            raise LimitExceeded("max_depth", found, line)
+        if size.values > MAX_VALUES:
+            found = f"has more than {MAX_VALUES:,} keys and list items, aliases expanded"
+            raise LimitExceeded("max_values", found, line)
+        if size.chars > MAX_CHARS:
+            found = f"has more than {MAX_CHARS:,} characters, aliases expanded"
+            raise LimitExceeded("max_chars", found, line)
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         self._collect_duplicate_keys(node)
@@ -117,11 +197,23 @@ class ConfigDumper(yaml.SafeDumper):
 
 
 @dataclass
+class DocumentSize:
+    """What a YAML document expands to, aliases followed (see torchloom.config.limits)."""
+
+    values: int = 0  # keys and list items
+    chars: int = 0  # characters of keys and scalar values
+    depth: int = 0  # the longest key path
+    aliases: int = 0  # uses of `*name`
+
+
+@dataclass
 class ParsedYaml:
-    """A config file's top-level mapping and the 1-based line where each key path is set."""
+    """A config file's top-level mapping, the 1-based line where each key path is set, and
+    the document's expanded size."""
 
     data: dict[Any, Any]
     lines: dict[KeyPath, int] = field(default_factory=dict)
+    size: DocumentSize = field(default_factory=DocumentSize)
 
 
 def parse_config_text(text: str, source: str) -> ParsedYaml:
@@ -136,6 +228,9 @@ def parse_config_text(text: str, source: str) -> ParsedYaml:
         lines: dict[KeyPath, int] = {}
         if root is not None:
             _record_key_lines(loader, root, (), lines, active=set())
+    except LimitExceeded as exc:
+        found = f"this file {exc.found}"
+        raise ConfigError([limit_problem(f"{source}:{exc.line}", exc.name, found)]) from None
     except yaml.MarkedYAMLError as exc:
         raise ConfigError([syntax_problem(exc, source)]) from exc
     except yaml.YAMLError as exc:
@@ -145,7 +240,7 @@ def parse_config_text(text: str, source: str) -> ParsedYaml:
     if loader.problems:
         raise ConfigError(loader.problems)
     if data is None:
-        return ParsedYaml({})
+        return ParsedYaml({}, size=loader.size)
     if not isinstance(data, dict):
         raise ConfigError(
             [
@@ -157,7 +252,7 @@ def parse_config_text(text: str, source: str) -> ParsedYaml:
                 )
             ]
         )
-    return ParsedYaml(data, lines)
+    return ParsedYaml(data, lines, loader.size)
 
 
 def parse_yaml_value(text: str) -> Any:
@@ -169,6 +264,9 @@ def parse_yaml_value(text: str) -> Any:
     try:
         root = loader.get_single_node()
         value = loader.construct_document(root) if root is not None else None
+    except LimitExceeded as exc:
+        limit = limit_problem("", exc.name, f"the value {exc.found}")
+        raise ValueError(f"{limit.subject}: {limit.message} ({limit.suggestion})") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         column = f" at column {mark.column + 1}" if mark is not None else ""

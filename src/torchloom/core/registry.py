@@ -4,7 +4,11 @@ Built-in components register through the `torchloom.components` entry-point grou
 third-party packages do, so the zoo proves the plugin API. A config may also name
 `type: package.module:Class`. Either way only a `Component` subclass is ever returned: a name
 that resolves to anything else (`os:system`, `builtins:eval`) is refused before it is called.
-Nothing is ever `eval`-ed.
+Nothing is ever `eval`-ed, but naming `package.module:Class` imports that installed module, so
+its top-level code runs (as Hydra's `_target_` does); a module that fails to import, however it
+fails, is a ComponentError naming the module and the exception. A class that could not run
+(an abstract base, a family's method left unimplemented) is refused here too, before anything
+is built: see `missing_methods`.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import inspect
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 
-from torchloom.core.component import Component
+from torchloom.core.component import Component, missing_methods
 from torchloom.errors import ComponentError, Problem, did_you_mean
 
 ENTRY_POINT_GROUP = "torchloom.components"
@@ -68,6 +72,9 @@ def _check_component_class(obj: object, type_name: str, where: str) -> type[Comp
             f"names {kind}, not a torchloom Component subclass; only Component subclasses can "
             "be built from a config",
         )
+    missing = missing_methods(obj)
+    if missing:
+        raise _refuse(type_name, where, missing, "name a concrete component class")
     return obj
 
 
@@ -82,6 +89,12 @@ def import_object(path: str) -> object:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise LookupError(f"cannot import module '{module_name}': {error}") from error
+    except (Exception, SystemExit) as error:
+        # Importing runs the module's top-level code; whatever it raises (a SystemExit
+        # included, which would otherwise end `loom` with no word) is the module's problem.
+        raise LookupError(
+            f"importing module '{module_name}' failed: {type(error).__name__}: {error}"
+        ) from error
     obj: object = module
     for part in attribute.split("."):
         if not hasattr(obj, part):
@@ -94,8 +107,14 @@ def _import_dotted(type_name: str, where: str) -> type[Component]:
     try:
         obj = import_object(type_name)
     except LookupError as error:
-        hint = "is the package that provides it installed?" if "cannot import" in str(error) else ""
-        raise _refuse(type_name, where, str(error), hint) from error
+        message = str(error)
+        if message.startswith("cannot import"):
+            hint = "is the package that provides it installed?"
+        elif message.startswith("importing module"):
+            hint = "the module's top-level code raised it; `--debug` shows the traceback"
+        else:
+            hint = ""
+        raise _refuse(type_name, where, message, hint) from error
     return _check_component_class(obj, type_name, where)
 
 
@@ -126,7 +145,7 @@ def resolve(type_name: object, where: str = "") -> type[Component]:
         )
     try:
         loaded = entry_point.load()
-    except Exception as error:  # a broken plugin is reported, not a crash of the whole run
+    except (Exception, SystemExit) as error:  # a broken plugin is reported, not a crash
         raise _refuse(
             type_name, where, f"its entry point '{entry_point.value}' failed to load: {error}"
         ) from error

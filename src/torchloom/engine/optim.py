@@ -1,8 +1,13 @@
 """Optimizer and scheduler from config: any torch.optim / lr_scheduler class by name.
 
 Keyword arguments are checked against the class's signature before it is called, so a
-misspelt `lr` is a config error with a suggestion. `param_groups` gives components their
-own settings (e.g. a smaller learning rate for a pretrained encoder).
+misspelt `lr` is a config error with a suggestion; a string where the default is a number or
+a boolean (`lr=abc`) is refused before torch compares it. When torch refuses a value
+(`lr=-0.1`), each argument is tried alone on a throwaway parameter to find the culprit, so
+the message names the line or command-line override that set it, not the whole section.
+`param_groups` gives components their own settings (e.g. a smaller learning rate for a
+pretrained encoder); torch checks only the constructor's arguments, so each group's settings
+are tried the same way.
 """
 
 from __future__ import annotations
@@ -49,20 +54,66 @@ def _lookup(module: Any, base: type, name: str, key: Key, where: Where) -> type:
     return cls
 
 
+# What torch.optim's own checks demand of the arguments they check, said when one fails.
+EXPECTED = {
+    "lr": "a number >= 0",
+    "eps": "a number >= 0",
+    "weight_decay": "a number >= 0",
+    "momentum": "a number >= 0",
+    "alpha": "a number >= 0",
+    "betas": "two numbers, each in [0, 1)",
+}
+
+
+def _defaults(cls: type, skip: int) -> dict[str, Any]:
+    parameters = list(inspect.signature(cls).parameters.values())[skip:]
+    return {p.name: p.default for p in parameters}
+
+
+def _expected(cls: type, name: str, default: Any) -> str:
+    """'lr must be a number >= 0', or the class's default when no rule is known."""
+    if name in EXPECTED:
+        return f"{name} must be {EXPECTED[name]}"
+    if default is not inspect.Parameter.empty:
+        return f"{cls.__name__}'s default is {default!r}"
+    return ""
+
+
 def _check_kwargs(cls: type, kwargs: Mapping[str, Any], skip: int, key: Key, where: Where) -> None:
-    parameters = list(inspect.signature(cls).parameters)[skip:]
-    problems = [
-        Problem(
-            where(*key, name),
-            dotted((*key, name)),
-            f"is not an argument of {cls.__name__}",
-            did_you_mean(name, parameters) or f"arguments: {', '.join(parameters)}",
-        )
-        for name in kwargs
-        if name not in parameters
-    ]
+    defaults = _defaults(cls, skip)
+    problems = []
+    for name, value in kwargs.items():
+        here, subject = where(*key, name), dotted((*key, name))
+        if name not in defaults:
+            hint = did_you_mean(name, defaults) or f"arguments: {', '.join(defaults)}"
+            problems.append(Problem(here, subject, f"is not an argument of {cls.__name__}", hint))
+            continue
+        default = defaults[name]
+        wants_number = isinstance(default, int | float) and not isinstance(default, bool)
+        if isinstance(value, str) and (wants_number or isinstance(default, bool)):
+            kind = "a number" if wants_number else "true or false"
+            message = f"expected {kind}, got {value!r}"
+            problems.append(Problem(here, subject, message, _expected(cls, name, default)))
+        elif wants_number and isinstance(value, bool):
+            message = f"expected a number, got {value!r}"
+            problems.append(Problem(here, subject, message, _expected(cls, name, default)))
     if problems:
         raise ConfigError(problems)
+
+
+def _refused_values(cls: type, kwargs: Mapping[str, Any], key: Key, where: Where) -> list[Problem]:
+    """A Problem for each argument that torch refuses on its own (`lr=-0.1`), tried on a
+    throwaway parameter, named at the line or override that set it."""
+    defaults = _defaults(cls, 1)
+    problems = []
+    for name, value in kwargs.items():
+        try:
+            cls([torch.nn.Parameter(torch.zeros(1))], **{name: value})
+        except ValueError as error:
+            message = f"{cls.__name__} refuses {value!r}: {error}"
+            suggestion = _expected(cls, name, defaults.get(name, inspect.Parameter.empty))
+            problems.append(Problem(where(*key, name), dotted((*key, name)), message, suggestion))
+    return problems
 
 
 def build_optimizer(
@@ -92,7 +143,11 @@ def build_optimizer(
                     )
                 ]
             )
-        _check_kwargs(cls, settings, 1, ("training", "optimizer", "param_groups", name), where)
+        group_key = ("training", "optimizer", "param_groups", name)
+        _check_kwargs(cls, settings, 1, group_key, where)
+        refused = _refused_values(cls, settings, group_key, where)
+        if refused:
+            raise ConfigError(refused)
         params = [p for p in pipeline.components[name].parameters() if p.requires_grad]
         if params:
             groups.append({"params": params, **settings})
@@ -111,9 +166,9 @@ def build_optimizer(
     try:
         return cls(groups, **options)
     except (TypeError, ValueError) as error:
-        raise ConfigError(
-            [Problem(where("training", "optimizer"), "training.optimizer", str(error))]
-        ) from error
+        key: Key = ("training", "optimizer")
+        problems = _refused_values(cls, options, key, where)
+        raise ConfigError(problems or [Problem(where(*key), dotted(key), str(error))]) from error
 
 
 def build_scheduler(
