@@ -63,7 +63,7 @@ def summary_table(runs: Sequence[Run], labels: Sequence[str]) -> str:
 
     add("pipeline", [r.pipeline for r in runs])
     add("date", [r.date for r in runs])
-    add("status", [r.status for r in runs])
+    add("status", [r.status_text() for r in runs])
     for key in ("epochs", "episodes", "wall_time_seconds", "seed", "device"):
         add(key.replace("_", " "), [str(r.summary.get(key, "")) for r in runs])
     monitors = [r.monitor() for r in runs]
