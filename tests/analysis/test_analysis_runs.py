@@ -194,6 +194,9 @@ def malformed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (experiments / "not_json" / "20240103_090000" / "summary.json").write_text("{oops")
     (experiments / "a_list" / "20240103_100000").mkdir(parents=True)
     (experiments / "a_list" / "20240103_100000" / "summary.json").write_text("[1]")
+    (experiments / "too_deep" / "20240103_110000").mkdir(parents=True)
+    deep = '{"final": ' + "[" * 100_000
+    (experiments / "too_deep" / "20240103_110000" / "summary.json").write_text(deep)
     return experiments
 
 
@@ -202,7 +205,7 @@ def test_a_malformed_summary_is_listed_as_unreadable_and_the_rest_as_usual(
 ) -> None:
     for sort in (None, "validation.loss", "test.accuracy"):
         lines = show(malformed, capsys, sort=sort)
-        assert len(lines) == len(MALFORMED) + 3, "every folder with a summary.json is a row"
+        assert len(lines) == len(MALFORMED) + 4, "every folder with a summary.json is a row"
         by_pipeline = {line.split()[0]: line for line in lines}
         assert "early_stopped" in by_pipeline["good"]
         assert "validation.loss=0.3000" in by_pipeline["good"]
@@ -212,9 +215,10 @@ def test_a_malformed_summary_is_listed_as_unreadable_and_the_rest_as_usual(
             assert row.split()[-1].endswith(f"{case}/20240102_09" + row.split()[-1][-4:])
         assert "unreadable (summary.json is not valid JSON" in by_pipeline["not_json"]
         assert "unreadable (summary.json is not a JSON object" in by_pipeline["a_list"]
+        assert "unreadable (summary.json is nested too deeply" in by_pipeline["too_deep"]
         if sort is not None:  # runs without the statistic (the unreadable ones) come last
             assert lines[0].split()[0] == "good"
-            assert all("unreadable" in line for line in lines[-(len(MALFORMED) + 2) :])
+            assert all("unreadable" in line for line in lines[-(len(MALFORMED) + 3) :])
 
 
 @pytest.mark.parametrize("case", ["monitor_a_string", "final_section_a_string", "epochs_an_object"])

@@ -118,7 +118,7 @@ def config_differences(runs: Sequence[Run]) -> list[list[str]]:
     for run in runs:
         try:
             data = yaml.safe_load(run.config_text()) or {}
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):  # a hand-edited file may hold anything
             data = {"config.yaml": "(cannot be parsed)"}
         flats.append(_flatten(data if isinstance(data, dict) else {"config.yaml": data}))
     keys = sorted({key for flat in flats for key in flat})

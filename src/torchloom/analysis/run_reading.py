@@ -164,6 +164,8 @@ def read_run(path: str | Path) -> Run:
         raise _not_a_run(folder, f"summary.json is not UTF-8 text: {error.reason}") from error
     except ValueError as error:
         raise _not_a_run(folder, f"summary.json is not valid JSON: {error}") from error
+    except RecursionError as error:
+        raise _not_a_run(folder, "summary.json is nested too deeply to be a summary") from error
     except OSError as error:
         raise _not_a_run(folder, f"summary.json cannot be read: {error}") from error
     if not isinstance(summary, dict):
