@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from argparse import Namespace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 import torchloom
 from torchloom.analysis.runs_table import list_runs, sort_runs
 from torchloom.cli import runs as runs_command
+from torchloom.cli.main import main
 from torchloom.errors import ConfigError
 
 SMALL_RUN = """\
@@ -150,3 +152,88 @@ def test_a_missing_expdir_is_a_user_error(
     assert "no runs under" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="--limit"):
         runs_command.run(Namespace(expdir=str(tmp_path), **{**arguments, "limit": 0}))
+
+
+def loom(capsys: pytest.CaptureFixture[str], *argv: str) -> SimpleNamespace:
+    """`loom ARGV...` in this process: its exit status and what it printed."""
+    capsys.readouterr()
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return SimpleNamespace(status=status, out=captured.out, err=captured.err)
+
+
+# ---- a malformed summary.json: flagged in the listing, a user error when named -------------
+MALFORMED = {  # summary.json field -> a value of the wrong type, and the field's name shown
+    "monitor_a_string": ({"monitor": "x"}, "monitor"),
+    "monitor_best_a_word": (
+        {"monitor": {"name": "validation.loss", "best": "low"}},
+        "monitor.best",
+    ),
+    "best_a_number": ({"best": 3}, "best"),
+    "best_value_a_list": ({"best": {"validation.loss": [1]}}, "best.validation.loss"),
+    "final_a_list": ({"final": [1, 2]}, "final"),
+    "final_section_a_string": ({"final": {"test": "good"}}, "final.test"),
+    "final_value_an_object": ({"final": {"test": {"accuracy": {}}}}, "final.test.accuracy"),
+    "epochs_an_object": ({"epochs": {}}, "epochs"),
+    "epochs_negative": ({"epochs": -1}, "epochs"),
+    "status_a_number": ({"status": 3}, "status"),
+    "pipeline_a_list": ({"pipeline": ["a"]}, "pipeline"),
+}
+
+
+@pytest.fixture(scope="module")
+def malformed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One good run and a run per malformed field (each the good one with one field wrong)."""
+    experiments = tmp_path_factory.mktemp("malformed") / "experiments"
+    fake_run(experiments, "good", "20240101_090000", 0.9, 0.3)
+    for number, (case, (fields, _)) in enumerate(MALFORMED.items()):
+        folder = fake_run(experiments, case, f"20240102_09{number:02d}00", 0.8, 0.4)
+        summary = json.loads((folder / "summary.json").read_text())
+        (folder / "summary.json").write_text(json.dumps({**summary, **fields}))
+    (experiments / "not_json" / "20240103_090000").mkdir(parents=True)
+    (experiments / "not_json" / "20240103_090000" / "summary.json").write_text("{oops")
+    (experiments / "a_list" / "20240103_100000").mkdir(parents=True)
+    (experiments / "a_list" / "20240103_100000" / "summary.json").write_text("[1]")
+    (experiments / "too_deep" / "20240103_110000").mkdir(parents=True)
+    deep = '{"final": ' + "[" * 100_000
+    (experiments / "too_deep" / "20240103_110000" / "summary.json").write_text(deep)
+    return experiments
+
+
+def test_a_malformed_summary_is_listed_as_unreadable_and_the_rest_as_usual(
+    malformed: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for sort in (None, "validation.loss", "test.accuracy"):
+        lines = show(malformed, capsys, sort=sort)
+        assert len(lines) == len(MALFORMED) + 4, "every folder with a summary.json is a row"
+        by_pipeline = {line.split()[0]: line for line in lines}
+        assert "early_stopped" in by_pipeline["good"]
+        assert "validation.loss=0.3000" in by_pipeline["good"]
+        for case, (_, field) in MALFORMED.items():
+            row = by_pipeline[case]
+            assert f"unreadable (summary.json: '{field}' " in row, row
+            assert row.split()[-1].endswith(f"{case}/20240102_09" + row.split()[-1][-4:])
+        assert "unreadable (summary.json is not valid JSON" in by_pipeline["not_json"]
+        assert "unreadable (summary.json is not a JSON object" in by_pipeline["a_list"]
+        assert "unreadable (summary.json is nested too deeply" in by_pipeline["too_deep"]
+        if sort is not None:  # runs without the statistic (the unreadable ones) come last
+            assert lines[0].split()[0] == "good"
+            assert all("unreadable" in line for line in lines[-(len(MALFORMED) + 3) :])
+
+
+@pytest.mark.parametrize("case", ["monitor_a_string", "final_section_a_string", "epochs_an_object"])
+def test_report_and_compare_of_a_malformed_run_name_the_folder_and_the_field(
+    malformed: Path, case: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = next((malformed / case).iterdir())
+    good = next((malformed / "good").iterdir())
+    field = MALFORMED[case][1]
+    report = loom(capsys, "report", str(bad))
+    assert report.status == 2 and "Traceback" not in report.err
+    assert str(bad) in report.err and f"'{field}'" in report.err, report.err
+    assert not (bad / "report.html").exists()
+    page = tmp_path / "compare.html"
+    compared = loom(capsys, "compare", str(good), str(bad), "-o", str(page))
+    assert compared.status == 2 and "Traceback" not in compared.err
+    assert str(bad) in compared.err and f"'{field}'" in compared.err, compared.err
+    assert not page.exists(), "nothing is written when a run cannot be read"

@@ -91,3 +91,81 @@ def test_internal_bug_exits_1_with_its_traceback(tmp_path: Path) -> None:
     assert "ZeroDivisionError" in done.stderr
     assert "loom_cli_broken_plugin.py" in done.stderr
     assert list(work.iterdir()) == []
+
+
+def loom_into_closed_pipe(*argv: str, cwd: Path) -> tuple[int, str]:
+    """`loom ARGV... | head -0`: the reader of stdout is gone before loom writes a byte (as
+    `head` is once it has its lines). The exit status and what loom printed on stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "torchloom.cli.main", *argv],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    stderr = process.stderr.read()
+    return process.wait(timeout=120), stderr
+
+
+def fake_runs(expdir: Path, count: int) -> None:
+    for number in range(count):
+        folder = expdir / "mlp" / f"20240101_{number:06d}"
+        folder.mkdir(parents=True)
+        summary = {"pipeline": "mlp", "status": "epoch_limit", "epochs": number}
+        (folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+
+
+def test_a_closed_stdout_pipe_ends_every_command_quietly(tmp_path: Path) -> None:
+    fake_runs(tmp_path / "runs", 3)
+    for argv in (["runs", "runs"], ["components"], ["--help"]):
+        status, stderr = loom_into_closed_pipe(*argv, cwd=tmp_path)
+        assert stderr == "", (argv, stderr)
+        # 128 + SIGPIPE, as for a program that SIGPIPE ended; argparse writes its help
+        # ignoring OSError, and exits 0.
+        assert status == (0 if argv == ["--help"] else 141), (argv, status)
+
+
+def test_loom_runs_piped_into_head_prints_its_first_line_and_no_traceback(tmp_path: Path) -> None:
+    fake_runs(tmp_path / "runs", 1500)  # a table far larger than a pipe's buffer
+    done = subprocess.run(
+        f"'{sys.executable}' -m torchloom.cli.main runs runs | head -2",
+        shell=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.stdout.splitlines()[0].split()[:3] == ["pipeline", "date", "status"]
+    assert len(done.stdout.splitlines()) == 2
+    assert done.stderr == ""
+
+
+# Sends the process a real SIGINT from inside its interpreter's shutdown (an atexit callback,
+# run after `main` has returned), exactly where a late Ctrl-C lands.
+LATE_SIGINT = textwrap.dedent(
+    """
+    import atexit, os, signal, sys
+    from torchloom.cli.main import main
+    atexit.register(os.kill, os.getpid(), signal.SIGINT)
+    sys.argv = ["loom", *sys.argv[1:]]
+    sys.exit(main())
+    """
+)
+
+
+def test_a_sigint_during_interpreter_shutdown_is_ignored(tmp_path: Path) -> None:
+    fake_runs(tmp_path / "runs", 2)
+    done = subprocess.run(
+        [sys.executable, "-c", LATE_SIGINT, "runs", "runs"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.stderr == "", done.stderr
+    assert done.returncode == 0
+    assert len(done.stdout.splitlines()) == 4, "the table: header, separator, two runs"

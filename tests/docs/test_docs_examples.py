@@ -4,7 +4,10 @@ Fenced blocks are classified by their language and by an optional marker, an HTM
 the line right before the fence:
 
 - ```yaml: a complete pipeline config (a `pipeline:` key and a training task, or
-  `default_configs`) must pass `loom check`. Markers: `<!-- as: NAME.yml -->` (written under
+  `default_configs`) must pass `loom check`, and is trained by `loom train` for a few steps
+  on a few samples (an episode limit, and a `subset` of every task that takes one), so that
+  an example that passes the check but fails in training (a setting that resolves to null in
+  online mode) cannot go unnoticed. Markers: `<!-- as: NAME.yml -->` (written under
   that name, for commands shown later on the page), `<!-- expect-error: NAME.yml -->` (must
   fail with exit status 2), `<!-- file: PATH -->` (a copy of a repository file: it must equal
   that file, and the file must pass `loom check`), `<!-- fragment -->` (part of a config,
@@ -40,7 +43,8 @@ import yaml
 
 from script_modules import load_script
 from torchloom.cli.main import main
-from torchloom.core.registry import clear_cache
+from torchloom.config import load_config
+from torchloom.core.registry import clear_cache, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -225,6 +229,65 @@ def test_config_passes_loom_check(
     path.write_text(block.text, encoding="utf-8")
     status, output = loom(capsys, "check", str(path))
     assert status == 0, f"{block.id} fails `loom check`:\n{output}"
+
+
+# A docs config trained for a few steps: each epoch of a 64-sample subset is a batch or two, so
+# three steps also pass epoch ends (schedulers, validation, checkpoints) and the test pass.
+TRAINING_STEPS = 3
+SUBSET = 64
+FINISHED = ("episode_limit", "epoch_limit", "early_stopped", "converged")
+
+
+@pytest.fixture(scope="module")
+def data_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One HOME for every trained example, so that data tasks fill `~/data/...` once."""
+    return tmp_path_factory.mktemp("home")
+
+
+def few_steps(path: Path) -> list[str]:
+    """Overrides that train the config at `path` for a few steps on a few samples."""
+    overrides = [f"++training.terminal_conditions.episode_limit={TRAINING_STEPS}"]
+    written = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = load_config(path).data
+    if "analysis" not in data:  # the analysis of a few steps, unless the example is about it
+        overrides.append("++analysis.preset=minimal")
+    for section in ("training", "validation", "test"):
+        if isinstance((written.get(section) or {}).get("task"), str):
+            continue  # `task: ${training.task}`: the training task's subset is its subset
+        task = (data.get(section) or {}).get("task")
+        if isinstance(task, dict) and "subset" in resolve(task.get("type")).Params.model_fields:
+            overrides.append(f"++{section}.task.subset={SUBSET}")
+    return overrides
+
+
+def trainable(lang: str, *kinds: str) -> list[Any]:
+    return [
+        block
+        for block in checked(lang, *kinds)
+        if is_complete_config(block.values[0].text)  # an included part has no pipeline
+    ]
+
+
+@pytest.mark.parametrize("block", trainable("yaml", "", "as", "file"))
+def test_config_trains_for_a_few_steps(
+    block: Block,
+    docs_env: Path,
+    data_home: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if block.marker_kind == "file":
+        path = REPO / block.marker_value
+    else:
+        path = docs_env / (block.marker_value or f"block_{block.line}.yml")
+        path.write_text(block.text, encoding="utf-8")
+    monkeypatch.setenv("HOME", str(data_home))
+    expdir = docs_env / "runs"
+    argv = ["train", str(path), *few_steps(path), "--expdir", str(expdir), "--quiet"]
+    status, output = loom(capsys, *argv, "--tensorboard", "0")
+    assert status == 0, f"{block.id} fails `loom train` ({' '.join(argv[2:])}):\n{output}"
+    (summary,) = expdir.glob("*/*/summary.json")
+    assert yaml.safe_load(summary.read_text(encoding="utf-8"))["status"] in FINISHED
 
 
 @pytest.mark.parametrize("block", checked("yaml", "expect-error"))

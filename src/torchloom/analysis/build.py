@@ -110,14 +110,22 @@ def check_outputs(
     return not problems
 
 
+def checked_analysis(
+    data: Mapping[str, Any], pipeline: Pipeline, where: Callable[..., str]
+) -> tuple[AnalysisConfig, bool]:
+    """The `analysis:` section checked against the pipeline (what `loom check` and
+    `loom train` both reject), and whether the outputs' streams exist."""
+    config = parse_analysis(data, where)
+    section = _section(data)
+    explicit = isinstance(section, Mapping) and "outputs" in section
+    return config, check_outputs(config, pipeline, where, explicit)
+
+
 def build_hooks(
     data: Mapping[str, Any], pipeline: Pipeline, where: Callable[..., str]
 ) -> list[Hook]:
     """The analysis hooks a run's config asks for (the `default` preset when it says none)."""
-    config = parse_analysis(data, where)
-    section = _section(data)
-    explicit = isinstance(section, Mapping) and "outputs" in section
-    outputs_ok = check_outputs(config, pipeline, where, explicit)
+    config, outputs_ok = checked_analysis(data, pipeline, where)
     hooks: list[Hook] = []
     for class_name, (module, items) in HOOKS.items():
         wanted = [i for i in items if config.enabled(i)]

@@ -63,7 +63,7 @@ def summary_table(runs: Sequence[Run], labels: Sequence[str]) -> str:
 
     add("pipeline", [r.pipeline for r in runs])
     add("date", [r.date for r in runs])
-    add("status", [r.status for r in runs])
+    add("status", [r.status_text() for r in runs])
     for key in ("epochs", "episodes", "wall_time_seconds", "seed", "device"):
         add(key.replace("_", " "), [str(r.summary.get(key, "")) for r in runs])
     monitors = [r.monitor() for r in runs]
@@ -118,7 +118,7 @@ def config_differences(runs: Sequence[Run]) -> list[list[str]]:
     for run in runs:
         try:
             data = yaml.safe_load(run.config_text()) or {}
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):  # a hand-edited file may hold anything
             data = {"config.yaml": "(cannot be parsed)"}
         flats.append(_flatten(data if isinstance(data, dict) else {"config.yaml": data}))
     keys = sorted({key for flat in flats for key in flat})

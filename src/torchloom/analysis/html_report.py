@@ -55,7 +55,7 @@ img.small{min-width:84px;image-rendering:pixelated}
 .wide img{max-width:560px}.full figure{display:block}
 .status-ok{color:#176117;font-weight:bold}.status-bad{color:#a31515;font-weight:bold}
 """
-BAD_STATUSES = ("diverged", "interrupted", "running", "failed", "error", "unknown")
+BAD_STATUSES = ("diverged", "interrupted", "running", "dead", "failed", "error", "unknown")
 
 
 # ---- HTML building blocks (shared with compare.py) -----------------------------------------
@@ -271,7 +271,7 @@ def _summary(run: Run) -> list[str]:
     ]
     css = "status-bad" if status in BAD_STATUSES else "status-ok"
     parts = [
-        f'<p>status: <span class="{css}">{escape(status)}</span></p>',
+        f'<p>status: <span class="{css}">{escape(run.status_text())}</span></p>',
         table(["", "value"], [[k, "" if v is None else str(v)] for k, v in rows]),
     ]
     final = s.get("final") or {}

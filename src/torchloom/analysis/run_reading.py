@@ -1,8 +1,11 @@
 """Reading a run folder back: its summary, config, statistics CSVs and report files.
 
 Everything here tolerates a run that is still running, was killed, or ran with fewer
-analysis items: only a missing folder or a missing summary.json is an error (the folder is
-not a run). Imports no torch and no matplotlib, so `loom runs` stays fast.
+analysis items. A missing folder, a missing summary.json, or one whose fields have the wrong
+types is an error naming the folder and the field: the accessors of `Run` can then trust
+every type. A summary that says "running" is checked against the run's lock, so a run
+whose process is gone shows as dead. Imports no torch and no matplotlib, so `loom runs`
+stays fast.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from torchloom.analysis.summary_types import summary_problems
+from torchloom.engine.run_folder import Liveness, run_liveness
 from torchloom.errors import ConfigError, Problem
 
 SPLITS = ("training", "validation", "test")
@@ -27,18 +33,52 @@ _LOWER_IS_BETTER = ("loss", "error", "perplexity", "mse", "mae", "rmse", "wer", 
 
 @dataclass
 class Run:
-    """One run folder as read from disk."""
+    """One run folder as read from disk. `problem` says why its summary.json cannot be shown
+    (the summary is then empty): `loom runs` lists such a folder as unreadable."""
 
     path: Path
     summary: dict[str, Any]
+    problem: str = ""
 
     @property
     def pipeline(self) -> str:
         return str(self.summary.get("pipeline") or self.path.parent.name)
 
+    @cached_property
+    def liveness(self) -> Liveness | None:
+        """Whether a process trains in the run now; None unless the summary says "running"
+        (a finished summary is final, whoever holds the folder)."""
+        return run_liveness(self.path) if self.summary.get("status") == "running" else None
+
     @property
     def status(self) -> str:
+        """The summary's status; "dead" for a "running" run whose process is gone (killed,
+        or its machine went down), "unreadable" for a malformed summary.json."""
+        if self.problem:
+            return "unreadable"
+        if self.liveness is not None and not self.liveness.alive:
+            return "dead"
         return str(self.summary.get("status", "unknown"))
+
+    def status_detail(self, folder: str | None = None) -> str:
+        """Why the status is what it is, where it needs saying: the holder of a running run,
+        why a dead one is dead and how to resume it (naming `folder`, the run's path unless
+        given), why an unreadable one cannot be read; '' otherwise."""
+        if self.problem:
+            return self.problem
+        live = self.liveness
+        if live is None:
+            return ""
+        if live.alive:
+            return live.reason
+        if (self.path / "checkpoints" / "last.pt").is_file():
+            return f"{live.reason}; resume with loom train --resume {folder or self.path}"
+        return f"{live.reason}; no checkpoints/last.pt to resume from"
+
+    def status_text(self, folder: str | None = None) -> str:
+        """`status (detail)`, or the status alone."""
+        detail = self.status_detail(folder)
+        return f"{self.status} ({detail})" if detail else self.status
 
     @property
     def label(self) -> str:
@@ -107,7 +147,8 @@ def _not_a_run(path: Path, message: str) -> ConfigError:
 
 
 def read_run(path: str | Path) -> Run:
-    """The run in `path`, or a ConfigError naming the folder when it is not a run."""
+    """The run in `path`, or a ConfigError naming the folder when it is not a run or its
+    summary.json is malformed (naming the field)."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
         raise _not_a_run(folder, "does not exist" if not folder.exists() else "is not a folder")
@@ -119,11 +160,30 @@ def read_run(path: str | Path) -> Run:
         )
     try:
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
+    except UnicodeDecodeError as error:
+        raise _not_a_run(folder, f"summary.json is not UTF-8 text: {error.reason}") from error
+    except ValueError as error:
+        raise _not_a_run(folder, f"summary.json is not valid JSON: {error}") from error
+    except RecursionError as error:
+        raise _not_a_run(folder, "summary.json is nested too deeply to be a summary") from error
+    except OSError as error:
         raise _not_a_run(folder, f"summary.json cannot be read: {error}") from error
     if not isinstance(summary, dict):
         raise _not_a_run(folder, "summary.json is not a JSON object")
+    wrong = summary_problems(summary)
+    if wrong:
+        raise ConfigError([Problem("", f"run folder '{folder}'", message) for message in wrong])
     return Run(folder.resolve(), summary)
+
+
+def read_run_or_unreadable(path: Path) -> Run:
+    """The run in `path`; one whose summary.json cannot be read or has a malformed field as
+    an unreadable Run (empty summary, `problem` saying why), so that a listing shows it."""
+    try:
+        return read_run(path)
+    except ConfigError as error:
+        why = "; ".join(problem.message for problem in error.problems)
+        return Run(Path(path).expanduser().resolve(), {}, why)
 
 
 def find_runs(expdir: str | Path) -> list[Path]:

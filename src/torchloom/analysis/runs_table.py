@@ -8,14 +8,19 @@ else at the end; test statistics are measured with best.pt. Imports no torch.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchloom.analysis.run_reading import Run, find_runs, format_number, lower_is_better, read_run
-from torchloom.errors import ConfigError, LoomError, Problem, did_you_mean
+from torchloom.analysis.run_reading import (
+    Run,
+    find_runs,
+    format_number,
+    lower_is_better,
+    read_run_or_unreadable,
+)
+from torchloom.errors import ConfigError, Problem, did_you_mean
 
 HEADERS = ["pipeline", "date", "status", "epochs", "best monitored", "test accuracy"]
 
@@ -28,11 +33,13 @@ class RunRow:
 
 
 def list_runs(expdir: str | Path) -> list[RunRow]:
-    """Every readable run under `expdir`, newest first (a ConfigError if it is no folder)."""
+    """Every run under `expdir`, newest first (a ConfigError if it is no folder). A run whose
+    summary.json is malformed is listed as unreadable, saying why: one bad folder neither
+    hides the others nor passes unnoticed."""
     rows = []
     for path in find_runs(expdir):
-        with contextlib.suppress(LoomError):  # a summary.json being rewritten right now
-            rows.append(RunRow(read_run(path), str(Path(expdir) / path.parent.name / path.name)))
+        folder = str(Path(expdir) / path.parent.name / path.name)
+        rows.append(RunRow(read_run_or_unreadable(path), folder))
     rows.sort(key=lambda row: (row.run.date, row.folder), reverse=True)
     return rows
 
@@ -45,7 +52,7 @@ def sort_runs(rows: list[RunRow], statistic: str, descending: bool | None = None
         row.sort_value = None if value is None or math.isnan(value) else value
     if rows and all(value is None for value in values):
         known = {
-            key for row in rows for key in (*row.run.final(), *row.run.summary.get("best", {}))
+            key for row in rows for key in (*row.run.final(), *(row.run.summary.get("best") or {}))
         }
         raise ConfigError(
             [
@@ -82,7 +89,7 @@ def table_cells(
         cells = [
             run.pipeline,
             run.date,
-            run.status,
+            run.status_text("FOLDER"),  # the folder is the last column
             "" if epochs is None else str(epochs),
             monitored,
             format_number(run.final().get("test.accuracy")),

@@ -16,6 +16,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from torchloom.core.file_names import PlainFileName
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -24,7 +26,7 @@ class _Strict(BaseModel):
 class OutputSpec(_Strict):
     """A classification output: which streams hold its scores, targets and sample ids."""
 
-    name: str = Field("predictions", description="used in report file names")
+    name: PlainFileName = Field("predictions", description="used in report file names")
     predictions: str = Field("predictions", description="stream of class scores [batch, classes]")
     targets: str = Field("targets", description="stream of class indices [batch]")
     ids: str = Field(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from torchloom.analysis.build import checked_analysis
 from torchloom.cli.table import format_table
 from torchloom.config.schema import TrainingConfig
 from torchloom.core.component import Component
@@ -71,5 +72,6 @@ def run(args: argparse.Namespace) -> int:
     training = assembled.sections.get("training")
     if isinstance(training, TrainingConfig):  # what `loom train` would also reject
         build_training_parts(assembled.pipeline, training, assembled.config.where)
+        checked_analysis(assembled.config.data, assembled.pipeline, assembled.config.where)
     print(pipeline_table(assembled, args.config))
     return 0

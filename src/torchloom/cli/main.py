@@ -2,7 +2,8 @@
 so `loom --help` stays fast and never imports torch.
 
 Exit status: 0 success, 2 a user error (printed plainly; `--debug` adds the traceback),
-1 an internal bug (with its traceback), 130 a training run stopped by Ctrl-C.
+1 an internal bug (with its traceback), 130 a training run stopped by Ctrl-C, 141 (128 +
+SIGPIPE) when the reader of stdout went away (`loom runs | head -2`), quietly.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import signal
 import sys
 import threading
@@ -228,6 +230,28 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run `loom ARGV` and return its exit status. With `argv` None this is the `loom`
+    program (the console script and `python -m torchloom.cli.main`), which also sets up its
+    own exit; with a list (tests, notebooks) nothing global is touched."""
+    program = argv is None
+    try:
+        try:
+            status = _dispatch(argv)
+        finally:  # a reader that went away shows here, not in the interpreter's last flush
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if program:  # what is still buffered goes nowhere, without a second error at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        status = 128 + int(signal.SIGPIPE)
+    if program:
+        # Everything is written. A Ctrl-C from now on would interrupt torch's, logging's or
+        # multiprocessing's atexit callbacks ("Exception ignored in atexit callback"):
+        # ignore it and let the interpreter finish.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     args = parse(argv)
     # Before any subcommand imports torch, which reads it once (see torchloom/host_memory.py).
     prefer_huge_page_tensors()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from torchloom.analysis.build import build_hooks
+from torchloom.engine.run_folder import check_run_tag
 from torchloom.engine.run_state import TrainOptions
 from torchloom.engine.summary import RunResult
 from torchloom.engine.trainer import Trainer
@@ -12,6 +13,7 @@ from torchloom.engine.training_setup import prepare_training
 
 
 def run(args: argparse.Namespace) -> int:
+    check_run_tag(args.tag)  # before any data is read (create_run_folder checks it again)
     options = TrainOptions(
         expdir=args.expdir,
         tag=args.tag,

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from torchloom.config.sampler_schema import SamplerConfig
 from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.run_names import run_name_problem, shown
 
 
 class _Strict(BaseModel):
@@ -243,6 +244,15 @@ def validate_sections(data: Mapping[str, Any], where: Callable[..., str]) -> dic
     name = data.get("name")
     if name is not None and not (isinstance(name, str) and name.strip()):
         problems.append(Problem(where("name"), "key 'name'", "must be a non-empty string"))
+    elif isinstance(name, str) and run_name_problem(name):
+        problems.append(
+            Problem(
+                where("name"),
+                f"key 'name' {shown(name)}",
+                f"names the run folders, and {run_name_problem(name)}",
+                "use letters, digits, '_', '-' and '.' (not first)",
+            )
+        )
     if "pipeline" in data and not isinstance(data["pipeline"], Mapping):
         problems.append(
             Problem(

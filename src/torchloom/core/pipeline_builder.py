@@ -17,6 +17,7 @@ from typing import Any
 
 from torchloom.core.component import BuildContext, Component, Task
 from torchloom.core.component_entry import ComponentEntry, Where, parse_entry
+from torchloom.core.file_names import file_name_problem
 from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.ordering import execution_order
 from torchloom.core.pipeline import Pipeline
@@ -103,12 +104,14 @@ def _parse_entries(
     for index, name in enumerate(component_names):
         if name in disabled or name in disable:
             continue
-        if "." in name or not name:
+        # The name also names files (`viewers/<name>-...png`, `artifacts/<name>/`).
+        unfit = "it holds a '.'" if "." in name else file_name_problem(name)
+        if unfit:
             problems.append(
                 Problem(
                     where("pipeline", name),
                     f"component '{name}'",
-                    "a component name must be non-empty and contain no '.'",
+                    f"a component name must be a plain file name with no '.': {unfit}",
                 )
             )
             continue

@@ -11,7 +11,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -22,21 +21,40 @@ from typing import TYPE_CHECKING, Any
 
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError, Problem
+from torchloom.run_names import folder_part, run_name_problem, run_tag_problem, shown
 
 __all__ = ["RunLock", "create_run_folder", "run_liveness", "write_artifacts", "write_text_atomic"]
 
 if TYPE_CHECKING:  # the run folder module stays torch-free to import
     from torchloom.core.component import Component
 
-_SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+def check_run_name(pipeline_name: str) -> None:
+    """A ConfigError when `pipeline_name` cannot name a folder of runs (torchloom/run_names.py:
+    '.', '..', hidden, empty or too long). The config's `name` is checked with its line when
+    the config is validated; this also guards names given in Python."""
+    problem = run_name_problem(pipeline_name)
+    if problem:
+        subject = f"name {shown(pipeline_name)}"
+        raise ConfigError([Problem("", subject, f"names the run folders, and {problem}")])
+
+
+def check_run_tag(tag: str) -> None:
+    """A ConfigError when `tag` (`loom train --tag`) cannot end a run folder's name."""
+    problem = run_tag_problem(tag)
+    if problem:
+        raise ConfigError([Problem("", f"--tag {shown(tag)}", problem, "use a shorter tag")])
 
 
 def create_run_folder(
     expdir: str | os.PathLike[str], pipeline_name: str, tag: str = "", now: float | None = None
 ) -> Path:
+    # Both checked before anything is created: a refused name leaves no empty folder.
+    check_run_name(pipeline_name)
+    check_run_tag(tag)
     stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(now))
-    base = stamp + (f"_{_SAFE.sub('-', tag)}" if tag else "")
-    parent = Path(expdir).expanduser() / _SAFE.sub("-", pipeline_name)
+    base = stamp + (f"_{folder_part(tag)}" if tag else "")
+    parent = Path(expdir).expanduser() / folder_part(pipeline_name)
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:

@@ -10,6 +10,7 @@ import torch
 from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
+from torchloom.core.file_names import PlainFileName
 from torchloom.core.streams import StreamSpec
 
 
@@ -17,7 +18,9 @@ class StreamFileExporterParams(ComponentParams):
     input_streams: list[str] = Field(
         min_length=1, description="streams to write, one column each (pipeline-wide names)"
     )
-    filename: str = Field("exported_streams.csv", description="file name inside the pass folder")
+    filename: PlainFileName = Field(
+        "exported_streams.csv", description="file name inside the pass folder (no path)"
+    )
     separator: str = Field(",", min_length=1, max_length=1, description="CSV field separator")
     sections: list[str] = Field(
         default_factory=lambda: ["validation", "test"],

@@ -1,0 +1,47 @@
+"""File names that a config chooses for what a component writes (an exporter's CSV, report
+files named after an output, a viewer's PNGs named after its component).
+
+A config is untrusted input: nothing it names may write outside the folder the worker gives.
+So such a name is a plain name inside that folder, never a path: `../../x`, `/abs/x`, `a/b`,
+`.`, `..` and the empty name are refused when the config is checked (`loom check`), before
+any data is read or any file written. Params use `PlainFileName`, so pydantic's error names
+the file, the line, the component and the key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AfterValidator
+from pydantic_core import PydanticCustomError
+
+MAX_NAME_BYTES = 255  # NAME_MAX of the usual file systems (ext4, xfs, btrfs, APFS)
+
+
+def file_name_problem(name: str) -> str:
+    """Why `name` is not a plain file name inside a folder; '' when it is one."""
+    if not name:
+        return "it is empty"
+    if name in (".", ".."):
+        return f"'{name}' names a folder"
+    if "/" in name or "\\" in name:
+        return "it holds a path separator (it would write outside its folder)"
+    if any(ord(character) < 32 for character in name):
+        return "it holds a control character"
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        return f"it is longer than {MAX_NAME_BYTES} bytes"
+    return ""
+
+
+def _plain(name: str) -> str:
+    problem = file_name_problem(name)
+    if problem:  # a custom error type: pydantic prints its message without "Value error, "
+        raise PydanticCustomError(
+            "plain_file_name",
+            "must be a plain file name inside the run folder: {problem}",
+            {"problem": problem},
+        )
+    return name
+
+
+PlainFileName = Annotated[str, AfterValidator(_plain)]
