@@ -71,3 +71,18 @@ def test_a_wrong_inner_scheduler_is_a_config_error() -> None:
     assert "training.scheduler.schedulers[1].type 'CosineAnealingLR'" in message
     assert "run.yml: training.scheduler.schedulers.1.type" in message
     assert "CosineAnnealingLR" in message.split("'CosineAnealingLR'", 1)[1]
+
+
+def test_a_null_for_an_argument_that_needs_a_value_is_a_config_error() -> None:
+    # `T_max: ${training.terminal_conditions.epoch_limit}` in online mode without an epoch
+    # limit resolves to null: torch builds the scheduler and fails at its first step.
+    with pytest.raises(ConfigError) as raised:
+        build_scheduler({"type": "CosineAnnealingLR", "T_max": None}, optimizer(), where)
+    message = raised.value.format()
+    assert "run.yml: training.scheduler.T_max" in message
+    assert "is null, but CosineAnnealingLR needs a value" in message
+    # an argument whose default is null may be null
+    built = build_scheduler(
+        {"type": "StepLR", "step_size": 2, "last_epoch": -1}, optimizer(), where
+    )
+    assert built is not None

@@ -90,7 +90,14 @@ def _check_kwargs(cls: type, kwargs: Mapping[str, Any], skip: int, key: Key, whe
             continue
         default = defaults[name]
         wants_number = isinstance(default, int | float) and not isinstance(default, bool)
-        if isinstance(value, str) and (wants_number or isinstance(default, bool)):
+        if value is None and default is not None:
+            # CosineAnnealingLR(T_max=None) is built without a word and fails at the first
+            # step; a null here is most often an interpolation of a key that is not set.
+            message = f"is null, but {cls.__name__} needs a value"
+            hint = "an interpolation such as ${training.terminal_conditions.epoch_limit} is null "
+            hint += "when that key is not set; give a value"
+            problems.append(Problem(here, subject, message, hint))
+        elif isinstance(value, str) and (wants_number or isinstance(default, bool)):
             kind = "a number" if wants_number else "true or false"
             message = f"expected {kind}, got {value!r}"
             problems.append(Problem(here, subject, message, _expected(cls, name, default)))

@@ -209,4 +209,5 @@ def run_liveness(run_dir: Path, now: float | None = None) -> Liveness:
         return Liveness(True, pid, host, heartbeat, f"held by process {pid}")
     except OSError as error:
         return Liveness(False, pid, host, heartbeat, f"lock unreadable: {_os_reason(error)}")
-    return Liveness(False, pid, host, heartbeat, f"process {pid} is gone")
+    gone = f"process {pid} is gone" if pid is not None else "the process that took it is gone"
+    return Liveness(False, pid, host, heartbeat, gone)
