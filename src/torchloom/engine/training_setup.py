@@ -168,22 +168,21 @@ def _prepare(
     seed_everything(seed)
     set_deterministic(training.deterministic)
     pipeline = build_checked(loaded, options.disable)
-    if checkpoint is not None:
-        _check_checkpoint_fits(pipeline, checkpoint, Path(config).parent, config_changed)
-        finished = finished_result(
-            Path(config).parent, checkpoint, training, "validation" in sections
-        )
-        if finished is not None:
-            return finished
     if options.disable:  # recorded, so the saved config reproduces the run as it ran
         pipeline_cfg = loaded.data.setdefault("pipeline", {})
         pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
     config_text = header + dump_config(loaded.data)
-    if checkpoint is not None and not overrides:
-        config_text = checkpoint.get("config") or started_text  # exactly as it started
-    elif checkpoint is not None:
-        subject = f"--resume {' '.join(overrides)}"
-        check_resumed_config(started_text, config_text, "command line", subject)
+    if checkpoint is not None:
+        run_dir = Path(config).parent
+        _check_checkpoint_fits(pipeline, checkpoint, run_dir, config_changed)
+        if overrides:
+            subject = f"--resume {' '.join(overrides)}"
+            check_resumed_config(started_text, config_text, "command line", subject)
+        else:
+            config_text = checkpoint.get("config") or started_text  # exactly as it started
+        finished = finished_result(run_dir, checkpoint, training, "validation" in sections)
+        if finished is not None:
+            return finished
     if options.hook_factory is not None:
         extra = options.hook_factory(loaded.data, pipeline, loaded.where)
         options = replace(options, hooks=[*options.hooks, *extra])
