@@ -6,7 +6,7 @@ once at its end (the final plots); the last lines print both ratios.
 
 Wall times on a shared machine vary by 10-20% from run to run, more than the cost being
 measured, so the script also times the analysis itself: the seconds spent inside the hooks
-(`engine.hooks.Hooks.seconds`) of the long runs, per epoch, against the epoch time without
+(`engine.state.Hooks.seconds`) of the long runs, per epoch, against the epoch time without
 analysis. That figure is what the 5% target is checked on; the side-by-side ratios are
 printed with it.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import torchloom
-from torchloom.engine.hooks import Hooks
+from torchloom.engine.state import Hooks
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mnist" / "lenet5.yml"
 

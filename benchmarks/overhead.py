@@ -26,7 +26,7 @@ import torchloom
 from torchloom.core.pipeline import Pipeline
 from torchloom.data.samplers import build_sampler
 from torchloom.engine.assemble import assemble
-from torchloom.engine.seeding import seed_everything
+from torchloom.engine.checkpoint import seed_everything
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mnist" / "lenet5.yml"
 SEED = 1234

@@ -100,3 +100,27 @@ class SampleCounter(Statistic):
 
     def reset(self) -> None:
         self.seen.zero_()
+
+
+class NanAtStep(Component):
+    """Turns its input into NaN on its `at`-th training call: a loss that diverges."""
+
+    class Params(ComponentParams):
+        at: int = Field(3, gt=0)
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.calls = 0
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(("batch", -1), None, "vectors")}
+
+    def output_specs(self) -> dict[str, StreamSpec]:
+        return {"noisy": StreamSpec(("batch", -1), None, "the vectors, or NaN")}
+
+    def forward(self, inputs: Batch) -> Batch:
+        if self.training:
+            self.calls += 1
+            if self.calls == self.params.at:
+                return {"noisy": inputs["inputs"] * float("nan")}
+        return {"noisy": inputs["inputs"]}

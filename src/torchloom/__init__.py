@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "train": "torchloom.api",
     "process": "torchloom.api",
-    "RunResult": "torchloom.engine.summary",
+    "RunResult": "torchloom.engine.run_folder",
     "ProcessResult": "torchloom.engine.processor",
     "Trainer": "torchloom.api",
     "outputs": "torchloom.core.outputs",
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from torchloom.api import Trainer, process, train
     from torchloom.core import outputs
     from torchloom.engine.processor import ProcessResult
-    from torchloom.engine.summary import RunResult
+    from torchloom.engine.run_folder import RunResult
 
 
 def __getattr__(name: str) -> Any:

@@ -8,42 +8,26 @@
     trainer = torchloom.Trainer(epochs=3, analysis="full")    # a plain nn.Module, no YAML
     result = trainer.fit(Net(), train=my_data.train_set, validation=my_data.validation_set)
 
-A config is a YAML path or a mapping (a pipeline described in Python); a mapping's
-`default_configs` entries must be absolute paths or `loom://...`.
+A config is a YAML path or a mapping (a pipeline described in Python), read as its YAML
+would be (no file is written); a mapping's `default_configs` are relative to the working
+directory.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torchloom.analysis.build import build_hooks
-from torchloom.config import dump_config
-from torchloom.engine.code_first import Trainer as _CodeFirstTrainer
+from torchloom.config.loading import ConfigSource
+from torchloom.engine.code_first import CodeFirstTrainer
 from torchloom.engine.processor import ProcessResult
 from torchloom.engine.processor import process as _process
-from torchloom.engine.run_state import TrainOptions
-from torchloom.engine.summary import RunResult
-from torchloom.engine.trainer import Trainer as _Loop
-from torchloom.engine.training_setup import prepare_training
-
-ConfigSource = str | os.PathLike[str] | Mapping[str, Any]
-
-
-@contextmanager
-def _as_file(config: ConfigSource) -> Iterator[Path]:
-    if not isinstance(config, Mapping):
-        yield Path(config)
-        return
-    name = str(config.get("name") or "python_pipeline")
-    with tempfile.TemporaryDirectory(prefix="torchloom-") as folder:
-        path = Path(folder) / f"{name}.yml"
-        path.write_text(dump_config(dict(config)), encoding="utf-8")
-        yield path
+from torchloom.engine.run_folder import RunResult
+from torchloom.engine.setup import prepare_training
+from torchloom.engine.state import TrainOptions
 
 
 def train(
@@ -76,15 +60,14 @@ def train(
     elif config is None:
         raise TypeError("train() needs a config or resume=")
     else:
-        with _as_file(config) as path:
-            prepared = prepare_training(path, overrides, options)
+        prepared = prepare_training(config, overrides, options)
     if isinstance(prepared, RunResult):
         return prepared  # a resumed run that had already finished: nothing was done
-    return _Loop(prepared).run()
+    return prepared.run()
 
 
-class Trainer(_CodeFirstTrainer):
-    __doc__ = _CodeFirstTrainer.__doc__
+class Trainer(CodeFirstTrainer):
+    __doc__ = CodeFirstTrainer.__doc__
     # The same hooks a YAML run's `analysis:` section gets (one path for both).
     hook_factory = staticmethod(build_hooks)
 
@@ -109,7 +92,5 @@ def process(
     class) and `data` (the section's dataset, or a factory) replace what the run recorded, so
     any code-first run can be processed, rebuildable by `loom process` or not."""
     code = {"module": module, "data": data, "checkpoint_strict": checkpoint_strict}
-    if isinstance(source, Mapping):
-        with _as_file(source) as path:
-            return _process(path, overrides, section, checkpoint, expdir, device, disable, **code)
-    return _process(Path(source), overrides, section, checkpoint, expdir, device, disable, **code)
+    source = source if isinstance(source, Mapping) else Path(source)
+    return _process(source, overrides, section, checkpoint, expdir, device, disable, **code)

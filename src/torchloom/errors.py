@@ -8,8 +8,13 @@ This module imports nothing heavy so that config, core and the CLI can all depen
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
+
+# Says where a config key was set, for a message: where("training", "seed") -> 'cfg.yml:12'
+# (list positions as ints); what a loaded config's `where` and every builder take.
+Where = Callable[..., str]
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
@@ -53,6 +58,9 @@ class Problem:
         return text
 
 
+_E = TypeVar("_E", bound="LoomError")
+
+
 class LoomError(Exception):
     """Base of every error the user can fix. The CLI exits 2 on these."""
 
@@ -63,6 +71,12 @@ class LoomError(Exception):
             problems = [Problem("", "error", problems)]
         self.problems: list[Problem] = list(problems)
         super().__init__(self.format())
+
+    @classmethod
+    def at(cls: type[_E], where: str, subject: str, message: str, suggestion: str = "") -> _E:
+        """The error of one problem, in one statement:
+        `raise ConfigError.at(where("training", "seed"), "training.seed", "must be >= 0")`."""
+        return cls([Problem(where, subject, message, suggestion)])
 
     def format(self) -> str:
         if len(self.problems) == 1:

@@ -27,9 +27,8 @@ from torchloom.analysis.classification_numbers import (
 from torchloom.analysis.plotting import png_data
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.core.globals_store import GlobalsStore
-from torchloom.engine.run_state import TrainOptions
-from torchloom.engine.trainer import Trainer
-from torchloom.engine.training_setup import prepare_training
+from torchloom.engine.setup import prepare_training
+from torchloom.engine.state import TrainOptions
 
 
 def small_config(folder: Path, data: Path) -> Path:
@@ -233,7 +232,7 @@ def mnist_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tensorboard=0,
         hooks=[ClassificationAnalysis(AnalysisConfig())],
     )
-    return Trainer(prepare_training(config, [], options)).run().run_dir
+    return prepare_training(config, [], options).run().run_dir
 
 
 @pytest.mark.parametrize("split", ["training", "validation", "test"])

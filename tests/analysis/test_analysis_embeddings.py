@@ -79,7 +79,7 @@ def test_tensorboard_off_warns_and_exports_nothing(tmp_path: Path) -> None:
             messages.append(message % args)
 
     hook = EmbeddingExport(AnalysisConfig(embeddings=EmbeddingsConfig(streams=["z"])))
-    run: Any = SimpleNamespace(reporter=SimpleNamespace(writer=None), log=Log())
+    run: Any = SimpleNamespace(tensorboard=None, log=Log())
     hook.before_train(run)
     assert not hook.active and "TensorBoard is off" in messages[0]
     hook.eval_batch(run, "validation", {"z": torch.randn(4, 3)})

@@ -12,9 +12,8 @@ from matplotlib.image import imread
 from torchloom.analysis.history import HistoryPlots, draw_history, history_series
 from torchloom.analysis.plotting import png_data
 from torchloom.analysis.schema import AnalysisConfig
-from torchloom.engine.run_state import TrainOptions
-from torchloom.engine.trainer import Trainer
-from torchloom.engine.training_setup import prepare_training
+from torchloom.engine.setup import prepare_training
+from torchloom.engine.state import TrainOptions
 
 
 def write(path: Path, text: str) -> None:
@@ -69,7 +68,7 @@ validation:
         tensorboard=0,
         hooks=[HistoryPlots(AnalysisConfig())],
     )
-    return Trainer(prepare_training(config, ["~test"], options)).run().run_dir
+    return prepare_training(config, ["~test"], options).run().run_dir
 
 
 def test_a_run_draws_every_statistic(mnist_run: Path) -> None:

@@ -56,11 +56,11 @@ def test_measured_steps_match_a_direct_computation_and_warn(tmp_path: Path) -> N
     log = make_logger(tmp_path, quiet=True)
     run: Any = SimpleNamespace(
         progress=SimpleNamespace(episode=0, epoch=0),
-        config=SimpleNamespace(logging_interval=10),
+        logging_interval=10,
         run_dir=tmp_path,
         pipeline=pipeline,
         precision=SimpleNamespace(scaler=None),
-        reporter=SimpleNamespace(writer=None),
+        tensorboard=None,
         log=log,
     )
     config = AnalysisConfig(layer_statistics=LayerStatisticsConfig(interval=2))

@@ -20,9 +20,8 @@ from torchloom.analysis.lr_range_rules import find_divergence, smoothing_window,
 from torchloom.analysis.plotting import png_data
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.cli.main import main
-from torchloom.engine.run_state import TrainOptions
-from torchloom.engine.trainer import Trainer
-from torchloom.engine.training_setup import prepare_training
+from torchloom.engine.setup import prepare_training
+from torchloom.engine.state import TrainOptions
 from torchloom.errors import ConfigError
 
 
@@ -78,7 +77,7 @@ def test_recorder_follows_a_scheduler(config: Path, tmp_path: Path) -> None:
         "+training.scheduler={type: StepLR, step_size: 1, gamma: 0.5}",
         "~test",
     ]
-    run = Trainer(prepare_training(config, overrides, options)).run().run_dir
+    run = prepare_training(config, overrides, options).run().run_dir
     recorded = rows(run / "reports" / "learning_rate.csv")
     # The start, then every 2 of 4 batches an epoch; the rate halves after each epoch.
     assert [int(r["episode"]) for r in recorded] == [0, 2, 4, 6, 8]
@@ -224,7 +223,7 @@ validation:
         divergence = found.divergence
         assert divergence is None or found.suggested_lr < found.learning_rates[divergence.began]
         overrides = [*seeded, f"training.optimizer.lr={found.suggested_lr}", "~training.scheduler"]
-        run = Trainer(prepare_training(config, [*overrides, "~test"], options)).run()
+        run = prepare_training(config, [*overrides, "~test"], options).run()
         accuracy = run.summary["final"]["validation"]["accuracy"]
         assert accuracy > 0.6, f"seed {seed}: rate {found.suggested_lr:.3g}, accuracy {accuracy}"
 

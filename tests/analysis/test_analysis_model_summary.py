@@ -13,10 +13,9 @@ from torchloom.analysis.classification import ClassificationAnalysis
 from torchloom.analysis.learning_rate import LearningRateRecorder
 from torchloom.analysis.model_summary import ModelSummary, optimizer_slots
 from torchloom.analysis.schema import AnalysisConfig
-from torchloom.engine.hooks import Hook
-from torchloom.engine.run_state import RunState, TrainOptions
-from torchloom.engine.trainer import Trainer
-from torchloom.engine.training_setup import prepare_training
+from torchloom.engine.setup import prepare_training
+from torchloom.engine.state import Hook, TrainOptions
+from torchloom.engine.trainer import TrainingLoop
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +45,19 @@ pipeline:
 
 def prepared(
     config: Path, folder: Path, hooks: list[Hook], overrides: tuple[str, ...] = ()
-) -> RunState:
+) -> TrainingLoop:
     options = TrainOptions(expdir=str(folder), quiet=True, tensorboard=0, hooks=hooks)
-    return prepare_training(config, overrides, options)
+    loop = prepare_training(config, overrides, options)
+    assert isinstance(loop, TrainingLoop)
+    return loop
 
 
 def test_summary_of_lenet5_on_mnist(
     config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hook = ModelSummary(AnalysisConfig())
-    state = prepared(config, tmp_path, [hook])
+    loop = prepared(config, tmp_path, [hook])
+    state = loop.view
     state.pipeline.train()
     task_class = type(state.train_data.task)
     original = task_class.__getitem__
@@ -71,7 +73,7 @@ def test_summary_of_lenet5_on_mnist(
     assert all(
         module.training for module in state.pipeline.components["image_classifier"].modules()
     )
-    state.close()
+    loop.close()
     text = (state.run_dir / "reports" / "model_summary.md").read_text()
     assert "| image_classifier | LeNet5 | 61,706 | 0 |" in text
     # conv1 keeps 28x28 (padding 2); a batch is the configured 32 samples.
@@ -113,7 +115,7 @@ def test_analysis_hooks_leave_training_bit_identical(config: Path, tmp_path: Pat
     overrides = ("training.terminal_conditions.epoch_limit=1", "~test")
     for name, run_hooks in (("without", []), ("with", hooks)):
         state = prepared(config, tmp_path / name, run_hooks, overrides)
-        runs.append(Trainer(state).run().run_dir)
+        runs.append(state.run().run_dir)
     weights = [
         torch.load(run / "checkpoints" / "last.pt", weights_only=True)["components"] for run in runs
     ]

@@ -24,10 +24,9 @@ from torchloom.analysis.schema import AnalysisConfig, OutputSpec, WorstSamplesCo
 from torchloom.analysis.worst_samples import WorstSamples
 from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.streams import StreamSpec
-from torchloom.engine.hooks import Hook
-from torchloom.engine.run_state import RunState, TrainOptions
-from torchloom.engine.trainer import Trainer
-from torchloom.engine.training_setup import prepare_training
+from torchloom.engine.setup import prepare_training
+from torchloom.engine.state import Hook, RunView, TrainOptions
+from torchloom.engine.trainer import TrainingLoop
 
 SMALL_RUN = """\
 default_configs: [loom://mnist/lenet5.yml]
@@ -55,7 +54,7 @@ def train(
     hooks: Sequence[Hook],
     overrides: Sequence[str] = (),
     tensorboard: int = 0,
-) -> RunState:
+) -> RunView:
     """A finished small run with these hooks (the state, for its run folder and objects)."""
     root = factory.getbasetemp() / "analysis-hooks"
     root.mkdir(exist_ok=True)
@@ -69,11 +68,12 @@ def train(
     # One thread: a model this small only waits on the others (more so on a busy machine).
     torch.set_num_threads(1)
     try:
-        state = prepare_training(config, list(overrides), options)
-        Trainer(state).run()
+        loop = prepare_training(config, list(overrides), options)
+        assert isinstance(loop, TrainingLoop)
+        loop.run()
     finally:
         torch.set_num_threads(threads)
-    return state
+    return loop.view
 
 
 def final_weights(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:

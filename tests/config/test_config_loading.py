@@ -297,3 +297,27 @@ def test_a_mapping_of_another_type_replaces_the_included_one(tmp_path: Path) -> 
     assert data["optimizer"] == {"type": "Adam", "lr": 0.01}  # same type: merged key by key
     overridden = load_config(tmp_path / "top.yml", ["training.optimizer={type: SGD, lr: 0.1}"])
     assert overridden.data["training"]["optimizer"] == {"type": "SGD", "lr": 0.1}
+
+
+def test_a_mapping_is_loaded_as_its_yaml_would_be_without_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    def no_temporary_files(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a mapping config must not go through a temporary file")
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", no_temporary_files)
+    monkeypatch.setattr(tempfile, "mkstemp", no_temporary_files)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "base.yml").write_text("training: {seed: 3, rate: 0.1}\n", encoding="utf-8")
+    loaded = load_config(
+        {"default_configs": ["base.yml"], "training": {"rate": "${training.seed}"}},
+        ["training.seed=5"],
+    )
+    assert loaded.data == {"name": "python_pipeline", "training": {"seed": 5, "rate": 5}}
+    assert loaded.where("training", "rate") == "config mapping 'python_pipeline', key training.rate"
+    assert loaded.where("training", "seed") == "command-line override 'training.seed=5'"
+    with pytest.raises(ConfigError) as raised:
+        load_config({"name": "mine", "training": {"x": "${training.nowhere}"}})
+    assert "config mapping 'mine', key training.x" in raised.value.format()

@@ -5,7 +5,6 @@ keep the promises of their specs."""
 
 from __future__ import annotations
 
-import json
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -14,90 +13,17 @@ import pytest
 import torch
 
 import torchloom
-from torchloom.config import dump_config
 from torchloom.engine.checkpoint import load_checkpoint
-from torchloom.engine.hooks import Hook
 from torchloom.engine.run_folder import RunLock, run_liveness
-from torchloom.engine.run_state import RunState, TrainOptions
-from torchloom.engine.summary import RunResult
-from torchloom.engine.trainer import Trainer
-from torchloom.engine.training_setup import prepare_training
+from torchloom.engine.state import Hook, RunView
 from torchloom.errors import ComponentError, ConfigError, DataError, StorageError, WeightsError
-
-
-def toy_config(epochs: int = 2, **training: Any) -> dict[str, Any]:
-    return {
-        "name": "toy",
-        "training": {
-            "task": {"type": "toy_components:ToyTask", "size": 40},
-            "dataloader": {"batch_size": 8},
-            "optimizer": {"type": "SGD", "lr": 0.1},
-            "seed": 3,
-            "logging_interval": 2,
-            "terminal_conditions": {"epoch_limit": epochs},
-            **training,
-        },
-        "validation": {"task": {"type": "toy_components:ToyTask", "size": 16}},
-        "test": {"task": {"type": "toy_components:ToyTask", "size": 16}},
-        "pipeline": {
-            "model": {
-                "type": "toy_components:ToyLinear",
-                "globals": {"prediction_size": "num_classes"},
-            },
-            "loss": {"type": "toy_components:ToyLoss"},
-            "counter": {"type": "trust_components:SampleCounter"},
-        },
-    }
-
-
-def write(folder: Path, config: dict[str, Any], name: str = "toy.yml") -> Path:
-    path = folder / name
-    path.write_text(dump_config(config), encoding="utf-8")
-    return path
-
-
-def start(
-    config: Path | None, expdir: Path, *hooks: Hook, resume: Path | None = None, **kw: Any
-) -> RunState | RunResult:
-    options = TrainOptions(expdir=str(expdir), quiet=True, tensorboard=0, hooks=hooks)
-    return prepare_training(config, kw.pop("overrides", ()), options, resume=resume)
-
-
-def train(config: Path | None, expdir: Path, *hooks: Hook, **kw: Any) -> RunResult:
-    prepared = start(config, expdir, *hooks, **kw)
-    return prepared if isinstance(prepared, RunResult) else Trainer(prepared).run()
-
-
-def only_run(expdir: Path) -> Path:
-    (run,) = [p for p in expdir.glob("*/*") if p.is_dir()]
-    return run
-
-
-def summary(run: Path) -> dict[str, Any]:
-    return dict(json.loads((run / "summary.json").read_text()))
-
-
-def model_weights(run: Path, name: str = "last.pt") -> dict[str, torch.Tensor]:
-    return dict(load_checkpoint(run / "checkpoints" / name)["components"]["model"])
-
-
-class StopAt(Hook):
-    """Asks the run to stop after `episode`, as a Ctrl-C then would (a graceful stop)."""
-
-    name = "stop_at"
-
-    def __init__(self, episode: int) -> None:
-        self.episode = episode
-
-    def after_step(self, run: RunState, batch: Any, loss: torch.Tensor) -> None:
-        if run.progress.episode == self.episode:
-            run.signals.requested = True
+from toy_runs import StopAt, model_weights, only_run, start, summary, toy_config, train, write
 
 
 class CrashAfterInterval(Hook):
     name = "crash"
 
-    def after_interval(self, run: RunState) -> None:
+    def after_interval(self, run: RunView) -> None:
         raise ValueError("the hook broke")
 
 
@@ -221,7 +147,7 @@ class StopDuringValidation(Hook):
 
     name = "stop_in_validation"
 
-    def eval_batch(self, run: RunState, section: str, batch: Any) -> None:
+    def eval_batch(self, run: RunView, section: str, batch: Any) -> None:
         if section == "validation":
             raise KeyboardInterrupt
 

@@ -12,7 +12,7 @@ import torch
 from PIL import Image, ImageStat
 
 import torchloom
-from torchloom.zoo.viewers import ImageViewer, StreamViewer, _captions, describe_value
+from torchloom.zoo.viewers import ImageViewer, StreamViewer, _captions, preview_value
 
 
 def batch(size: int = 4) -> dict[str, object]:
@@ -58,9 +58,9 @@ def test_stream_viewer_counts_evaluation_batches_apart(caplog: pytest.LogCapture
 
 
 def test_describe_value_is_short() -> None:
-    assert describe_value(torch.zeros(3, 100)).endswith("[0, 0, 0, 0, 0, 0, ...]")
-    assert len(describe_value("x" * 5000)) < 1100
-    assert describe_value(torch.tensor(7)) == "7"
+    assert preview_value(torch.zeros(3, 100)).endswith("[0, 0, 0, 0, 0, 0, ...]")
+    assert len(preview_value("x" * 5000)) < 1100
+    assert preview_value(torch.tensor(7)) == "7"
 
 
 def test_image_viewer_writes_grids_into_the_pass_folder(tmp_path: Path) -> None:

@@ -6,15 +6,17 @@ Hook classes load only when their item is on, so a `minimal` run imports no plot
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
+from torchloom.analysis.plotting import PlotBudget
 from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig
 from torchloom.core.pipeline import Pipeline
-from torchloom.engine.hooks import Hook
-from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.engine.state import Hook
+from torchloom.errors import ConfigError, Problem, Where, did_you_mean
 
 # hook class -> (module, the items that switch it on)
 HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -47,7 +49,7 @@ def _section(data: Mapping[str, Any]) -> Any:
     return {"preset": raw} if isinstance(raw, str) else (raw or {})
 
 
-def parse_analysis(data: Mapping[str, Any], where: Callable[..., str]) -> AnalysisConfig:
+def parse_analysis(data: Mapping[str, Any], where: Where) -> AnalysisConfig:
     try:
         return AnalysisConfig.model_validate(_section(data))
     except ValidationError as error:
@@ -74,9 +76,7 @@ def _streams(pipeline: Pipeline) -> set[str]:
     return names
 
 
-def check_outputs(
-    config: AnalysisConfig, pipeline: Pipeline, where: Callable[..., str], explicit: bool
-) -> bool:
+def check_outputs(config: AnalysisConfig, pipeline: Pipeline, where: Where, explicit: bool) -> bool:
     """Whether the outputs' streams exist. Outputs the user named must exist (ConfigError);
     the default output is simply skipped by pipelines that do not publish it."""
     available = _streams(pipeline)
@@ -111,7 +111,7 @@ def check_outputs(
 
 
 def checked_analysis(
-    data: Mapping[str, Any], pipeline: Pipeline, where: Callable[..., str]
+    data: Mapping[str, Any], pipeline: Pipeline, where: Where
 ) -> tuple[AnalysisConfig, bool]:
     """The `analysis:` section checked against the pipeline (what `loom check` and
     `loom train` both reject), and whether the outputs' streams exist."""
@@ -121,17 +121,17 @@ def checked_analysis(
     return config, check_outputs(config, pipeline, where, explicit)
 
 
-def build_hooks(
-    data: Mapping[str, Any], pipeline: Pipeline, where: Callable[..., str]
-) -> list[Hook]:
+def build_hooks(data: Mapping[str, Any], pipeline: Pipeline, where: Where) -> list[Hook]:
     """The analysis hooks a run's config asks for (the `default` preset when it says none)."""
     config, outputs_ok = checked_analysis(data, pipeline, where)
     hooks: list[Hook] = []
+    budget = PlotBudget()  # one per run, shared by the hooks that plot
     for class_name, (module, items) in HOOKS.items():
         wanted = [i for i in items if config.enabled(i)]
         if not outputs_ok:
             wanted = [i for i in wanted if i not in NEEDS_OUTPUTS]
         if wanted:
             cls = getattr(importlib.import_module(module), class_name)
-            hooks.append(cls(config))
+            takes_budget = "budget" in inspect.signature(cls).parameters
+            hooks.append(cls(config, budget) if takes_budget else cls(config))
     return hooks

@@ -16,11 +16,11 @@ read once per pass. Files, in `reports/` of the run folder:
 from __future__ import annotations
 
 import csv
-import os
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,24 +33,23 @@ from torchloom.analysis.classification_numbers import (
     report_markdown,
     roc_curves,
 )
-from torchloom.analysis.plotting import CURVE_MARGINS, budget_for, figure, save_png
+from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec
 from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
-from torchloom.engine.hooks import Hook
-from torchloom.engine.run_folder import write_text_atomic
+from torchloom.data.atomic_files import PendingFile, write_text_atomic
+from torchloom.engine.state import Hook
 
 if TYPE_CHECKING:
-    from torchloom.engine.run_state import RunState
+    from torchloom.engine.state import RunView
 
 ERROR_COLUMNS = ("id", "truth", "prediction", "confidence", "truth_name", "prediction_name")
 
 
 def _write_csv(path: Path, rows: Sequence[Sequence[Any]]) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    with open(temporary, "w", newline="", encoding="utf-8") as handle:
-        csv.writer(handle).writerows(rows)
-    os.replace(temporary, path)
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(rows)
+    write_text_atomic(path, text.getvalue())
 
 
 def row_normalised(counts: np.ndarray) -> np.ndarray:
@@ -106,8 +105,8 @@ class ErrorStream:
 
     def __init__(self, path: Path, names: Sequence[str]) -> None:
         self.path, self.names = path, names
-        self.temporary = path.with_name(f".{path.name}.tmp")
-        self.handle: IO[str] = open(self.temporary, "w", newline="", encoding="utf-8")  # noqa: SIM115
+        self.pending = PendingFile(path)
+        self.handle = io.TextIOWrapper(self.pending.handle, encoding="utf-8", newline="")
         self.writer = csv.writer(self.handle)
         self.writer.writerow(ERROR_COLUMNS)
         self.waiting: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
@@ -134,11 +133,12 @@ class ErrorStream:
     def finish(self, keep: bool) -> None:
         if keep:
             self.flush()
-        self.handle.close()
+        self.handle.flush()
+        self.handle.detach()  # the binary file stays open for the pending file to finish
         if keep:
-            os.replace(self.temporary, self.path)
+            self.pending.commit()
         else:
-            self.temporary.unlink(missing_ok=True)
+            self.pending.discard()
 
 
 @dataclass
@@ -158,7 +158,9 @@ class ClassificationAnalysis(Hook):
 
     name = "classification_analysis"
 
-    def __init__(self, config: AnalysisConfig) -> None:
+    def __init__(self, config: AnalysisConfig, budget: PlotBudget | None = None) -> None:
+        # Shared with the run's other plotting hooks (analysis/build.py): together within it.
+        self.budget = budget if budget is not None else PlotBudget()
         self.outputs = list(config.outputs)
         self.confusion_matrix = config.enabled("confusion_matrix")
         self.report = config.enabled("classification_report")
@@ -175,18 +177,18 @@ class ClassificationAnalysis(Hook):
         self.step_buffers: dict[str, StepBuffer] = {}
 
     # ---- events ----------------------------------------------------------------------------
-    def before_train(self, run: RunState) -> None:
-        budget_for(run.run_dir)  # the plotting budget counts the run's time from its start
+    def before_train(self, run: RunView) -> None:
+        self.budget.start()  # the plotting budget counts the run's time from its start
 
-    def after_step(self, run: RunState, batch: Batch, loss: torch.Tensor) -> None:
+    def after_step(self, run: RunView, batch: Batch, loss: torch.Tensor) -> None:
         for output in self.outputs:
             self._count(run, "training", output, batch)
 
-    def after_training_epoch(self, run: RunState, values: dict[str, Any]) -> None:
+    def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None:
         self._flush_steps()
         self._finish(run, "training", keep=True)
 
-    def eval_batch(self, run: RunState, section: str, batch: Batch) -> None:
+    def eval_batch(self, run: RunView, section: str, batch: Batch) -> None:
         if section not in self.open_passes:  # the first batch of a pass: start afresh
             self._finish(run, section, keep=False)
             self.open_passes.add(section)
@@ -201,13 +203,11 @@ class ClassificationAnalysis(Hook):
                     batch.get(output.ids), batch[output.predictions], batch[output.targets]
                 )
 
-    def after_eval(
-        self, run: RunState, section: str, values: dict[str, Any], partial: bool
-    ) -> None:
+    def after_eval(self, run: RunView, section: str, values: dict[str, Any], partial: bool) -> None:
         self.open_passes.discard(section)
         self._finish(run, section, keep=not partial)
 
-    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+    def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         self._draw(run, force=True)
 
     def state_dict(self) -> dict[str, Any]:
@@ -225,7 +225,7 @@ class ClassificationAnalysis(Hook):
 
     # ---- counting and reporting ------------------------------------------------------------
     def _count(
-        self, run: RunState, split: str, output: OutputSpec, batch: Batch
+        self, run: RunView, split: str, output: OutputSpec, batch: Batch
     ) -> ClassCounts | None:
         scores, targets = batch.get(output.predictions), batch.get(output.targets)
         if not isinstance(scores, torch.Tensor) or not isinstance(targets, torch.Tensor):
@@ -259,7 +259,7 @@ class ClassificationAnalysis(Hook):
         for buffer in self.step_buffers.values():
             buffer.flush()
 
-    def _finish(self, run: RunState, split: str, keep: bool) -> None:
+    def _finish(self, run: RunView, split: str, keep: bool) -> None:
         """End a pass: write its reports (keep) or drop it (a partial validation pass)."""
         for output in self.outputs:
             key = (output.name, split)
@@ -292,8 +292,8 @@ class ClassificationAnalysis(Hook):
             self.pending[key] = FinishedPass(title, stem, names, confusion, curves)
         self._draw(run, force=False)
 
-    def _draw(self, run: RunState, force: bool) -> None:
-        budget = budget_for(run.run_dir)
+    def _draw(self, run: RunView, force: bool) -> None:
+        budget = self.budget
         if not self.pending or not (force or budget.due("classification")):
             return  # drawn later: at the next pass within budget, or at the end of the run
         with budget.timed("classification"):
@@ -309,13 +309,13 @@ class ClassificationAnalysis(Hook):
         self.pending.clear()
 
     @staticmethod
-    def _reports(run: RunState) -> Path:
+    def _reports(run: RunView) -> Path:
         folder = run.run_dir / "reports"
         folder.mkdir(exist_ok=True)
         return folder
 
 
-def _class_names(run: RunState, output: OutputSpec, classes: int) -> list[str]:
+def _class_names(run: RunView, output: OutputSpec, classes: int) -> list[str]:
     """Names from the output's class-names global ({name: index}), else numbers."""
     names = [str(k) for k in range(classes)]
     store = run.pipeline.globals

@@ -27,6 +27,7 @@ from torchloom.analysis.run_reading import (
     plotted_statistics,
     read_run,
 )
+from torchloom.config.dumping import flatten_config
 from torchloom.engine.run_folder import write_text_atomic
 from torchloom.errors import ConfigError, Problem
 
@@ -102,14 +103,12 @@ def history_overlays(runs: Sequence[Run], labels: Sequence[str]) -> list[tuple[s
     return plots
 
 
-def _flatten(value: Any, prefix: str = "") -> dict[str, str]:
-    if isinstance(value, dict) and value:
-        flat: dict[str, str] = {}
-        for key, item in value.items():
-            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    return {prefix: text} if prefix else {}
+def _flatten(value: Any) -> dict[str, str]:
+    """Every leaf as text, by dotted key (strings as they are, the rest as JSON)."""
+    return {
+        key: item if isinstance(item, str) else json.dumps(item, default=str)
+        for key, item in flatten_config(value).items()
+    }
 
 
 def config_differences(runs: Sequence[Run]) -> list[list[str]]:

@@ -24,10 +24,10 @@ import torch.nn.functional as F
 from torchloom.analysis.image_grid import class_names
 from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig
 from torchloom.core.component import Batch
-from torchloom.engine.hooks import Hook
+from torchloom.engine.state import Hook
 
 if TYPE_CHECKING:
-    from torchloom.engine.run_state import RunState
+    from torchloom.engine.state import RunView
 
 THUMBNAIL = 32  # pixels a side, at most: a sprite of 1000 of them stays about 1000 px wide
 
@@ -74,17 +74,17 @@ class EmbeddingExport(Hook):
         self.final: _Pass | None = None
         self._warned: set[str] = set()
 
-    def before_train(self, run: RunState) -> None:
+    def before_train(self, run: RunView) -> None:
         if not self.active:
             return
-        if run.reporter.writer is None:
+        if run.tensorboard is None:
             run.log.warning("embeddings: TensorBoard is off (--tensorboard 0); nothing exported")
             self.active = False
         elif getattr(run, f"{self.settings.section}_data") is None:
             run.log.warning("embeddings: the run has no %s section", self.settings.section)
             self.active = False
 
-    def eval_batch(self, run: RunState, section: str, batch: Batch) -> None:
+    def eval_batch(self, run: RunView, section: str, batch: Batch) -> None:
         if not self.active or section != self.settings.section:
             return
         kept = self.current
@@ -111,19 +111,17 @@ class EmbeddingExport(Hook):
             kept.images.append(thumbnails(images[:taken]))
         kept.rows += taken
 
-    def after_eval(
-        self, run: RunState, section: str, values: dict[str, Any], partial: bool
-    ) -> None:
+    def after_eval(self, run: RunView, section: str, values: dict[str, Any], partial: bool) -> None:
         if not self.active or section != self.settings.section:
             return
         if not partial and self.current.rows:
             self.final = self.current
         self.current = _Pass()
 
-    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+    def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         if not self.active or self.final is None:
             return
-        kept, writer = self.final, run.reporter.writer
+        kept, writer = self.final, run.tensorboard
         output = self.config.outputs[0]
         metadata = None
         targets = torch.cat(kept.targets) if kept.targets else None
@@ -156,7 +154,7 @@ class EmbeddingExport(Hook):
             self.settings.section,
         )
 
-    def _warn(self, run: RunState, stream: str, problem: str) -> None:
+    def _warn(self, run: RunView, stream: str, problem: str) -> None:
         if stream not in self._warned:
             self._warned.add(stream)
             run.log.warning("embeddings: stream '%s' %s", stream, problem)

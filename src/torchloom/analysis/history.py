@@ -15,12 +15,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchloom.analysis.plotting import CURVE_MARGINS, budget_for, figure, save_png
+from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
-from torchloom.engine.hooks import Hook
+from torchloom.engine.state import Hook
 
 if TYPE_CHECKING:
-    from torchloom.engine.run_state import RunState
+    from torchloom.engine.state import RunView
 
 # (panel, section) -> the run folder's CSV file it is drawn from.
 SOURCES = {
@@ -126,36 +126,36 @@ class HistoryPlots(Hook):
 
     name = "history_plots"
 
-    def __init__(self, config: AnalysisConfig) -> None:
+    def __init__(self, config: AnalysisConfig, budget: PlotBudget | None = None) -> None:
+        # Shared with the run's other plotting hooks (analysis/build.py): together within it.
+        self.budget = budget if budget is not None else PlotBudget()
         self.config = config
         self.drawn: dict[str, Any] = {}
 
-    def before_train(self, run: RunState) -> None:
-        budget_for(run.run_dir)  # the plotting budget counts the run's time from its start
+    def before_train(self, run: RunView) -> None:
+        self.budget.start()  # the plotting budget counts the run's time from its start
 
-    def after_training_epoch(self, run: RunState, values: dict[str, Any]) -> None:
+    def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None:
         validation_follows = not run.online and run.validation_data is not None
         if not validation_follows:  # else drawn once, after the validation pass
             self._draw(run, {("per epoch", "training"): values}, force=False)
 
-    def after_eval(
-        self, run: RunState, section: str, values: dict[str, Any], partial: bool
-    ) -> None:
+    def after_eval(self, run: RunView, section: str, values: dict[str, Any], partial: bool) -> None:
         if section == "validation" and not partial:
             p = run.progress
             row = {"epoch": p.epoch, "episode": p.episode, **values}
             self._draw(run, {("per epoch", "validation"): row}, force=False)
 
-    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+    def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         self._draw(run, None, force=True)  # every file is complete by now
 
     def _draw(
         self,
-        run: RunState,
+        run: RunView,
         pending: Mapping[tuple[str, str], Mapping[str, Any]] | None,
         force: bool,
     ) -> None:
-        budget = budget_for(run.run_dir)
+        budget = self.budget
         if force or budget.due("history"):
             with budget.timed("history"):
                 draw_history(run.run_dir, pending, self.drawn)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import torch
 
 from torchloom.core.component import Batch, Task
 from torchloom.core.pipeline import Pipeline
+from torchloom.data.atomic_files import atomic_file
 
 if TYPE_CHECKING:
     from PIL import ImageFont
@@ -146,18 +146,9 @@ def save_grid(
             top = y + tile + number * layout.line_height
             draw.text((x, top), _fit(line, font, tile), fill="black", font=font)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    canvas.save(temporary, format="PNG")
-    os.replace(temporary, path)  # a report reader never sees half a picture
+    with atomic_file(path) as out:  # a report reader never sees half a picture
+        canvas.save(out, format="PNG")
     return layout
-
-
-def write_text(path: Path, text: str) -> None:
-    """Through a temporary file and a rename: a report reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
-    os.replace(temporary, path)
 
 
 def markdown_cell(value: object, limit: int = 300) -> str:

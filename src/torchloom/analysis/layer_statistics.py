@@ -35,11 +35,11 @@ from torch.utils.hooks import RemovableHandle
 from torchloom.analysis.schema import AnalysisConfig, LayerStatisticsConfig
 from torchloom.core.component import Batch
 from torchloom.core.pipeline import Pipeline
-from torchloom.engine.hooks import Hook
+from torchloom.engine.state import Hook
 from torchloom.statistics.csv_log import CsvLog
 
 if TYPE_CHECKING:
-    from torchloom.engine.run_state import RunState
+    from torchloom.engine.state import RunView
 
 ACTIVATIONS = ("activation_mean", "activation_std", "activation_min", "activation_max")
 
@@ -111,10 +111,10 @@ class LayerStatistics(Hook):
         self.gradient_scale = 1.0
 
     # ---- events ----------------------------------------------------------------------------
-    def before_train(self, run: RunState) -> None:
+    def before_train(self, run: RunView) -> None:
         if not self.enabled:
             return
-        self.interval = self.settings.interval or run.config.logging_interval
+        self.interval = self.settings.interval or run.logging_interval
         self.pipeline = run.pipeline
         self.layers = find_layers(run.pipeline)
         folder = run.run_dir / "reports"
@@ -124,10 +124,10 @@ class LayerStatistics(Hook):
         if self.layers and (run.progress.episode + 1) % self.interval == 0:
             self._register(run)
 
-    def needs_eager_step(self, run: RunState) -> bool:
+    def needs_eager_step(self, run: RunView) -> bool:
         return bool(self.handles)  # registered: the coming step is measured
 
-    def after_step(self, run: RunState, batch: Batch, loss: torch.Tensor) -> None:
+    def after_step(self, run: RunView, batch: Batch, loss: torch.Tensor) -> None:
         if not self.layers:
             return
         episode = run.progress.episode
@@ -137,11 +137,11 @@ class LayerStatistics(Hook):
         if (episode + 1) % self.interval == 0:
             self._register(run)
 
-    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+    def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         self._remove()  # registered for a step that never came
 
     # ---- measuring -------------------------------------------------------------------------
-    def _register(self, run: RunState) -> None:
+    def _register(self, run: RunView) -> None:
         scaler = run.precision.scaler
         # The scale the next backward multiplies the loss by (one host read per measurement).
         self.gradient_scale = float(scaler.get_scale()) if scaler is not None else 1.0
@@ -180,7 +180,7 @@ class LayerStatistics(Hook):
             layer.squared_gradients = squares if current is None else current + squares
 
     # ---- reporting -------------------------------------------------------------------------
-    def _report(self, run: RunState) -> None:
+    def _report(self, run: RunView) -> None:
         episode, epoch = run.progress.episode, run.progress.epoch + 1  # numbered as logged
         # Everything the step left on the device, read back in one copy.
         device_values = [s for layer in self.layers for _, s in layer.calls] + [
@@ -194,7 +194,7 @@ class LayerStatistics(Hook):
             for layer in self.layers
         }
         vanishing, exploding = [], []
-        writer = run.reporter.writer
+        writer = run.tensorboard
         for layer in self.layers:
             row: dict[str, Any] = {"episode": episode, "epoch": epoch, "layer": layer.name}
             row.update(combine(calls[layer.name]) if calls[layer.name] else {})

@@ -34,26 +34,29 @@ from torchloom.analysis.lr_range_rules import (
 from torchloom.analysis.plotting import CURVE_MARGINS, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.config import dump_config
-from torchloom.config.schema import TrainingConfig
+from torchloom.config.schema import GradientClippingConfig, TrainingConfig
 from torchloom.core.component import Batch
-from torchloom.engine.assemble import build_checked, load_and_validate, pipeline_name
-from torchloom.engine.devices import resolve_device
-from torchloom.engine.hooks import Hook
+from torchloom.engine.assemble import (
+    build_checked,
+    load_and_validate,
+    pipeline_name,
+    resolve_device,
+)
+from torchloom.engine.checkpoint import seed_everything, set_deterministic
 from torchloom.engine.loaders import SectionLoader, to_device
-from torchloom.engine.losses import WeightedLoss
-from torchloom.engine.precision import Precision
 from torchloom.engine.run_folder import create_run_folder, write_text_atomic
-from torchloom.engine.seeding import seed_everything, set_deterministic
-from torchloom.engine.training_parts import build_training_parts
+from torchloom.engine.setup import build_training_parts
+from torchloom.engine.state import Hook
+from torchloom.engine.step import Precision, WeightedLoss, clip_gradients
 from torchloom.errors import ConfigError, Problem
 from torchloom.statistics.csv_log import CsvLog
 
 if TYPE_CHECKING:
-    from torchloom.engine.run_state import RunState
+    from torchloom.engine.state import RunView
 
 
 # ---- recording a run's rates -----------------------------------------------------------------
-def group_labels(run: RunState) -> list[str]:
+def group_labels(run: RunView) -> list[str]:
     """Per optimizer parameter group, the components whose weights it holds."""
     owners = {
         id(p): name
@@ -77,7 +80,7 @@ class LearningRateRecorder(Hook):
         self.config = config
         self.csv: CsvLog | None = None
 
-    def before_train(self, run: RunState) -> None:
+    def before_train(self, run: RunView) -> None:
         folder = run.run_dir / "reports"
         folder.mkdir(exist_ok=True)
         # A resumed run drops rows past its checkpoint, as the statistics files do.
@@ -85,10 +88,10 @@ class LearningRateRecorder(Hook):
         if run.progress.episode == 0:
             self._record(run, epoch=0)
 
-    def after_interval(self, run: RunState) -> None:
+    def after_interval(self, run: RunView) -> None:
         self._record(run, epoch=run.progress.epoch + 1)  # the epoch in progress, as the engine
 
-    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+    def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         if self.csv is None or not self.csv.path.is_file():
             return
         rows = self.csv.rows()
@@ -107,7 +110,7 @@ class LearningRateRecorder(Hook):
         ax.legend(fontsize=8)
         save_png(fig, run.run_dir / "reports" / "learning_rate.png")
 
-    def _record(self, run: RunState, epoch: int) -> None:
+    def _record(self, run: RunView, epoch: int) -> None:
         assert self.csv is not None, "before_train opens the file"
         row: dict[str, Any] = {"episode": run.progress.episode, "epoch": epoch}
         for index, group in enumerate(run.optimizer.param_groups):
@@ -176,14 +179,8 @@ def lr_find(
         loaded.where,
         pin_memory=run_device.type == "cuda",
     )
-    clip = training.gradient_clipping
-    precision = Precision(
-        training.precision,
-        run_device,
-        clip.norm if clip else None,
-        clip.value if clip else None,
-        clip.norm_type if clip else 2.0,
-    )
+    precision = Precision(training.precision, run_device)
+    clipping = training.gradient_clipping
     run_dir = create_run_folder(expdir, pipeline_name(loaded), "lr_find")
     write_text_atomic(run_dir / "config.yaml", dump_config(loaded.data))
 
@@ -202,7 +199,9 @@ def lr_find(
         rate = start_lr * (end_lr / start_lr) ** (step / (steps - 1))
         for group, ratio in zip(optimizer.param_groups, ratios, strict=True):
             group["lr"] = rate * ratio
-        loss = _optimizer_step(pipeline, parts.loss, precision, optimizer, parameters, batches)
+        loss = _optimizer_step(
+            pipeline, parts.loss, precision, clipping, optimizer, parameters, batches
+        )
         rates.append(rate)
         # Nothing after divergence can be suggested: the network is dead, or going.
         if watch.add(loss) is not None:
@@ -273,21 +272,27 @@ def _optimizer_step(
     pipeline: torch.nn.Module,
     weighted_loss: WeightedLoss,
     precision: Precision,
+    clipping: GradientClippingConfig | None,
     optimizer: torch.optim.Optimizer,
     parameters: list[torch.nn.Parameter],
     batches: Iterator[list[Batch]],
 ) -> float:
-    """One optimizer step (over `accumulation` batches, as training makes it); its mean loss."""
+    """One optimizer step (over `accumulation` batches, as training makes it, in the order of
+    TrainingLoop.train_step / optimizer_step); its mean loss."""
     group = next(batches)
     total = 0.0
+    scaler = precision.scaler
     for batch in group:
         batch = to_device(batch, precision.device)
         with precision.autocast():
             pipeline(batch)
             loss = weighted_loss(batch)
-        precision.backward(loss / len(group) if len(group) > 1 else loss)
+        scaler.scale(loss / len(group) if len(group) > 1 else loss).backward()
         total += float(loss.detach())  # the test needs every loss on the host: one sync a batch
-    precision.step(optimizer, parameters)
+    scaler.unscale_(optimizer)
+    clip_gradients(parameters, clipping)
+    scaler.step(optimizer)
+    scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return total / len(group)
 

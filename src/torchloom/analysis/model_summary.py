@@ -26,15 +26,14 @@ from torch.nn.parameter import is_lazy
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.core.component import Batch, Component, Statistic
 from torchloom.core.pipeline import Pipeline
-from torchloom.engine.compilation import running_eagerly
-from torchloom.engine.hooks import Hook
+from torchloom.engine.checkpoint import capture_rng_state, restore_rng_state
 from torchloom.engine.loaders import SectionLoader, to_device
-from torchloom.engine.losses import batch_size_of
 from torchloom.engine.run_folder import write_text_atomic
-from torchloom.engine.seeding import capture_rng_state, restore_rng_state
+from torchloom.engine.state import Hook
+from torchloom.engine.step import batch_size_of, running_eagerly
 
 if TYPE_CHECKING:
-    from torchloom.engine.run_state import RunState
+    from torchloom.engine.state import RunView
 
 MB = 1e6
 
@@ -100,7 +99,7 @@ def observing(pipeline: Pipeline) -> Iterator[None]:
         restore_rng_state(rng)
 
 
-def measure(run: RunState) -> Summary:
+def measure(run: RunView) -> Summary:
     pipeline = run.pipeline
     layers: dict[nn.Module, Layer] = {}
     for name, component in pipeline.components.items():
@@ -214,7 +213,7 @@ class ModelSummary(Hook):
         self.config = config
         self.summary: Summary | None = None
 
-    def before_train(self, run: RunState) -> None:
+    def before_train(self, run: RunView) -> None:
         summary = self.summary = measure(run)
         folder = run.run_dir / "reports"
         folder.mkdir(exist_ok=True)

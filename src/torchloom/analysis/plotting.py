@@ -11,18 +11,20 @@ interactive backend to pick, so drawing is safe in a headless worker and in test
     save_png(fig, run_dir / "reports" / "curve.png", {"x": xs, "y": ys})
     png_data(run_dir / "reports" / "curve.png")  # {"x": ..., "y": ...}: what tests check
 
-`PlotBudget` keeps a run's plotting under a fixed share of its wall time (see `budget_for`).
+`PlotBudget` keeps a run's plotting under a fixed share of its wall time; the hooks that plot
+into one run share one budget, which the hook factory (analysis/build.py) hands them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from torchloom.data.atomic_files import atomic_file
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -63,10 +65,9 @@ def save_png(fig: Figure, path: Path, data: Mapping[str, Any] | None = None) -> 
     report refreshing, a test) never sees half an image. `data` (JSON-able) goes into the
     PNG's text chunk `torchloom`, so the picture carries the numbers it shows."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.stem}.tmp.png")
     metadata = {"torchloom": json.dumps(data)} if data is not None else None
-    fig.savefig(temporary, format="png", dpi=DPI, metadata=metadata)
-    os.replace(temporary, path)
+    with atomic_file(path) as out:
+        fig.savefig(out, format="png", dpi=DPI, metadata=metadata)
 
 
 def png_data(path: Path) -> Any:
@@ -99,6 +100,11 @@ class PlotBudget:
         self.spent = 0.0
         self.last_cost: dict[str, float] = {}
 
+    def start(self) -> None:
+        """Count the run's time from now (every hook that plots calls it before training)."""
+        if self.spent == 0.0:
+            self.started = time.perf_counter()
+
     def due(self, kind: str) -> bool:
         expected = self.last_cost.get(kind, self.FIRST_GUESS)
         return self.spent + expected <= self.fraction * (time.perf_counter() - self.started)
@@ -113,12 +119,3 @@ class PlotBudget:
             cost = time.perf_counter() - started
             self.spent += cost
             self.last_cost[kind] = cost
-
-
-_BUDGETS: dict[Path, PlotBudget] = {}  # one small object per run of this process
-
-
-def budget_for(run_dir: Path) -> PlotBudget:
-    """The budget shared by every hook that plots into one run folder, so that together they
-    stay within it."""
-    return _BUDGETS.setdefault(Path(run_dir), PlotBudget())

@@ -27,14 +27,14 @@ from torchloom.analysis.image_grid import (
     markdown_cell,
     save_grid,
     task_key,
-    write_text,
 )
 from torchloom.analysis.schema import AnalysisConfig, AugmentationConfig, SampleExportConfig
 from torchloom.core.component import Batch, Task
-from torchloom.engine.hooks import Hook
+from torchloom.data.atomic_files import write_text_atomic
+from torchloom.engine.state import Hook
 
 if TYPE_CHECKING:
-    from torchloom.engine.run_state import RunState
+    from torchloom.engine.state import RunView
 
 # Offsets of the run seed, so these draws never coincide with one the run makes.
 RANDOM_SAMPLES_SEED = 0x5A3D
@@ -68,7 +68,7 @@ class SampleExport(Hook):
         assert isinstance(augmentation, AugmentationConfig)
         self.random_settings, self.augmentation = random_settings, augmentation
 
-    def before_train(self, run: RunState) -> None:
+    def before_train(self, run: RunView) -> None:
         if run.progress.episode > 0:  # resumed: the pictures are there since the start
             return
         if self.config.enabled("random_samples"):
@@ -76,7 +76,7 @@ class SampleExport(Hook):
         if self.config.enabled("augmentation"):
             self._augmentation(run)
 
-    def _random_samples(self, run: RunState) -> None:
+    def _random_samples(self, run: RunView) -> None:
         section = self.random_settings.section
         loader = getattr(run, "train_data" if section == "training" else f"{section}_data")
         if loader is None:
@@ -87,7 +87,7 @@ class SampleExport(Hook):
         samples = fetch_samples(task, ids, seed=run.seed + RANDOM_SAMPLES_SEED)
         self._save(run, task, samples, [f"#{i}" for i in ids], f"random_{section}.png")
 
-    def _augmentation(self, run: RunState) -> None:
+    def _augmentation(self, run: RunView) -> None:
         task = run.train_data.task
         index = self.augmentation.sample
         if index >= len(task):
@@ -102,7 +102,7 @@ class SampleExport(Hook):
         self._save(run, task, samples, captions, "augmentation.png")
 
     def _save(
-        self, run: RunState, task: Task, samples: list[Batch], captions: list[str], file: str
+        self, run: RunView, task: Task, samples: list[Batch], captions: list[str], file: str
     ) -> None:
         """A grid PNG of the samples' images, or a markdown table of their texts."""
         if not samples:  # an empty task
@@ -127,6 +127,6 @@ class SampleExport(Hook):
             lines = ["| sample | label | text |", "|---|---|---|"]
             for caption, label, sample in zip(captions, labels, samples, strict=True):
                 lines.append(f"| {caption} | {label} | {markdown_cell(sample[texts])} |")
-            write_text(path.with_suffix(".md"), "\n".join(lines) + "\n")
+            write_text_atomic(path.with_suffix(".md"), "\n".join(lines) + "\n")
         else:  # e.g. a task of vectors: nothing a person could look at
             run.log.info("sample export: %s has no image or texts stream to show", task.label)

@@ -1,4 +1,4 @@
-"""The types of summary.json's fields, as engine/summary.py writes them.
+"""The types of summary.json's fields, as the training loop writes them (engine/trainer.py).
 
 A summary.json is read back by `loom runs`, `loom report` and `loom compare`; a field of the
 wrong type (edited by hand, written by another program) is named here, so that a reader never

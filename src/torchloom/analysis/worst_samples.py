@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,16 +34,16 @@ from torchloom.analysis.image_grid import (
     markdown_cell,
     save_grid,
     task_key,
-    write_text,
 )
-from torchloom.analysis.plotting import budget_for
+from torchloom.analysis.plotting import PlotBudget, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec, WorstSamplesConfig
 from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
-from torchloom.engine.hooks import Hook
+from torchloom.data.atomic_files import write_text_atomic
+from torchloom.engine.state import Hook
 
 if TYPE_CHECKING:
-    from torchloom.engine.run_state import RunState
+    from torchloom.engine.state import RunView
 
 
 class LossHistory:
@@ -164,7 +163,9 @@ class WorstSamples(Hook):
 
     name = "worst_samples"
 
-    def __init__(self, config: AnalysisConfig) -> None:
+    def __init__(self, config: AnalysisConfig, budget: PlotBudget | None = None) -> None:
+        # Shared with the run's other plotting hooks (analysis/build.py): together within it.
+        self.budget = budget if budget is not None else PlotBudget()
         self.config = config
         settings = config.settings("worst_samples")
         assert isinstance(settings, WorstSamplesConfig)
@@ -179,8 +180,8 @@ class WorstSamples(Hook):
         self.buffered_epoch = -1
 
     # ---- events ----------------------------------------------------------------------------
-    def before_train(self, run: RunState) -> None:
-        budget_for(run.run_dir)  # the plotting budget counts the run's time from its start
+    def before_train(self, run: RunView) -> None:
+        self.budget.start()  # the plotting budget counts the run's time from its start
         if not self.enabled:
             return
         loader = run.train_data if self.settings.section == "training" else run.validation_data
@@ -198,7 +199,7 @@ class WorstSamples(Hook):
                     tracker.output.name,
                 )
 
-    def after_step(self, run: RunState, batch: Batch, loss: torch.Tensor) -> None:
+    def after_step(self, run: RunView, batch: Batch, loss: torch.Tensor) -> None:
         if self.settings.section != "training" or not self.trackers:
             return
         epoch = run.progress.epoch  # the epoch in progress (incremented when it ends)
@@ -222,12 +223,12 @@ class WorstSamples(Hook):
             buffer.flush()
         self.step_buffers.clear()
 
-    def after_training_epoch(self, run: RunState, values: dict[str, Any]) -> None:
+    def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None:
         self.flush()
         if self.settings.section == "training" and self.trackers:
             self.write(run)
 
-    def eval_batch(self, run: RunState, section: str, batch: Batch) -> None:
+    def eval_batch(self, run: RunView, section: str, batch: Batch) -> None:
         if section != self.settings.section or not self.trackers:
             return
         if self.pending is None:
@@ -237,9 +238,7 @@ class WorstSamples(Hook):
             if tracker in usable:
                 tracker.observe(batch, row)
 
-    def after_eval(
-        self, run: RunState, section: str, values: dict[str, Any], partial: bool
-    ) -> None:
+    def after_eval(self, run: RunView, section: str, values: dict[str, Any], partial: bool) -> None:
         if section != self.settings.section or not self.trackers:
             return
         pending, self.pending = self.pending, None
@@ -250,7 +249,7 @@ class WorstSamples(Hook):
         self.dirty = True
         self.write(run)
 
-    def after_train(self, run: RunState, summary: dict[str, Any]) -> None:
+    def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         self.flush()
         if self.dirty:  # figures left for the end, or interrupted mid-epoch
             self.write(run, force=True)
@@ -265,7 +264,7 @@ class WorstSamples(Hook):
         # Restored before before_train knows the device and data set: adopted there.
         self._saved = dict(state)
 
-    def _usable(self, run: RunState, batch: Batch) -> list[LossHistory]:
+    def _usable(self, run: RunView, batch: Batch) -> list[LossHistory]:
         usable = []
         for tracker in self.trackers:
             problem = tracker.problem(batch)
@@ -279,10 +278,10 @@ class WorstSamples(Hook):
         return usable
 
     # ---- reports ---------------------------------------------------------------------------
-    def write(self, run: RunState, force: bool = False) -> None:
+    def write(self, run: RunView, force: bool = False) -> None:
         """worst.csv now; the heat map and the exported samples when the run's plotting
         budget allows (see plotting.PlotBudget), else at the end of the run."""
-        budget = budget_for(run.run_dir)
+        budget = self.budget
         draw = force or budget.due("worst_samples")
         self.dirty = not draw
         folder = run.run_dir / "reports" / "worst_samples"
@@ -315,7 +314,7 @@ class WorstSamples(Hook):
 
     def _export(
         self,
-        run: RunState,
+        run: RunView,
         task: Any,
         output: OutputSpec,
         worst: list[dict[str, Any]],
@@ -344,7 +343,7 @@ class WorstSamples(Hook):
                     f"| {row['id']} | {row['cumulative_loss']:.4g} | {row['target_label']} "
                     f"| {row['prediction_label']} | {markdown_cell(sample[texts])} |"
                 )
-            write_text(folder / f"{prefix}worst.md", "\n".join(lines) + "\n")
+            write_text_atomic(folder / f"{prefix}worst.md", "\n".join(lines) + "\n")
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]], names: list[str] | None) -> None:
@@ -360,7 +359,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]], names: list[str] | None) 
             line["target_name"] = _name(row["target"], names)
             line["prediction_name"] = _name(row["prediction"], names)
         writer.writerow(line)
-    write_text(path, buffer.getvalue())
+    write_text_atomic(path, buffer.getvalue())
 
 
 def _name(index: int, names: list[str]) -> str:
@@ -373,18 +372,15 @@ def _write_heatmap(
     """Epochs (rows) x samples (columns, hardest first); blank where a sample was not seen."""
     import matplotlib
     import numpy as np
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
     epochs, count = losses.shape
-    # A bare Figure on the Agg canvas: no pyplot, so no global figure state or GUI backend.
-    figure = Figure(figsize=(min(4 + 0.3 * count, 20), min(2.5 + 0.3 * epochs, 12)))
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
+    # Margins fixed in inches (labels, colour bar): a fitted layout would draw it twice.
+    fig = figure(min(4 + 0.3 * count, 20), min(2.5 + 0.3 * epochs, 12), (0.8, 0.9, 0.25, 0.4))
+    axes = fig.add_subplot()
     colours = matplotlib.colormaps["magma"].with_extremes(bad="#dddddd")
     masked = np.ma.masked_invalid(losses.numpy())
     image = axes.imshow(masked, aspect="auto", cmap=colours, interpolation="nearest")
-    figure.colorbar(image, ax=axes, label="loss")
+    fig.colorbar(image, ax=axes, label="loss")
     axes.set_xlabel("sample id (hardest first)")
     axes.set_ylabel("epoch")
     if count <= 64:
@@ -392,11 +388,4 @@ def _write_heatmap(
     step = max(1, epochs // 20)
     axes.set_yticks(range(0, epochs, step), [str(v) for v in labels[::step]])
     axes.set_title(title, fontsize=10)
-    # Margins fixed in inches (labels, colour bar): tight_layout would draw the figure twice.
-    width, height = figure.get_size_inches()
-    figure.subplots_adjust(
-        left=0.8 / width, right=1 - 0.25 / width, bottom=0.9 / height, top=1 - 0.4 / height
-    )
-    temporary = path.with_name(f".{path.name}.tmp")
-    figure.savefig(temporary, format="png", dpi=100)
-    os.replace(temporary, path)
+    save_png(fig, path)

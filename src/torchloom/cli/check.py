@@ -10,7 +10,7 @@ from torchloom.config.schema import TrainingConfig
 from torchloom.core.component import Component
 from torchloom.core.streams import StreamSpec
 from torchloom.engine.assemble import Assembled, assemble
-from torchloom.engine.training_parts import build_training_parts
+from torchloom.engine.setup import build_training_parts
 
 
 def _streams(component: Component, specs: dict[str, StreamSpec]) -> str:

@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 
 from torchloom.analysis.build import build_hooks
-from torchloom.engine.run_folder import check_run_tag
-from torchloom.engine.run_state import TrainOptions
-from torchloom.engine.summary import RunResult
-from torchloom.engine.trainer import Trainer
-from torchloom.engine.training_setup import prepare_training
+from torchloom.engine.run_folder import RunResult, check_run_tag
+from torchloom.engine.setup import prepare_training
+from torchloom.engine.state import TrainOptions
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(prepared, RunResult):
         print(finished_message(prepared))
         return 0
-    result = Trainer(prepared).run()
+    result = prepared.run()
     summary = result.summary
     final = summary.get("final", {})
     lines = [

@@ -14,16 +14,18 @@ from torchloom.config.yaml_reader import ConfigDumper
 _INTERPOLATION_START = re.compile(r"(\\*)\$\{")
 
 
-def dump_config(data: Mapping[str, Any]) -> str:
+def dump_config(data: Mapping[str, Any], interpolations: bool = False) -> str:
     """YAML text (safe_dump rules, keys in their given order) that load_config reads back to
     data equal to `data`.
 
     Strings that YAML would read as another type (`"1e-3"`, `"true"`) are quoted, and a
     literal `${` is escaped so that it is not taken for an interpolation when read back.
     The one string that cannot be written is `???`: it reads back as a missing value.
+    `interpolations`: write `${...}` as is, to be resolved when read (a config written in
+    Python, read as its YAML would be).
     """
     return yaml.dump(
-        _escaped_plain(data),
+        _escaped_plain(data, escape=not interpolations),
         Dumper=ConfigDumper,
         sort_keys=False,
         allow_unicode=True,
@@ -31,13 +33,13 @@ def dump_config(data: Mapping[str, Any]) -> str:
     )
 
 
-def _escaped_plain(value: Any) -> Any:
+def _escaped_plain(value: Any, escape: bool = True) -> Any:
     """Plain dicts/lists (tuples and other mappings converted) with strings escaped."""
     if isinstance(value, Mapping):
-        return {key: _escaped_plain(item) for key, item in value.items()}
+        return {key: _escaped_plain(item, escape) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_escaped_plain(item) for item in value]
-    if isinstance(value, str):
+        return [_escaped_plain(item, escape) for item in value]
+    if isinstance(value, str) and escape:
         return _escape_interpolation(value)
     return value
 

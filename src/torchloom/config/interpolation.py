@@ -9,18 +9,15 @@ reported with its file and line, and the user fixes them all in one pass.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from torchloom.errors import ConfigError, Problem
+from torchloom.errors import ConfigError, Problem, Where
 
 MISSING_MARKER = "???"
-
-# Given a key path (real keys and list indices), says where it was set: 'cfg.yml:12'.
-Locate = Callable[[tuple[Any, ...]], str]
 
 
 def dotted(path: tuple[Any, ...]) -> str:
@@ -36,13 +33,13 @@ def first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def resolve_config(config: DictConfig, locate: Locate) -> dict[str, Any]:
+def resolve_config(config: DictConfig, where: Where) -> dict[str, Any]:
     """Plain data with every interpolation resolved; a ConfigError lists each failing key."""
     raw = OmegaConf.to_container(config, resolve=False)
     problems: list[Problem] = []
-    _check_values(config, raw, (), locate, problems)
+    _check_values(config, raw, (), where, problems)
     if problems:
-        raise ConfigError(_with_blocking_values(problems, raw, locate))
+        raise ConfigError(_with_blocking_values(problems, raw, where))
     try:
         resolved = OmegaConf.to_container(config, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:  # a failure the per-key pass could not see
@@ -54,7 +51,7 @@ def _check_values(
     node: DictConfig | ListConfig,
     raw: Any,
     path: tuple[Any, ...],
-    locate: Locate,
+    where: Where,
     problems: list[Problem],
 ) -> None:
     # `raw` is the unresolved plain copy of `node`: walking it never triggers resolution,
@@ -63,11 +60,11 @@ def _check_values(
     for key, raw_value in items:
         value_path = (*path, key)
         if isinstance(raw_value, dict | list):
-            _check_values(node[key], raw_value, value_path, locate, problems)
+            _check_values(node[key], raw_value, value_path, where, problems)
         elif raw_value == MISSING_MARKER and OmegaConf.is_missing(node, key):
             problems.append(
                 Problem(
-                    locate(value_path),
+                    where(*value_path),
                     f"key '{dotted(value_path)}'",
                     f"mandatory value missing ('{MISSING_MARKER}')",
                     f"set it in a config file or on the command line: {dotted(value_path)}=VALUE",
@@ -79,7 +76,7 @@ def _check_values(
             except OmegaConfBaseException as exc:
                 problems.append(
                     Problem(
-                        locate(value_path),
+                        where(*value_path),
                         f"key '{dotted(value_path)}'",
                         f"cannot resolve '{raw_value}': {first_line(exc)}",
                     )
@@ -89,7 +86,7 @@ def _check_values(
 _REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")
 
 
-def _with_blocking_values(problems: list[Problem], raw: Any, locate: Locate) -> list[Problem]:
+def _with_blocking_values(problems: list[Problem], raw: Any, where: Where) -> list[Problem]:
     """Put first the value that broke interpolations: `training: 5` in the user's file breaks
     every `${training.task...}` of an included file, and it is the real culprit to name."""
     culprits: dict[tuple[str, ...], Problem] = {}
@@ -102,7 +99,7 @@ def _with_blocking_values(problems: list[Problem], raw: Any, locate: Locate) -> 
                     culprits.setdefault(
                         path,
                         Problem(
-                            locate(path),
+                            where(*path),
                             f"key '{dotted(path)}'",
                             f"is {node!r}, but '${{{reference}}}' refers inside it, so it must be "
                             "a mapping",

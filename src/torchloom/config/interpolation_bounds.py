@@ -27,7 +27,7 @@ from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser 
 from omegaconf.grammar_parser import parse
 from omegaconf.vendor.antlr4.tree.Tree import TerminalNode
 
-from torchloom.config.interpolation import Locate, dotted
+from torchloom.config.interpolation import dotted
 from torchloom.config.limits import (
     MAX_CHARS,
     MAX_DEPTH,
@@ -36,7 +36,7 @@ from torchloom.config.limits import (
     MAX_VALUES,
     limit_problem,
 )
-from torchloom.errors import ConfigError, Problem
+from torchloom.errors import ConfigError, Problem, Where
 
 Path = tuple[Any, ...]  # keys and list indices (ints), as in the plain config
 
@@ -77,9 +77,9 @@ class _Unbounded(Exception):
 
 
 class _Estimator:
-    def __init__(self, raw: dict[str, Any], locate: Locate) -> None:
+    def __init__(self, raw: dict[str, Any], where: Where) -> None:
         self.raw = raw
-        self.locate = locate
+        self.where = where
         self.sizes: dict[Path, Size] = {}
         self.active: set[Path] = set()  # values being estimated, to stop at a cycle
         self.chain = 0  # references being followed, one inside the other
@@ -115,7 +115,7 @@ class _Estimator:
                 raise ConfigError(
                     [
                         Problem(
-                            self.locate(path),
+                            self.where(*path),
                             f"key '{dotted(path)}'",
                             f"cannot bound '{value}' before resolving it: {exc}",
                             "name the key directly, or through a key set to a plain value",
@@ -141,7 +141,7 @@ class _Estimator:
                 raise ConfigError([self._problem(path, name, found)])
 
     def _problem(self, path: Path, name: str, found: str) -> Problem:
-        return limit_problem(self.locate(path), name, found)
+        return limit_problem(self.where(*path), name, found)
 
     # ---- one interpolation string, by its parse tree --------------------------------------
     def _visit(self, ctx: Any, at: Path) -> Size:
@@ -306,8 +306,8 @@ def _name(path: Path) -> str:
     return f"'{dotted(path)}'" if path else "the config"
 
 
-def check_interpolation_bounds(raw: dict[str, Any], locate: Locate) -> Size:
+def check_interpolation_bounds(raw: dict[str, Any], where: Where) -> Size:
     """What resolving the unresolved plain config `raw` would produce, at most; a ConfigError
-    naming the key and the limit when that passes a loading limit. `locate(path)` says where
+    naming the key and the limit when that passes a loading limit. `where(*path)` says where
     a key path was set."""
-    return _Estimator(raw, locate).size_of(())
+    return _Estimator(raw, where).size_of(())

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib.resources
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -33,10 +33,12 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from torchloom.config.dumping import dump_config
 from torchloom.config.interpolation import dotted, first_line, resolve_config
 from torchloom.config.interpolation_bounds import check_interpolation_bounds
 from torchloom.config.limits import MAX_CHARS, MAX_FILE_BYTES, MAX_FILES, MAX_VALUES, limit_problem
 from torchloom.config.origins import (
+    MappingKey,
     Origins,
     describe_origin,
     display_path,
@@ -84,24 +86,34 @@ class LoadedConfig:
         return describe_origin(self.origins, keys, self.path)
 
 
-def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> LoadedConfig:
-    """Read `path` with its includes, apply `overrides`, resolve interpolations.
+ConfigSource = str | os.PathLike[str] | Mapping[str, Any]
+MAPPING_NAME = "python_pipeline"  # the name of a mapping config that sets none
+
+
+def load_config(source: ConfigSource, overrides: Sequence[str] = ()) -> LoadedConfig:
+    """Read `source` with its includes, apply `overrides`, resolve interpolations. `source`
+    is a YAML file, or a mapping (a config written in Python): read as its YAML text would
+    be, with the same checks and limits; its `default_configs` are relative to the working
+    directory, and messages name its keys instead of lines.
 
     Raises ConfigError (listing every problem found in the failing step) for user mistakes.
     """
     override_list = [overrides] if isinstance(overrides, str) else list(overrides)
-    top_file = _locate_top_file(path)
     reader = _IncludeReader()
+    if isinstance(source, Mapping):
+        top_file = reader.add_mapping(source)
+    else:
+        top_file = _locate_top_file(source)
     config, origins = reader.load(top_file, chain=())
     apply_overrides(config, override_list, origins)
     raw = OmegaConf.to_container(config, resolve=False)
     origins = prune_origins(origins, raw)
 
-    def locate(keys: tuple[Any, ...]) -> str:
+    def where(*keys: Any) -> str:
         return describe_origin(origins, keys, top_file)
 
-    check_interpolation_bounds(cast(dict[str, Any], raw), locate)
-    data = resolve_config(config, locate)
+    check_interpolation_bounds(cast(dict[str, Any], raw), where)
+    data = resolve_config(config, where)
     return LoadedConfig(data, top_file, reader.files, override_list, origins)
 
 
@@ -136,6 +148,7 @@ class _IncludeReader:
     def __init__(self) -> None:
         self.files: list[Path] = []
         self._parsed: dict[Path, ParsedYaml] = {}
+        self._mappings: dict[Path, str] = {}  # a config given as a mapping -> its label
         # What every load so far added up to: each load merges the whole file again.
         self._reads = self._values = self._chars = 0
 
@@ -171,10 +184,30 @@ class _IncludeReader:
             own = OmegaConf.create(own_content)
         except OmegaConfBaseException as exc:  # whatever the check above did not foresee
             raise ConfigError([Problem(display_path(file), "config", first_line(exc))]) from exc
-        _merge(merged, origins, own, file_origins(file, parsed.lines))
+        _merge(merged, origins, own, self._origins(file, parsed))
         if file not in self.files:
             self.files.append(file)
         return merged, origins
+
+    def add_mapping(self, mapping: Mapping[str, Any]) -> Path:
+        """A config given as a mapping, read from its YAML text (so every check a file gets
+        applies) under a made-up path in the working directory (where includes start)."""
+        data = dict(mapping)
+        name = data.get("name") if isinstance(data.get("name"), str) else None
+        if not name:
+            name = MAPPING_NAME
+            data = {"name": name, **data}
+        label = f"config mapping '{name}'"
+        file = Path.cwd() / label
+        self._parsed[file] = parse_config_text(dump_config(data, interpolations=True), label)
+        self._mappings[file] = label
+        return file
+
+    def _origins(self, file: Path, parsed: ParsedYaml) -> Origins:
+        label = self._mappings.get(file)
+        if label is None:
+            return file_origins(file, parsed.lines)
+        return {path: MappingKey(label, path) for path in parsed.lines}
 
     def _read(self, file: Path) -> ParsedYaml:
         if file not in self._parsed:

@@ -44,7 +44,19 @@ class CommandLineOverride:
         return f"command-line override '{self.text}'"
 
 
-Origin = FileLine | CommandLineOverride
+@dataclass(frozen=True)
+class MappingKey:
+    """A key of a config given as a Python mapping (`torchloom.train({...})`): no file, no
+    line; the key path says where."""
+
+    label: str
+    path: KeyPath
+
+    def describe(self) -> str:
+        return f"{self.label}, key {'.'.join(self.path)}" if self.path else self.label
+
+
+Origin = FileLine | CommandLineOverride | MappingKey
 Origins = dict[KeyPath, Origin]
 
 

@@ -6,13 +6,13 @@ when the pipeline is built; this module checks everything around them. It import
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from torchloom.config.sampler_schema import SamplerConfig
-from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.errors import ConfigError, Problem, Where, did_you_mean
 from torchloom.run_names import run_name_problem, shown
 
 
@@ -177,7 +177,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
 
 
 def _problems_of(
-    error: ValidationError, section: str, where: Callable[..., str], model: type[BaseModel]
+    error: ValidationError, section: str, where: Where, model: type[BaseModel]
 ) -> list[Problem]:
     problems = []
     for item in error.errors():
@@ -216,7 +216,7 @@ def _problems_of(
     return problems
 
 
-def validate_sections(data: Mapping[str, Any], where: Callable[..., str]) -> dict[str, BaseModel]:
+def validate_sections(data: Mapping[str, Any], where: Where) -> dict[str, BaseModel]:
     """Check the top-level keys and every section; return the typed sections by name."""
     problems: list[Problem] = []
     sections: dict[str, BaseModel] = {}

@@ -28,6 +28,7 @@ from torch import nn
 
 from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.streams import StreamSpec
+from torchloom.errors import Where
 
 Batch = dict[str, Any]
 
@@ -50,7 +51,7 @@ class BuildContext:
     stream_names: Mapping[str, str] = field(default_factory=dict)
     global_names: Mapping[str, str] = field(default_factory=dict)
     store: GlobalsStore = field(default_factory=GlobalsStore)
-    where: Callable[..., str] = field(default=lambda *keys: "")
+    where: Where = field(default=lambda *keys: "")
     label: str = ""  # e.g. "component 'image_classifier' (LeNet5)"
     # The training section's task, for components that fit something to the training data
     # at build time (a vocabulary from the training texts); None in `create()` and in

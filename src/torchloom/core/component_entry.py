@@ -7,7 +7,7 @@ error with a suggestion, never silently ignored.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,10 +15,9 @@ from pydantic import ValidationError
 
 from torchloom.core.component import Component, ComponentParams, Task
 from torchloom.core.registry import resolve
-from torchloom.errors import LoomError, Problem, did_you_mean
+from torchloom.errors import LoomError, Problem, Where, did_you_mean
 
 RESERVED_KEYS = ("type", "streams", "globals", "dims", "priority", "freeze", "load")
-Where = Callable[..., str]
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,12 @@ raises them together.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from torchloom.core.component import Component
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.streams import Dim, StreamSpec
-from torchloom.errors import HandshakeError, Problem, did_you_mean
-
-Where = Callable[..., str]
+from torchloom.errors import HandshakeError, Problem, Where, did_you_mean
 
 
 @dataclass

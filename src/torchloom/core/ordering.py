@@ -10,10 +10,33 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from torchloom.core.component import Component
 from torchloom.core.component_entry import ComponentEntry, Where
 from torchloom.errors import Problem
+
+
+def topological_order(
+    depends: Sequence[Collection[int]], rank: Callable[[int], Any] = lambda i: i
+) -> tuple[list[int], list[int]]:
+    """Indices ordered so each comes after those it depends on (`depends[i]`); among the ready
+    ones the lowest `rank` first. Returns (order, stuck): `stuck` lie on or behind a cycle."""
+    remaining = {i: set(d) for i, d in enumerate(depends)}
+    ready = [(rank(i), i) for i, d in remaining.items() if not d]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for j, d in remaining.items():
+            if i in d:
+                d.discard(i)
+                if not d:
+                    heapq.heappush(ready, (rank(j), j))
+    placed = set(order)
+    return order, [i for i in range(len(depends)) if i not in placed]
 
 
 def _produced_by(built: list[tuple[ComponentEntry, Component]]) -> dict[str, list[int]]:
@@ -44,19 +67,7 @@ def execution_order(
         entry = built[i][0]
         return (entry.priority if entry.priority is not None else math.inf, entry.index)
 
-    remaining = {i: set(d) for i, d in enumerate(depends)}
-    ready = [(rank(i), i) for i, d in remaining.items() if not d]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        order.append(i)
-        for j, d in remaining.items():
-            if i in d:
-                d.discard(i)
-                if not d:
-                    heapq.heappush(ready, (rank(j), j))
-    stuck = [i for i in range(len(built)) if i not in order]
+    order, stuck = topological_order(depends, rank)
     if not stuck:
         return [built[i][0] for i in order], []
     cycle = " -> ".join(

@@ -11,7 +11,6 @@ The handshake (`handshake.py`) then checks the built graph.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from torchloom.core.component import BuildContext, Component, Task
 from torchloom.core.component_entry import ComponentEntry, Where, parse_entry
 from torchloom.core.file_names import file_name_problem
 from torchloom.core.globals_store import GlobalsStore
-from torchloom.core.ordering import execution_order
+from torchloom.core.ordering import execution_order, topological_order
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.weights import load_weights
 from torchloom.errors import ComponentError, DataError, LoomError, Problem, did_you_mean
@@ -181,19 +180,8 @@ def _construction_order(
                 )
             needs.update(j for j in publishers.get(actual, []) if j != i)
         depends.append(needs)
-    ready = [i for i, d in enumerate(depends) if not d]
-    heapq.heapify(ready)
-    order: list[int] = []
-    remaining = {i: set(d) for i, d in enumerate(depends)}
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for j, d in remaining.items():
-            if i in d:
-                d.discard(i)
-                if not d:
-                    heapq.heappush(ready, j)
-    stuck = [entries[i] for i in range(len(entries)) if i not in order]
+    order, stuck_indices = topological_order(depends)  # declaration order breaks ties
+    stuck = [entries[i] for i in stuck_indices]
     if stuck:
         problems.append(
             Problem(

@@ -49,36 +49,63 @@ def temporary_name(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}.{os.getpid()}.{secrets.token_hex(4)}.part")
 
 
+class PendingFile:
+    """A binary file that appears at `dest` whole or not at all: written under a unique hidden
+    name next to it, renamed to `dest` by `commit()`, removed by `discard()`. For a file
+    written over time (a report streamed over a pass); `atomic_file` is its `with` form.
+    `data_folder`: an OS error creating, flushing or renaming it is a `FolderNotWritable`."""
+
+    def __init__(self, dest: Path, data_folder: bool = False) -> None:
+        self.dest = dest
+        self.temporary = temporary_name(dest)
+        self._guard = (lambda: writing_into(dest)) if data_folder else contextlib.nullcontext
+        with self._guard():
+            self.handle: BinaryIO = open(self.temporary, "wb")  # noqa: SIM115 (closed below)
+
+    def commit(self, durable: bool = False) -> None:
+        """Rename the finished file to `dest`. `durable` also flushes the file and its
+        folder to the disk first (checkpoints: a power cut must not lose the one kept)."""
+        try:
+            with self._guard():
+                self.handle.flush()
+                if durable:
+                    os.fsync(self.handle.fileno())
+                self.handle.close()
+                os.replace(self.temporary, self.dest)
+            if durable:
+                sync_folder(self.dest.parent)
+        finally:
+            self.discard()  # after a rename there is nothing left to remove
+
+    def discard(self) -> None:
+        try:
+            self.handle.close()
+        except OSError:
+            pass  # a full disk cannot flush what is still buffered: the file goes anyway
+        finally:
+            self.temporary.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_file(dest: Path, durable: bool = False, data_folder: bool = False) -> Iterator[BinaryIO]:
-    """Open a binary file to write `dest` through: a unique hidden name next to it, renamed
-    to `dest` when the block ends without an error, removed otherwise. Two processes writing
-    the same file at once each write their own temporary file; the last rename wins, and
-    either way `dest` is always a whole file. `durable` also flushes the file and its folder
-    to the disk before returning (checkpoints: a power cut must not lose the one kept).
-    `data_folder`: failing to create, flush or rename the file is a `FolderNotWritable` (the
-    block wraps its own writes in `writing_into(dest)`); otherwise the OSError itself."""
-    guard = (lambda: writing_into(dest)) if data_folder else contextlib.nullcontext
-    temporary = temporary_name(dest)
+    """Open a binary file to write `dest` through (see `PendingFile`): renamed to `dest` when
+    the block ends without an error, removed otherwise. Two processes writing the same file
+    at once each write their own temporary file; the last rename wins, and either way `dest`
+    is always a whole file. With `data_folder`, the block wraps its own writes in
+    `writing_into(dest)`."""
+    pending = PendingFile(dest, data_folder)
     try:
-        with guard():
-            out = open(temporary, "wb")  # noqa: SIM115 (the `with` below closes it)
-        with out:
-            yield out
-            with guard():
-                out.flush()
-                if durable:
-                    os.fsync(out.fileno())
-        with guard():
-            os.replace(temporary, dest)
-        if durable:
-            sync_folder(dest.parent)
-    finally:
-        temporary.unlink(missing_ok=True)
+        yield pending.handle
+    except BaseException:
+        pending.discard()
+        raise
+    pending.commit(durable)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """`path` holds `text` whole, or keeps what it held (see `atomic_file`)."""
+    """`path` holds `text` whole, or keeps what it held (see `atomic_file`); its folder is
+    created when missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as out:
         out.write(text.encode("utf-8"))
 

@@ -8,17 +8,23 @@ the disk is an error, never a silently different run. It is written to a tempora
 flushed to disk, then renamed over the old one; `last.pt`'s previous version is kept as
 `last.prev.pt` (a hard link, so there is always a whole `last.pt`), and resume falls back to
 it when `last.pt` is damaged.
+
+Seeds and random-generator states live here too: they are what exact resume restores last
+(states are kept as tensors and plain python values so checkpoints load with
+`weights_only=True`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import random
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchloom.data.atomic_files import atomic_file, sync_folder
@@ -174,3 +180,53 @@ def load_resume_checkpoint(folder: Path) -> tuple[dict[str, Any], str | None]:
             f"(episode {state['progress']['episode']})"
         )
         return state, note
+
+
+# ---- seeds and random-generator states ------------------------------------------------------
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def worker_init(worker_id: int) -> None:
+    """Seed python and numpy in a loader worker from torch's per-worker seed (which torch
+    derives from the loader's own generator), so augmentations are reproducible."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def set_deterministic(enabled: bool) -> None:
+    torch.use_deterministic_algorithms(enabled, warn_only=False)
+    torch.backends.cudnn.benchmark = not enabled
+    torch.backends.cudnn.deterministic = enabled
+
+
+def capture_rng_state() -> dict[str, Any]:
+    name, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {
+        "python": [version, list(internal), gauss],
+        "numpy": [
+            name,
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            int(position),
+            int(has_gauss),
+            float(cached),
+        ],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -33,7 +33,7 @@ from torchloom.core.handshake import handshake
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.registry import resolve
 from torchloom.core.streams import Dim, StreamSpec
-from torchloom.engine.checkpoint import load_resume_checkpoint
+from torchloom.engine.checkpoint import seed_everything
 from torchloom.engine.code_first_sources import (
     FIT_ARGUMENT,
     describe_module,
@@ -42,20 +42,16 @@ from torchloom.engine.code_first_sources import (
     rebuild_module,
 )
 from torchloom.engine.code_first_sources import KEY as SOURCES
-from torchloom.engine.hooks import Hook
 from torchloom.engine.resume import check_resumed_config, finished_result
-from torchloom.engine.run_folder import RunLock
-from torchloom.engine.run_state import TrainOptions
-from torchloom.engine.seeding import seed_everything
-from torchloom.engine.summary import RunResult
-from torchloom.engine.trainer import Trainer as _Loop
-from torchloom.engine.training_setup import build_run_state
-from torchloom.errors import ConfigError, Problem
+from torchloom.engine.run_folder import RunResult
+from torchloom.engine.setup import open_resume_point, start_run
+from torchloom.engine.state import Hook, TrainOptions
+from torchloom.errors import ConfigError, Problem, Where
 
 INDICES = "indices"
 ANALYSIS = "Trainer(analysis=...)"
 BUILT_IN_PYTHON = "built in Python from"  # config.yaml's `pipeline:` of a code-first run
-HookFactory = Callable[[Mapping[str, Any], Pipeline, Callable[..., str]], Sequence[Hook]]
+HookFactory = Callable[[Mapping[str, Any], Pipeline, Where], Sequence[Hook]]
 
 
 def _where(*keys: Any) -> str:
@@ -180,7 +176,7 @@ class OutputLoss(Loss):
         return {"loss": loss}
 
 
-class Trainer:
+class CodeFirstTrainer:
     """Code-first training: `Trainer(**settings).fit(module, train=..., validation=...)`.
 
     Settings are the keys of a config's `training:` section (optimizer, scheduler, precision,
@@ -268,37 +264,32 @@ class Trainer:
             "# a code-first run: torchloom.Trainer(...).fit(...); `loom process` builds it again "
             f"from `{SOURCES}`\n" + dump_config(record)
         )
-        run_dir = checkpoint = lock = fallback = None
+        point = None
         if resume is not None:
-            run_dir = Path(resume).expanduser()
-            lock = RunLock(run_dir).acquire()
+            point = open_resume_point(Path(resume).expanduser(), f"fit(resume={resume!r})")
             try:
-                checkpoint, fallback = load_resume_checkpoint(run_dir / "checkpoints")
-                if checkpoint.get("config"):
-                    check_resumed_config(
-                        checkpoint["config"], config_text, _where(), "Trainer settings"
-                    )
-                finished = finished_result(run_dir, checkpoint, config, "validation" in sections)
+                if point.checkpoint.get("config"):
+                    started = point.checkpoint["config"]
+                    check_resumed_config(started, config_text, _where(), "Trainer settings")
+                has_validation = "validation" in sections
+                finished = finished_result(point.run_dir, point.checkpoint, config, has_validation)
             except BaseException:
-                lock.release()
+                point.lock.release()
                 raise
             if finished is not None:
-                lock.release()
+                point.lock.release()
                 return finished
-        state = build_run_state(
+        loop = start_run(
             pipeline,
             sections,
-            self.name,
-            seed,
-            options,
-            _where,
-            config_text,
-            checkpoint,
-            run_dir,
-            lock,
-            fallback,
+            name=self.name,
+            seed=seed,
+            options=options,
+            where=_where,
+            config_text=config_text,
+            resume=point,
         )
-        return _Loop(state).run()
+        return loop.run()
 
     def _analysis_section(self, declared: Mapping[str, outputs.Output]) -> dict[str, Any] | None:
         """The `analysis:` section this run stands for; its outputs default to the module's
@@ -363,7 +354,7 @@ def build_pipeline(module: nn.Module, datasets: Mapping[str, Any]) -> Pipeline:
 
 
 def rebuild_pipeline(
-    record: Any, section: str, where: Callable[..., str], module: Any = None, data: Any = None
+    record: Any, section: str, where: Where, module: Any = None, data: Any = None
 ) -> Pipeline:
     """The pipeline of a code-first run for one section: the module and dataset from the run's
     record (config.yaml's `code_first`), or the ones given in code."""

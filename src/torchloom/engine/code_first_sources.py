@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from torchloom.core.registry import import_object
-from torchloom.errors import ConfigError, Problem
+from torchloom.errors import ConfigError, Problem, Where
 
 KEY = "code_first"  # the top-level key of config.yaml holding the record
 MODULE_HINT = "then train again, or pass the module in code: torchloom.process(run_dir, module=...)"
@@ -166,7 +166,7 @@ def _import(path: str, where: str, subject: str) -> Any:
         raise ConfigError([Problem(where, subject, str(error), hint)]) from error
 
 
-def rebuild_module(record: Any, where: Callable[..., str]) -> nn.Module:
+def rebuild_module(record: Any, where: Where) -> nn.Module:
     """The module a run's record describes, built with its recorded arguments."""
     entry = record.get("module") if isinstance(record, Mapping) else None
     entry = entry if isinstance(entry, Mapping) else {}
@@ -190,7 +190,7 @@ def rebuild_module(record: Any, where: Callable[..., str]) -> nn.Module:
     return cls(**arguments)
 
 
-def rebuild_dataset(record: Any, section: str, where: Callable[..., str]) -> Any:
+def rebuild_dataset(record: Any, section: str, where: Where) -> Any:
     """The dataset of `section` that a run's record describes."""
     data = record.get("data") if isinstance(record, Mapping) else None
     entry = data.get(section) if isinstance(data, Mapping) else None

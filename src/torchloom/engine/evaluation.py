@@ -12,8 +12,7 @@ import torch
 from torchloom.core.component import Batch, Statistic
 from torchloom.core.pipeline import Pipeline
 from torchloom.engine.loaders import to_device
-from torchloom.engine.losses import WeightedLoss, batch_size_of
-from torchloom.engine.precision import Precision
+from torchloom.engine.step import Precision, WeightedLoss, batch_size_of
 from torchloom.statistics.accumulators import RunningStats
 
 

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchloom.config.schema import SectionConfig
 from torchloom.core.component import Batch, Task
 from torchloom.data.samplers import ResumableSampler, build_sampler
-from torchloom.engine.seeding import worker_init
+from torchloom.engine.checkpoint import worker_init
+from torchloom.errors import Where
 
 
 class TaskBatches(Dataset[Batch]):
@@ -58,7 +59,7 @@ class SectionLoader:
         task: Task,
         config: SectionConfig,
         seed: int,
-        where: Callable[..., str],
+        where: Where,
         pin_memory: bool = False,
     ) -> None:
         task.prepare()

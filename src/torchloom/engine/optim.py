@@ -13,24 +13,16 @@ are tried the same way.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from torchloom.config.interpolation import dotted
 from torchloom.core.pipeline import Pipeline
-from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.errors import ConfigError, Problem, Where, did_you_mean
 
-Where = Callable[..., str]
 Key = tuple[str | int, ...]  # a key path in the config, list positions as ints
-
-
-def dotted(key: Key) -> str:
-    """'training.scheduler.schedulers[1].type' for a key path."""
-    text = ""
-    for part in key:
-        text += f"[{part}]" if isinstance(part, int) else f"{'.' if text else ''}{part}"
-    return text
 
 
 def _lookup(module: Any, base: type, name: str, key: Key, where: Where) -> type:

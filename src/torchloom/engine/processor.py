@@ -9,25 +9,23 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torchloom.config import LoadedConfig, dump_config, load_config
+from torchloom.config.loading import ConfigSource
 from torchloom.config.schema import validate_sections
 from torchloom.core.weights import load_pipeline_weights
-from torchloom.engine.assemble import build_checked, pipeline_name
-from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.assemble import build_checked, pipeline_name, resolve_device
+from torchloom.engine.checkpoint import load_checkpoint, seed_everything
 from torchloom.engine.code_first import BUILT_IN_PYTHON, rebuild_pipeline
 from torchloom.engine.code_first_sources import KEY as CODE_FIRST
-from torchloom.engine.devices import resolve_device
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
-from torchloom.engine.losses import WeightedLoss
-from torchloom.engine.precision import Precision
 from torchloom.engine.run_folder import create_run_folder, write_artifacts, write_text_atomic
-from torchloom.engine.seeding import seed_everything
+from torchloom.engine.step import Precision, WeightedLoss
 from torchloom.errors import ConfigError, Problem, did_you_mean
 from torchloom.statistics.csv_log import CsvLog
 
@@ -61,7 +59,7 @@ def _checkpoint_path(run_dir: Path | None, checkpoint: str | None) -> Path | Non
 
 
 def process(
-    source: str | Path,
+    source: ConfigSource,
     overrides: Sequence[str] = (),
     section: str = "test",
     checkpoint: str | None = None,
@@ -78,9 +76,12 @@ def process(
     summary lists what was loaded and what was not). `module`/`data`: a code-first run's
     module and section data given in code, in place of those its config.yaml records (see
     engine/code_first_sources.py)."""
-    source = Path(source).expanduser()
-    run_dir = source if source.is_dir() else None
-    config = source / "config.yaml" if run_dir is not None else source
+    config: ConfigSource = source
+    run_dir = None
+    if not isinstance(source, Mapping):
+        source = Path(source).expanduser()
+        run_dir = source if source.is_dir() else None
+        config = source / "config.yaml" if run_dir is not None else source
     loaded = load_config(config, overrides)
     training = loaded.data.get("training") or {}
     if _is_code_first(loaded, module, data, disable):
@@ -154,7 +155,7 @@ def process(
     CsvLog(folder / f"{section}_statistics.csv").write(values)
     summary = {
         "section": section,
-        "source": str(source),
+        "source": str(source) if not isinstance(source, Mapping) else str(loaded.path.name),
         "checkpoint": str(weights) if weights else None,
         "weights": loaded_weights,
         "samples": values.get("samples"),

@@ -20,7 +20,7 @@ from torchloom.config.dumping import config_changes
 from torchloom.config.schema import TrainingConfig
 from torchloom.config.yaml_reader import parse_config_text
 from torchloom.data.atomic_files import write_text_atomic
-from torchloom.engine.summary import RunResult, read_summary
+from torchloom.engine.run_folder import RunResult, read_summary
 from torchloom.engine.terminal import Status, converged, limit_reached
 from torchloom.errors import ConfigError, Problem
 

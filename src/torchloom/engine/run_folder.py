@@ -1,8 +1,17 @@
-"""Run folders: `<expdir>/<pipeline name>/<YYYYmmdd_HHMMSS>[_<tag>]/`, created atomically.
+"""Run folders: `<expdir>/<pipeline name>/<YYYYmmdd_HHMMSS>[_<tag>]/`, created atomically;
+who trains in one (its lock); how its run ends (summary.json, signals).
 
 `os.mkdir` either creates the folder or fails, so two runs started in the same second can
 never share one: the second gets a `-2` suffix (then `-3`, ...). Nothing is ever written
 into an existing run folder except by `--resume`, which continues that run.
+
+summary.json is written at the start (status "running", with the process's PID and host), so
+a run killed with SIGKILL still says it was running (`loom runs` then asks the run's lock
+whether its process lives), and again at the end, however the run ends -- finished,
+interrupted, diverged or failed -- with the status, reason, counters, wall time and
+statistics per section. Ctrl-C and SIGTERM stop a run at the next step boundary, where its
+state is consistent, so last.pt can be saved and the summary written; a second one stops at
+once.
 """
 
 from __future__ import annotations
@@ -11,19 +20,31 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import socket
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError, Problem
 from torchloom.run_names import folder_part, run_name_problem, run_tag_problem, shown
 
-__all__ = ["RunLock", "create_run_folder", "run_liveness", "write_artifacts", "write_text_atomic"]
+__all__ = [
+    "RunLock",
+    "RunResult",
+    "Status",
+    "StopSignals",
+    "create_run_folder",
+    "run_liveness",
+    "write_artifacts",
+    "write_text_atomic",
+]
 
 if TYPE_CHECKING:  # the run folder module stays torch-free to import
     from torchloom.core.component import Component
@@ -211,3 +232,123 @@ def run_liveness(run_dir: Path, now: float | None = None) -> Liveness:
         return Liveness(False, pid, host, heartbeat, f"lock unreadable: {_os_reason(error)}")
     gone = f"process {pid} is gone" if pid is not None else "the process that took it is gone"
     return Liveness(False, pid, host, heartbeat, gone)
+
+
+# ---- stopping by signal ---------------------------------------------------------------------
+class StopSignals:
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+
+# ---- summary.json ---------------------------------------------------------------------------
+class Status(str, Enum):
+    """How a run stands, as summary.json records it (the value is what the file holds)."""
+
+    RUNNING = "running"
+    CONVERGED = "converged"
+    EARLY_STOPPED = "early_stopped"
+    EPOCH_LIMIT = "epoch_limit"
+    EPISODE_LIMIT = "episode_limit"
+    INTERRUPTED = "interrupted"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def reason(self) -> str:
+        """Why a run with this status ended, for summary.json."""
+        return _REASONS[self]
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run reached one of its terminal conditions (so resuming it does
+        nothing unless a condition is raised), as opposed to being stopped or crashing."""
+        return self in (
+            Status.CONVERGED,
+            Status.EARLY_STOPPED,
+            Status.EPOCH_LIMIT,
+            Status.EPISODE_LIMIT,
+            Status.DIVERGED,
+        )
+
+    @property
+    def by_limit(self) -> bool:
+        return self in (Status.EPOCH_LIMIT, Status.EPISODE_LIMIT)
+
+
+_REASONS = {
+    Status.RUNNING: "the run has not ended",
+    Status.CONVERGED: "the monitored loss fell below terminal_conditions.loss_stop_threshold",
+    Status.EARLY_STOPPED: "the monitored statistic stopped improving (early_stopping.patience)",
+    Status.EPOCH_LIMIT: "terminal_conditions.epoch_limit reached",
+    Status.EPISODE_LIMIT: "terminal_conditions.episode_limit reached",
+    Status.INTERRUPTED: "stopped by a signal (Ctrl-C or SIGTERM); resume with --resume",
+    Status.DIVERGED: "a loss became NaN or infinite",
+    Status.FAILED: "an error ended the run",
+}
+
+
+@dataclass
+class RunResult:
+    """What `torchloom.train` returns: the run folder and its summary. `already_finished`:
+    a resumed run that had nothing left to do (engine/resume.py)."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    already_finished: bool = False
+
+    @property
+    def status(self) -> str:
+        return str(self.summary["status"])
+
+    @property
+    def statistics(self) -> dict[str, dict[str, float]]:
+        return dict(self.summary.get("final", {}))
+
+
+def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> RunResult:
+    write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    return RunResult(run_dir, dict(summary))
+
+
+def write_running(run_dir: Path, name: str) -> None:
+    running = {
+        "pipeline": name,
+        "status": Status.RUNNING.value,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+    }
+    write_summary(run_dir, running)
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """A run folder's summary.json, or {} when it is missing or unreadable."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}

@@ -8,60 +8,11 @@ written to summary.json.
 from __future__ import annotations
 
 import math
-from enum import Enum
 from typing import Any
 
 from torchloom.config.schema import TerminalConditions
+from torchloom.engine.run_folder import Status
 from torchloom.errors import ConfigError, Problem, did_you_mean
-
-
-class Status(str, Enum):
-    """How a run stands, as summary.json records it (the value is what the file holds)."""
-
-    RUNNING = "running"
-    CONVERGED = "converged"
-    EARLY_STOPPED = "early_stopped"
-    EPOCH_LIMIT = "epoch_limit"
-    EPISODE_LIMIT = "episode_limit"
-    INTERRUPTED = "interrupted"
-    DIVERGED = "diverged"
-    FAILED = "failed"
-
-    def __str__(self) -> str:
-        return self.value
-
-    @property
-    def reason(self) -> str:
-        """Why a run with this status ended, for summary.json."""
-        return _REASONS[self]
-
-    @property
-    def finished(self) -> bool:
-        """Whether the run reached one of its terminal conditions (so resuming it does
-        nothing unless a condition is raised), as opposed to being stopped or crashing."""
-        return self in (
-            Status.CONVERGED,
-            Status.EARLY_STOPPED,
-            Status.EPOCH_LIMIT,
-            Status.EPISODE_LIMIT,
-            Status.DIVERGED,
-        )
-
-    @property
-    def by_limit(self) -> bool:
-        return self in (Status.EPOCH_LIMIT, Status.EPISODE_LIMIT)
-
-
-_REASONS = {
-    Status.RUNNING: "the run has not ended",
-    Status.CONVERGED: "the monitored loss fell below terminal_conditions.loss_stop_threshold",
-    Status.EARLY_STOPPED: "the monitored statistic stopped improving (early_stopping.patience)",
-    Status.EPOCH_LIMIT: "terminal_conditions.epoch_limit reached",
-    Status.EPISODE_LIMIT: "terminal_conditions.episode_limit reached",
-    Status.INTERRUPTED: "stopped by a signal (Ctrl-C or SIGTERM); resume with --resume",
-    Status.DIVERGED: "a loss became NaN or infinite",
-    Status.FAILED: "an error ended the run",
-}
 
 
 class Monitor:

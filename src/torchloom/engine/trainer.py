@@ -1,6 +1,10 @@
-"""The training worker: offline (validate after every epoch) and online (partial validation
-every N episodes). `train_epoch` is the whole loop; set-up, checkpoints and reporting live in
-helpers so the loop reads top to bottom on one screen.
+"""The training loop: offline (validate after every epoch) or online (partial validation
+every N episodes), to the end of a run, however it ends.
+
+`train_epoch` is the loop and `train_step` / `optimizer_step` the step, in the order of a
+hand-written loop: forward, loss, divergence check, backward, then every `accumulation`
+batches unscale, clip, step, zero_grad and the per-step scheduler. The rest (rows, hooks,
+validation, checkpoints, the test pass, summary.json) happens around them, below.
 """
 
 from __future__ import annotations
@@ -11,258 +15,349 @@ from typing import Any
 import torch
 
 from torchloom.core.weights import load_pipeline_weights
-from torchloom.engine.checkpoint import load_checkpoint, save_checkpoint
-from torchloom.engine.compilation import running_eagerly
-from torchloom.engine.divergence import Diverged
-from torchloom.engine.evaluation import (
-    PassInterrupted,
-    evaluate,
-    statistic_values,
-    statistics_copy,
+from torchloom.engine.checkpoint import (
+    capture_rng_state,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
 )
+from torchloom.engine.evaluation import PassInterrupted, evaluate, statistic_values, statistics_copy
 from torchloom.engine.loaders import to_device
-from torchloom.engine.losses import batch_size_of
-from torchloom.engine.reporting import format_statistics, progress_bar
-from torchloom.engine.run_state import RunState
-from torchloom.engine.seeding import capture_rng_state
-from torchloom.engine.summary import RunResult, write_running, write_summary
-from torchloom.engine.terminal import Status, converged, limit_reached
+from torchloom.engine.reporting import close_logger, format_statistics, progress_bar
+from torchloom.engine.run_folder import RunResult, Status, write_running, write_summary
+from torchloom.engine.state import Progress, RunSetup, RunView
+from torchloom.engine.step import Diverged, batch_size_of, clip_gradients, running_eagerly
+from torchloom.engine.terminal import converged, limit_reached
 from torchloom.errors import LoomError, StorageError
+from torchloom.statistics.accumulators import RunningStats
 from torchloom.statistics.csv_log import CsvLog
 
 
-class Trainer:
-    """Runs one `RunState` (built by `training_setup.prepare_training`) to its end; hooks
-    (analysis, viewers) observe it through the events in `engine/hooks.py`."""
+class TrainingLoop:
+    """Runs one `RunSetup` (engine/setup.py) to its end, from its start or from a checkpoint;
+    hooks (analysis, viewers) observe it through a `RunView` (engine/state.py)."""
 
-    def __init__(self, state: RunState) -> None:
-        self.s = state
+    def __init__(self, setup: RunSetup, checkpoint: dict[str, Any] | None = None) -> None:
+        self.setup = setup
+        self.progress = Progress()
+        self.view = RunView(setup, self.progress)
+        # The loop's meters: the running loss and statistics of the epoch and of the logging
+        # interval, and the latest and best values of every section.
+        self.epoch_loss, self.interval_loss = RunningStats(), RunningStats()
+        self.train_statistics = statistics_copy(setup.pipeline, setup.device)
+        self.interval_statistics = statistics_copy(setup.pipeline, setup.device)
+        self.validation_statistics = statistics_copy(setup.pipeline, setup.device)
+        self.interval_samples = 0
+        self.interval_started = self.session_started = time.perf_counter()
+        self.latest: dict[str, dict[str, float]] = {}
+        self.best_statistics: dict[str, float] = {}
+        if checkpoint is not None:
+            self.load_state_dict(checkpoint)
+            setup.log.info(
+                "resumed from episode %d (epoch %d)", self.progress.episode, self.progress.epoch
+            )
         # The epoch whose data was trained on last: validation visits that epoch's data, which
         # matters when its sampler changes with the epoch (k-fold's held-out fold rotates).
-        self.trained_epoch = max(state.progress.epoch - 1, 0)
-        self.histogram_episode = state.progress.episode
-        self.first_batch_of_session = True
+        self.trained_epoch = max(self.progress.epoch - 1, 0)
+        self.histogram_episode = self.progress.episode
+        self.check_first_batch = True  # this session's first batch, against every spec
 
     # ---- the loop --------------------------------------------------------------------------
     def train_epoch(self) -> Status | None:
-        s, p = self.s, self.s.progress
-        self.trained_epoch = p.epoch
-        loader = s.train_data.epoch(p.epoch, start_batch=p.batch_in_epoch)
+        setup, progress = self.setup, self.progress
+        self.trained_epoch = progress.epoch
+        loader = setup.train_data.epoch(progress.epoch, start_batch=progress.batch_in_epoch)
         bar = progress_bar(
-            s.train_data.batches_per_epoch(), p.epoch, s.show_progress, p.batch_in_epoch
+            setup.train_data.batches_per_epoch(),
+            progress.epoch,
+            setup.show_progress,
+            progress.batch_in_epoch,
         )
-        s.pipeline.train()
-        if p.episode == 0 or self.first_batch_of_session:
-            s.pipeline.check_next_batch("training")  # the first batch, against every spec
-            self.first_batch_of_session = False
+        setup.pipeline.train()
+        if self.check_first_batch:
+            setup.pipeline.check_next_batch("training")
+            self.check_first_batch = False
         status = None
         for batch in loader:
-            batch = to_device(batch, s.device)
-            # Compiled models run eagerly for a step a hook observes through forward hooks.
-            eager = bool(s.compiled_models) and s.hooks.needs_eager_step(s)
-            with running_eagerly(eager), s.precision.autocast():
-                s.pipeline(batch)
-                loss = s.loss(batch)
-            s.guard.check(loss, batch, p.episode + 1)
-            s.precision.backward(loss / s.accumulation if s.accumulation > 1 else loss)
-            p.episode += 1
-            p.batch_in_epoch += 1
-            if p.batch_in_epoch % s.accumulation == 0:
-                self.optimizer_step()
+            batch = to_device(batch, setup.device)
+            loss = self.train_step(batch)
             self.record_step(batch, loss, bar)
             status = self.after_step()
             if status is not None:
                 break
         ran_to_end = status is None or (
             status is not Status.INTERRUPTED
-            and p.batch_in_epoch >= s.train_data.batches_per_epoch()
+            and progress.batch_in_epoch >= setup.train_data.batches_per_epoch()
         )
         if ran_to_end:
-            if p.batch_in_epoch % s.accumulation:
+            if progress.batch_in_epoch % setup.accumulation:
                 self.optimizer_step()  # the last, shorter accumulation window
-            p.epoch, p.batch_in_epoch = p.epoch + 1, 0
+            progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
         if bar is not None:
             bar.close()
         return self.end_epoch(status)
 
-    def optimizer_step(self) -> None:
-        s = self.s
-        s.precision.step(s.optimizer, s.parameters)
-        if s.progress.episode - self.histogram_episode >= s.config.logging_interval:
-            s.reporter.histograms(s.pipeline, s.progress.episode)  # while gradients exist
-            self.histogram_episode = s.progress.episode
-        s.optimizer.zero_grad(set_to_none=True)
-        if s.scheduler is not None and s.scheduler_interval == "step":
-            s.scheduler.step()
+    def train_step(self, batch: dict[str, Any]) -> torch.Tensor:
+        """Forward, loss, divergence check, backward; the optimizer step every
+        `gradient_accumulation` batches. Returns the batch's loss."""
+        setup, progress = self.setup, self.progress
+        # Compiled models run eagerly for a step a hook observes through forward hooks.
+        eager = bool(setup.compiled_models) and setup.hooks.needs_eager_step(self.view)
+        with running_eagerly(eager), setup.precision.autocast():
+            setup.pipeline(batch)
+            loss = setup.loss(batch)
+        setup.guard.check(loss, batch, progress.episode + 1)
+        accumulation = setup.accumulation
+        setup.precision.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
+        progress.episode += 1
+        progress.batch_in_epoch += 1
+        if progress.batch_in_epoch % accumulation == 0:
+            self.optimizer_step()
+        return loss
 
-    # ---- what happens around the loop ------------------------------------------------------
+    def optimizer_step(self) -> None:
+        setup = self.setup
+        scaler, optimizer = setup.precision.scaler, setup.optimizer
+        scaler.unscale_(optimizer)  # clipping thresholds are for the true gradients
+        clip_gradients(setup.parameters, setup.config.gradient_clipping)
+        scaler.step(optimizer)  # fp16: skipped when the gradients overflowed
+        scaler.update()
+        if self.progress.episode - self.histogram_episode >= setup.config.logging_interval:
+            setup.reporter.histograms(setup.pipeline, self.progress.episode)  # grads still here
+            self.histogram_episode = self.progress.episode
+        optimizer.zero_grad(set_to_none=True)
+        if setup.scheduler is not None and setup.scheduler_interval == "step":
+            setup.scheduler.step()
+
+    # ---- what happens around the step ------------------------------------------------------
     def record_step(self, batch: dict[str, Any], loss: torch.Tensor, bar: Any) -> None:
-        s, p = self.s, self.s.progress
-        s.interval_loss.add(loss)
-        s.epoch_loss.add(loss)
-        s.pipeline.update_statistics(batch, s.train_statistics)
-        s.pipeline.update_statistics(batch, s.interval_statistics)
-        s.interval_samples += batch_size_of(batch)
-        if s.hooks:
-            s.hooks.after_step(s, batch, loss)
+        setup, progress = self.setup, self.progress
+        self.interval_loss.add(loss)
+        self.epoch_loss.add(loss)
+        setup.pipeline.update_statistics(batch, self.train_statistics)
+        setup.pipeline.update_statistics(batch, self.interval_statistics)
+        self.interval_samples += batch_size_of(batch)
+        if setup.hooks:
+            setup.hooks.after_step(self.view, batch, loss)
         if bar is not None:
             bar.update(1)
-        if p.episode % s.config.logging_interval == 0:
-            elapsed = max(time.perf_counter() - s.interval_started, 1e-9)
+        if progress.episode % setup.config.logging_interval == 0:
+            elapsed = max(time.perf_counter() - self.interval_started, 1e-9)
             row = {
-                "episode": p.episode,
-                "epoch": p.epoch + 1,  # the epoch in progress, numbered as in epoch rows
-                **s.interval_loss.values("loss"),
+                "episode": progress.episode,
+                "epoch": progress.epoch + 1,  # the epoch in progress, numbered as in epoch rows
+                **self.interval_loss.values("loss"),
                 "batch_size": batch_size_of(batch),
-                "samples_per_second": s.interval_samples / elapsed,
+                "samples_per_second": self.interval_samples / elapsed,
                 # over this interval's batches, as the loss (the epoch's are in epoch rows)
-                **statistic_values(s.interval_statistics),
+                **statistic_values(self.interval_statistics),
             }
-            s.reporter.row("training_statistics", row, p.episode)
+            setup.reporter.row("training_statistics", row, progress.episode)
             if bar is not None:
                 bar.set_postfix(
                     loss=f"{row['loss']:.4f}", samples_s=f"{row['samples_per_second']:.0f}"
                 )
-            s.interval_loss.reset()
-            for statistic in s.interval_statistics.values():
+            self.interval_loss.reset()
+            for statistic in self.interval_statistics.values():
                 statistic.reset()
-            s.interval_samples, s.interval_started = 0, time.perf_counter()
-            s.hooks.after_interval(s)
+            self.interval_samples, self.interval_started = 0, time.perf_counter()
+            setup.hooks.after_interval(self.view)
 
     def after_step(self) -> Status | None:
-        s, p = self.s, self.s.progress
-        if s.stop_requested():
+        setup, progress = self.setup, self.progress
+        if setup.signals.requested:
             return Status.INTERRUPTED
         status = None
-        if s.online and p.episode % s.partial_interval == 0:
+        if setup.online and progress.episode % setup.partial_interval == 0:
             status = self.validate(partial=True)
-        if s.config.checkpoint_interval and p.episode % s.config.checkpoint_interval == 0:
+        interval = setup.config.checkpoint_interval
+        if interval and progress.episode % interval == 0:
             self.save("last.pt")
-        limit = limit_reached(s.config.terminal_conditions, p.epoch, p.episode)
+        limit = limit_reached(setup.config.terminal_conditions, progress.epoch, progress.episode)
         return status or (limit if limit is Status.EPISODE_LIMIT else None)
 
     def end_epoch(self, status: Status | None) -> Status | None:
-        s, p = self.s, self.s.progress
+        setup, progress = self.setup, self.progress
         if status is Status.INTERRUPTED:  # mid-epoch: running statistics go into last.pt as is
             return status
         row = {
-            "epoch": p.epoch,
-            "episode": p.episode,
-            **s.epoch_loss.values("loss"),
-            **statistic_values(s.train_statistics),
-            "lr": s.optimizer.param_groups[0]["lr"],
+            "epoch": progress.epoch,
+            "episode": progress.episode,
+            **self.epoch_loss.values("loss"),
+            **statistic_values(self.train_statistics),
+            "lr": setup.optimizer.param_groups[0]["lr"],
         }
-        s.latest["training"] = {f"training.{k}": v for k, v in row.items()}
-        s.hooks.after_training_epoch(s, row)
-        s.reporter.row("training_epoch_statistics", row, p.episode)
-        s.log.info("epoch %d (episode %d) training: %s", p.epoch, p.episode, format_statistics(row))
-        s.epoch_loss.reset()
-        for statistic in s.train_statistics.values():
+        self.latest["training"] = {f"training.{k}": v for k, v in row.items()}
+        setup.hooks.after_training_epoch(self.view, row)
+        setup.reporter.row("training_epoch_statistics", row, progress.episode)
+        setup.log.info(
+            "epoch %d (episode %d) training: %s",
+            progress.epoch,
+            progress.episode,
+            format_statistics(row),
+        )
+        self.epoch_loss.reset()
+        for statistic in self.train_statistics.values():
             statistic.reset()
-        if s.scheduler is not None and s.scheduler_interval == "epoch":
-            s.scheduler.step()
-        if not s.online and s.validation_data is not None:
+        if setup.scheduler is not None and setup.scheduler_interval == "epoch":
+            setup.scheduler.step()
+        if not setup.online and setup.validation_data is not None:
             status = self.validate(partial=False) or status
-        elif not s.online:
-            status = self.judge(s.latest["training"]) or status
+        elif not setup.online:
+            status = self.judge(self.latest["training"]) or status
         self.save("last.pt")
-        return status or limit_reached(s.config.terminal_conditions, p.epoch, p.episode)
+        limit = limit_reached(setup.config.terminal_conditions, progress.epoch, progress.episode)
+        return status or limit
 
     def validate(self, partial: bool) -> Status | None:
         """Validation pass; updates best.pt and says whether the run should stop."""
-        s, p = self.s, self.s.progress
-        if s.validation_data is None:
+        setup, progress = self.setup, self.progress
+        if setup.validation_data is None:
             return None
-        batches = s.partial_batches if partial else None
-        s.pipeline.check_next_batch("validation")
+        setup.pipeline.check_next_batch("validation")
         values = evaluate(
-            s.pipeline,
-            s.validation_data.epoch(self.trained_epoch),
-            s.validation_statistics,
-            s.loss,
-            s.precision,
-            s.device,
-            max_batches=batches,
-            observe=(lambda batch: s.hooks.eval_batch(s, "validation", batch)) if s.hooks else None,
+            setup.pipeline,
+            setup.validation_data.epoch(self.trained_epoch),
+            self.validation_statistics,
+            setup.loss,
+            setup.precision,
+            setup.device,
+            max_batches=setup.partial_batches if partial else None,
+            observe=self._observer("validation"),
         )
-        s.hooks.after_eval(s, "validation", values, partial)
+        setup.hooks.after_eval(self.view, "validation", values, partial)
         kind = "validation_statistics" if partial else "validation_epoch_statistics"
         # Numbered as every row: the epoch the values were measured in, from 1 (mid-epoch
         # partial validations belong to the epoch in progress).
-        epoch = p.epoch + 1 if p.batch_in_epoch else p.epoch
-        s.reporter.row(kind, {"epoch": epoch, "episode": p.episode, **values}, p.episode)
-        s.log.info(
+        epoch = progress.epoch + 1 if progress.batch_in_epoch else progress.epoch
+        row = {"epoch": epoch, "episode": progress.episode, **values}
+        setup.reporter.row(kind, row, progress.episode)
+        setup.log.info(
             "epoch %d (episode %d) validation%s: %s",
             epoch,
-            p.episode,
+            progress.episode,
             " (partial)" if partial else "",
             format_statistics(values),
         )
-        s.latest["validation"] = {f"validation.{k}": v for k, v in values.items()}
-        return self.judge({**s.latest.get("training", {}), **s.latest["validation"]})
+        self.latest["validation"] = {f"validation.{k}": v for k, v in values.items()}
+        return self.judge({**self.latest.get("training", {}), **self.latest["validation"]})
 
     def judge(self, statistics: dict[str, float]) -> Status | None:
-        s, p = self.s, self.s.progress
-        if s.monitor.update(statistics, p.epoch):
-            s.best_statistics = {
+        setup = self.setup
+        if setup.monitor.update(statistics, self.progress.epoch):
+            self.best_statistics = {
                 k: v for k, v in statistics.items() if not k.endswith((".epoch", ".episode", ".lr"))
             }
             self.save("best.pt")
-        if converged(s.config.terminal_conditions, statistics, s.validation_data is not None):
+        conditions = setup.config.terminal_conditions
+        if converged(conditions, statistics, setup.validation_data is not None):
             return Status.CONVERGED
-        if s.monitor.exhausted:
+        if setup.monitor.exhausted:
             return Status.EARLY_STOPPED
         return None
 
+    def _observer(self, section: str) -> Any:
+        hooks = self.setup.hooks
+        return (lambda batch: hooks.eval_batch(self.view, section, batch)) if hooks else None
+
+    # ---- checkpoints -----------------------------------------------------------------------
     def save(self, name: str) -> None:
-        s = self.s
         save_checkpoint(
-            s.run_dir / "checkpoints" / name,
-            {
-                "components": s.pipeline.component_states(),
-                "optimizer": s.optimizer.state_dict(),
-                "scheduler": s.scheduler.state_dict() if s.scheduler is not None else None,
-                "precision": s.precision.state_dict(),
-                "rng": capture_rng_state(),
-                "progress": s.progress_state(),
-                "monitor": s.monitor.state_dict(),
-                "best_statistics": s.best_statistics,
-                "running": s.running_state(),
-                "hooks": s.hooks.state_dict(),
-                "config": s.config_text,
-            },
+            self.setup.run_dir / "checkpoints" / name,
+            self.state_dict(),
             keep_previous=name == "last.pt",
         )
 
+    def wall_time(self) -> float:
+        """Seconds of training over every session of this run, this one included."""
+        return self.progress.wall_time + time.perf_counter() - self.session_started
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything exact resume needs (engine/checkpoint.py)."""
+        setup = self.setup
+        mid_window = self.progress.batch_in_epoch % setup.accumulation
+        return {
+            "components": setup.pipeline.component_states(),
+            "optimizer": setup.optimizer.state_dict(),
+            "scheduler": setup.scheduler.state_dict() if setup.scheduler is not None else None,
+            "precision": setup.precision.scaler.state_dict(),
+            "rng": capture_rng_state(),
+            "progress": {**self.progress.state_dict(), "wall_time": self.wall_time()},
+            "monitor": setup.monitor.state_dict(),
+            "best_statistics": self.best_statistics,
+            "running": {
+                "epoch_loss": self.epoch_loss.state_dict(),
+                "interval_loss": self.interval_loss.state_dict(),
+                "interval_samples": self.interval_samples,
+                "train_statistics": _states(self.train_statistics),
+                "interval_statistics": _states(self.interval_statistics),
+                "latest": self.latest,
+                "csv_rows": setup.reporter.row_counts(),
+                # Gradients summed so far in an unfinished accumulation window (a save between
+                # two optimizer steps): without them a resumed run would step on fewer batches.
+                "gradients": [p.grad for p in setup.parameters] if mid_window else None,
+            },
+            "hooks": setup.hooks.state_dict(),
+            "config": setup.config_text,
+        }
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        """Restore a checkpoint's states; the random generators last, so that nothing drawn
+        while restoring shifts the resumed run."""
+        setup = self.setup
+        source = f"checkpoint of {setup.run_dir}"
+        load_pipeline_weights(setup.pipeline.components, checkpoint["components"], source)
+        setup.optimizer.load_state_dict(checkpoint["optimizer"])
+        if setup.scheduler is not None and checkpoint["scheduler"] is not None:
+            setup.scheduler.load_state_dict(checkpoint["scheduler"])
+        setup.precision.scaler.load_state_dict(checkpoint["precision"])
+        self.progress.load_state_dict(checkpoint["progress"])
+        setup.monitor.load_state_dict(checkpoint["monitor"])
+        self.best_statistics = checkpoint["best_statistics"]
+        running = checkpoint["running"]
+        self.epoch_loss.load_state_dict(running["epoch_loss"], setup.device)
+        self.interval_loss.load_state_dict(running["interval_loss"], setup.device)
+        self.interval_samples = running["interval_samples"]
+        for name, statistic in self.train_statistics.items():
+            statistic.load_state_dict(running["train_statistics"][name])
+        for name, state in running.get("interval_statistics", {}).items():
+            self.interval_statistics[name].load_state_dict(state)
+        if running.get("gradients") is not None:
+            for parameter, gradient in zip(setup.parameters, running["gradients"], strict=True):
+                parameter.grad = None if gradient is None else gradient.to(parameter.device)
+        self.latest = running["latest"]
+        setup.hooks.load_state_dict(checkpoint.get("hooks", {}))
+        restore_rng_state(checkpoint["rng"])
+
+    # ---- the test pass ---------------------------------------------------------------------
     def test(self) -> dict[str, float]:
         """The test section, evaluated with the best weights (the last ones if none are
         best); stops at a signal (nothing to save: a resumed run repeats it)."""
-        s, p = self.s, self.s.progress
-        assert s.test_data is not None
-        best = s.run_dir / "checkpoints" / "best.pt"
-        s.log.info("test pass with %s", "best.pt" if best.exists() else "the last weights")
+        setup, progress = self.setup, self.progress
+        assert setup.test_data is not None
+        best = setup.run_dir / "checkpoints" / "best.pt"
+        setup.log.info("test pass with %s", "best.pt" if best.exists() else "the last weights")
         if best.exists():
-            load_pipeline_weights(
-                s.pipeline.components, load_checkpoint(best)["components"], f"'{best}'"
-            )
-        s.pipeline.check_next_batch("test")
+            components = load_checkpoint(best)["components"]
+            load_pipeline_weights(setup.pipeline.components, components, f"'{best}'")
+        setup.pipeline.check_next_batch("test")
         values = evaluate(
-            s.pipeline,
-            s.test_data.epoch(0),
-            statistics_copy(s.pipeline, s.device),
-            s.loss,
-            s.precision,
-            s.device,
-            observe=(lambda batch: s.hooks.eval_batch(s, "test", batch)) if s.hooks else None,
-            stop=s.stop_requested,
+            setup.pipeline,
+            setup.test_data.epoch(0),
+            statistics_copy(setup.pipeline, setup.device),
+            setup.loss,
+            setup.precision,
+            setup.device,
+            observe=self._observer("test"),
+            stop=lambda: setup.signals.requested,
         )
-        s.hooks.after_eval(s, "test", values, False)
+        setup.hooks.after_eval(self.view, "test", values, False)
         # A pass repeated at the same episode (a run killed after its test pass, resumed)
         # replaces its row instead of adding a second one.
-        CsvLog(s.run_dir / "test_statistics.csv", keep_until_episode=p.episode - 1).write(
-            {"epoch": p.epoch, "episode": p.episode, **values}
-        )
-        s.log.info("test: %s", format_statistics(values))
+        CsvLog(
+            setup.run_dir / "test_statistics.csv", keep_until_episode=progress.episode - 1
+        ).write({"epoch": progress.epoch, "episode": progress.episode, **values})
+        setup.log.info("test: %s", format_statistics(values))
         return values
 
     # ---- start to end ----------------------------------------------------------------------
@@ -270,7 +365,7 @@ class Trainer:
         """Train, validate and test to the end, and write summary.json however the run ends:
         finished, stopped by a signal, diverged, or failed with an exception (its one-line
         message is the summary's reason). The run folder's lock is released in every case."""
-        s = self.s
+        setup = self.setup
         try:
             result, diverged = self._run()
         except BaseException as error:
@@ -280,35 +375,45 @@ class Trainer:
                 if status is Status.INTERRUPTED
                 else failure_reason(error)
             )
-            s.log.error("%s: %s", status.value, reason)
+            setup.log.error("%s: %s", status.value, reason)
             try:
-                write_summary(s, status, reason, None)
+                self.write_summary(status, reason, None)
             except Exception as secondary:  # a full disk: the first error is what matters
-                s.log.error("summary.json could not be written: %s", secondary)
+                setup.log.error("summary.json could not be written: %s", secondary)
             if isinstance(error, OSError) and not isinstance(error, LoomError):
-                raise StorageError.from_os(error.filename or s.run_dir, error) from error
+                raise StorageError.from_os(error.filename or setup.run_dir, error) from error
             raise
         finally:
-            s.close()
+            self.close()
         if diverged is not None:
             raise diverged  # after the summary says so: the CLI exits 2 with its message
         return result
 
+    def close(self) -> None:
+        """Close the run's files and release its folder (run() does it; a loop that was set
+        up and is not run must be closed)."""
+        self.setup.reporter.close()
+        close_logger(self.setup.log)
+        self.setup.lock.release()
+
     def _run(self) -> tuple[RunResult, Diverged | None]:
-        s = self.s
-        s.log.info(
-            "training '%s' on %s, seed %d, run folder %s", s.name, s.device, s.seed, s.run_dir
+        setup = self.setup
+        setup.log.info(
+            "training '%s' on %s, seed %d, run folder %s",
+            setup.name,
+            setup.device,
+            setup.seed,
+            setup.run_dir,
         )
-        write_running(s.run_dir, s.name)
+        write_running(setup.run_dir, setup.name)
         # Signals stop the run gracefully from here to the end, final test pass included.
-        with s.signals:
-            for component in s.pipeline.components.values():
-                component.begin_pass("training", s.run_dir)  # viewers write into the run folder
-            s.hooks.before_train(s)
+        with setup.signals:
+            for component in setup.pipeline.components.values():
+                component.begin_pass("training", setup.run_dir)  # viewers write there
+            setup.hooks.before_train(self.view)
             started = time.perf_counter()
-            status = limit_reached(
-                s.config.terminal_conditions, s.progress.epoch, s.progress.episode
-            )
+            conditions = setup.config.terminal_conditions
+            status = limit_reached(conditions, self.progress.epoch, self.progress.episode)
             diverged: Diverged | None = None
             try:
                 while status is None:
@@ -317,39 +422,74 @@ class Trainer:
                 status, diverged = Status.DIVERGED, error
             if status is Status.INTERRUPTED:
                 self.save("last.pt")
-                s.log.info(
+                setup.log.info(
                     "interrupted: last.pt saved; continue with `loom train --resume %s`",
-                    s.run_dir,
+                    setup.run_dir,
                 )
-            elif status is not Status.DIVERGED and s.online and s.validation_data is not None:
+            elif status is not Status.DIVERGED and setup.online and setup.validation_data:
                 self.validate(partial=False)
-            for component in s.pipeline.components.values():
+            for component in setup.pipeline.components.values():
                 component.end_pass()
             training_seconds = time.perf_counter() - started
-            s.hooks.training_ended()
+            setup.hooks.training_ended()
             reason = diverged.format() if diverged is not None else status.reason
             test = None
-            if s.test_data is not None and status.finished and status is not Status.DIVERGED:
+            if setup.test_data is not None and status.finished and status is not Status.DIVERGED:
                 try:
                     test = self.test()
                 except PassInterrupted:
                     status = Status.INTERRUPTED
                     reason = "stopped by a signal during the final test pass; --resume runs it"
-                    s.log.info("interrupted during the test pass: %s", reason)
-            result = write_summary(s, status, reason, test)
-            s.hooks.after_train(s, result.summary)
-        if s.hooks:
-            s.log.info(
+                    setup.log.info("interrupted during the test pass: %s", reason)
+            result = self.write_summary(status, reason, test)
+            setup.hooks.after_train(self.view, result.summary)
+        if setup.hooks:
+            spent = setup.hooks.in_training
+            setup.log.info(
                 "analysis took %.1f s of the %.1f s of training (%.1f%%), and %.1f s after it",
-                s.hooks.in_training,
+                spent,
                 training_seconds,
-                100 * s.hooks.in_training / max(training_seconds, 1e-9),
-                s.hooks.total() - s.hooks.in_training,
+                100 * spent / max(training_seconds, 1e-9),
+                setup.hooks.total() - spent,
             )
         if diverged is not None:
-            kept = (s.run_dir / "checkpoints" / "best.pt").exists()
-            s.log.error("%s%s", diverged.format(), "; best.pt is intact" if kept else "")
+            kept = (setup.run_dir / "checkpoints" / "best.pt").exists()
+            setup.log.error("%s%s", diverged.format(), "; best.pt is intact" if kept else "")
         return result, diverged
+
+    def write_summary(
+        self, status: Status, reason: str, test: dict[str, float] | None
+    ) -> RunResult:
+        setup, monitor = self.setup, self.setup.monitor
+        final = {
+            section: {k.split(".", 1)[1]: v for k, v in values.items()}
+            for section, values in self.latest.items()
+        }
+        if test is not None:
+            final["test"] = test
+        summary = {
+            "pipeline": setup.name,
+            "status": status.value,
+            "reason": reason,
+            "epochs": self.progress.epoch,
+            "episodes": self.progress.episode,
+            "wall_time_seconds": round(self.wall_time(), 3),
+            "seed": setup.seed,
+            "device": str(setup.device),
+            "monitor": {
+                "name": monitor.name,
+                "mode": monitor.mode,
+                "best": monitor.best,
+                "best_epoch": monitor.best_epoch,
+            },
+            "best": self.best_statistics,
+            "final": final,
+        }
+        return write_summary(setup.run_dir, summary)
+
+
+def _states(statistics: dict[str, Any]) -> dict[str, Any]:
+    return {name: statistic.state_dict() for name, statistic in statistics.items()}
 
 
 def failure_reason(error: BaseException) -> str:

@@ -41,7 +41,7 @@ def _one_sample(value: Any, index: int, batch_size: int | None) -> Any:
     return value
 
 
-def describe_value(value: Any) -> str:
+def preview_value(value: Any) -> str:
     """A short representation: tensor shape, dtype and first values; strings as they are."""
     if isinstance(value, torch.Tensor):
         flat = value.detach().flatten()
@@ -115,7 +115,7 @@ class StreamViewer(Component):
             return {}
         size = _batch_size(inputs)
         shown = "; ".join(
-            f"{name}: {describe_value(_one_sample(inputs[name], self.params.sample, size))}"
+            f"{name}: {preview_value(_one_sample(inputs[name], self.params.sample, size))}"
             for name in self.params.input_streams
         )
         mode = "training" if self.training else "evaluation"

@@ -1,0 +1,386 @@
+"""Setting up a training run: from a config (a new run) or a run folder (resume) to a
+`TrainingLoop` ready to run.
+
+Every check that can fail happens before anything is written: a rejected config, a missing
+data set or a checkpoint that does not fit leaves no trace. Order matters for exact resume:
+seed, build the pipeline (weight init draws from the seeded RNG), set up loaders and
+optimizer, and only then restore a checkpoint's states -- RNG last (TrainingLoop), so
+nothing drawn during set-up shifts the run. What resume may change is engine/resume.py's.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel
+
+from torchloom.config import dump_config
+from torchloom.config.loading import ConfigSource
+from torchloom.config.schema import TrainingConfig, ValidationConfig
+from torchloom.core.pipeline import Pipeline
+from torchloom.core.weights import match_pipeline_weights
+from torchloom.engine.assemble import (
+    build_checked,
+    load_and_validate,
+    pipeline_name,
+    resolve_device,
+)
+from torchloom.engine.checkpoint import load_resume_checkpoint, seed_everything, set_deterministic
+from torchloom.engine.evaluation import statistic_names
+from torchloom.engine.loaders import SectionLoader
+from torchloom.engine.optim import build_optimizer, build_scheduler
+from torchloom.engine.reporting import Reporter, log_build_notes, make_logger
+from torchloom.engine.resume import (
+    check_resumed_config,
+    config_change_problem,
+    config_header,
+    finished_result,
+    write_run_config,
+)
+from torchloom.engine.run_folder import RunLock, RunResult, create_run_folder, write_artifacts
+from torchloom.engine.state import Hooks, RunSetup, TrainOptions
+from torchloom.engine.step import (
+    DivergenceGuard,
+    Precision,
+    WeightedLoss,
+    compile_models,
+    compile_options,
+)
+from torchloom.engine.terminal import Monitor, check_monitor, make_monitor
+from torchloom.engine.trainer import TrainingLoop
+from torchloom.errors import ConfigError, LoomError, Problem, StorageError, WeightsError, Where
+from torchloom.host_memory import VARIABLE as THP_VARIABLE
+from torchloom.host_memory import huge_page_tensors_in_effect
+
+
+# ---- the parts a config describes besides the pipeline --------------------------------------
+@dataclass
+class TrainingParts:
+    """Optimizer, scheduler, weighted loss, monitor, torch.compile options: built (and so
+    checked) without reading data, by `loom check` and `loom train` alike."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    loss: WeightedLoss
+    monitor: Monitor
+    compile_options: dict[str, Any] | None  # for torch.compile; None: eager
+
+
+def build_training_parts(
+    pipeline: Pipeline, training: TrainingConfig, where: Where
+) -> TrainingParts:
+    """Every part, collecting every problem into one error."""
+    problems: list[Problem] = []
+    limits = training.terminal_conditions
+    if limits.epoch_limit is None and limits.episode_limit is None:
+        problems.append(
+            Problem(
+                where("training", "terminal_conditions"),
+                "training.terminal_conditions",
+                "sets no epoch_limit or episode_limit, so the run would never end",
+                "add e.g. `epoch_limit: 10`",
+            )
+        )
+    optimizer = scheduler = loss = compiling = None
+    try:
+        compiling = compile_options(training.compile, where)
+    except LoomError as error:
+        problems += error.problems
+    try:
+        optimizer = build_optimizer(training.optimizer.model_dump(), pipeline, where)
+        scheduler = build_scheduler(
+            training.scheduler.model_dump() if training.scheduler else None, optimizer, where
+        )
+    except LoomError as error:
+        problems += error.problems
+    try:
+        loss = WeightedLoss(pipeline, training.loss_weights, where)
+    except LoomError as error:
+        problems += error.problems
+    has_validation = "validation" in pipeline.tasks
+    monitor = make_monitor(training.terminal_conditions, has_validation)
+    if loss is not None:
+        sections = ["training", *(["validation"] if has_validation else [])]
+        names = statistic_names(pipeline, loss, sections)
+        monitor_key = where("training", "terminal_conditions", "early_stopping", "monitor")
+        try:
+            check_monitor(monitor, names, monitor_key)
+        except LoomError as error:
+            problems += error.problems
+    if problems:
+        raise ConfigError(problems)
+    assert optimizer is not None and loss is not None
+    return TrainingParts(optimizer, scheduler, loss, monitor, compiling)
+
+
+# ---- from a config ---------------------------------------------------------------------------
+@dataclass
+class ResumePoint:
+    """A run folder to continue: its last checkpoint (`note` says so when last.pt was damaged
+    and last.prev.pt was read instead) and the folder's lock, already held."""
+
+    run_dir: Path
+    checkpoint: dict[str, Any]
+    lock: RunLock
+    note: str | None = None
+
+
+def open_resume_point(run_dir: Path, shown: str) -> ResumePoint:
+    """Lock a run folder (before reading what a running process may write) and read its
+    checkpoint; `shown` is how the user named it (`--resume X`, `fit(resume=X)`)."""
+    if not (run_dir / "checkpoints").is_dir():
+        why = "(it does not exist)" if not run_dir.exists() else "(no checkpoints/)"
+        raise ConfigError.at(
+            "command line",
+            shown,
+            f"is not a run folder with checkpoints {why}",
+            "give <expdir>/<pipeline>/<date> of a run that saved last.pt",
+        )
+    lock = RunLock(run_dir).acquire()
+    try:
+        checkpoint, note = load_resume_checkpoint(run_dir / "checkpoints")
+    except BaseException:
+        lock.release()
+        raise
+    return ResumePoint(run_dir, checkpoint, lock, note)
+
+
+def prepare_training(
+    config: ConfigSource | None,
+    overrides: Sequence[str],
+    options: TrainOptions,
+    resume: str | Path | None = None,
+) -> TrainingLoop | RunResult:
+    """A run from a config (a YAML file or a mapping: a new run) or from a run folder
+    (`resume`, with overrides of the keys that may change on resume only). Resuming a run
+    that already reached its terminal condition returns its RunResult (`already_finished`):
+    there is nothing to do."""
+    if resume is None:
+        if config is None:
+            raise ConfigError.at("command line", "config", "give a config file or --resume")
+        return _prepare(config, overrides, options)
+    if config is not None:
+        raise ConfigError.at(
+            "command line",
+            "--resume",
+            "continues a run with the config it started with: give no config file",
+            "overrides of the keys that may change on resume are allowed",
+        )
+    point = open_resume_point(Path(resume).expanduser(), f"--resume {resume}")
+    try:
+        prepared = _prepare(point.run_dir / "config.yaml", overrides, options, point)
+    except BaseException:
+        point.lock.release()
+        raise
+    if isinstance(prepared, RunResult):
+        point.lock.release()
+    return prepared
+
+
+def _prepare(
+    config: ConfigSource,
+    overrides: Sequence[str],
+    options: TrainOptions,
+    resume: ResumePoint | None = None,
+) -> TrainingLoop | RunResult:
+    started_text = changed = None
+    if resume is not None:
+        started_text = resume.checkpoint.get("config")
+        # Compared before config.yaml is read: an edit is an error naming the changed keys.
+        changed = config_change_problem(resume.run_dir, started_text) if started_text else None
+    loaded, sections = load_and_validate(config, overrides)
+    training = sections.get("training")
+    if not isinstance(training, TrainingConfig):
+        raise ConfigError.at(
+            loaded.where(), "section 'training'", "is required to train", "add a training section"
+        )
+    seed = training.seed if training.seed is not None else secrets.randbelow(2**31)
+    loaded.data["training"]["seed"] = seed  # recorded, so config.yaml reproduces the run
+    seed_everything(seed)
+    set_deterministic(training.deterministic)
+    pipeline = build_checked(loaded, options.disable)
+    if options.disable:  # recorded, so the saved config reproduces the run as it ran
+        pipeline_cfg = loaded.data.setdefault("pipeline", {})
+        pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
+    config_text = "".join(f"# override: {o}\n" for o in overrides) + dump_config(loaded.data)
+    if resume is not None:
+        _check_checkpoint_fits(pipeline, resume, changed)
+        current_text = (resume.run_dir / "config.yaml").read_text(encoding="utf-8")
+        if overrides:
+            at = resume.checkpoint["progress"]["episode"]
+            recorded = "".join(f"# override on resume at episode {at}: {o}\n" for o in overrides)
+            config_text = config_header(current_text) + recorded + dump_config(loaded.data)
+            subject = f"--resume {' '.join(overrides)}"
+            check_resumed_config(current_text, config_text, "command line", subject)
+        else:
+            config_text = started_text or current_text  # exactly as it started
+        finished = finished_result(
+            resume.run_dir, resume.checkpoint, training, "validation" in sections
+        )
+        if finished is not None:
+            return finished
+    if options.hook_factory is not None:
+        extra = options.hook_factory(loaded.data, pipeline, loaded.where)
+        options = replace(options, hooks=[*options.hooks, *extra])
+    return start_run(
+        pipeline,
+        sections,
+        name=pipeline_name(loaded),
+        seed=seed,
+        options=options,
+        where=loaded.where,
+        config_text=config_text,
+        resume=resume,
+    )
+
+
+def _check_checkpoint_fits(
+    pipeline: Pipeline, resume: ResumePoint, changed: Problem | None
+) -> None:
+    """Before anything is written: the checkpoint's weights fit the pipeline (shape errors
+    name the weight), and config.yaml is the config the checkpoint was saved with."""
+    source = f"checkpoint of {resume.run_dir}"
+    try:
+        match_pipeline_weights(pipeline.components, resume.checkpoint["components"], source)
+    except WeightsError as error:
+        raise WeightsError([*error.problems, *([changed] if changed else [])]) from None
+    if changed is not None:
+        raise ConfigError([changed])
+
+
+# ---- from a built pipeline -------------------------------------------------------------------
+def start_run(
+    pipeline: Pipeline,
+    sections: Mapping[str, BaseModel],
+    *,
+    name: str,
+    seed: int,
+    options: TrainOptions,
+    where: Where,
+    config_text: str,
+    resume: ResumePoint | None = None,
+) -> TrainingLoop:
+    """The loop of a run of a built pipeline (from YAML or from Python), new or resumed.
+    Everything that can fail is checked before the run folder is created; `config_text` is
+    saved as its config.yaml. The folder's lock (taken here for a new run) is released if
+    set-up fails."""
+    lock = resume.lock if resume is not None else None
+    try:
+        setup = _setup(pipeline, sections, name, seed, options, where, config_text, resume)
+        lock = setup.lock
+        return TrainingLoop(setup, resume.checkpoint if resume is not None else None)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def _section_loader(
+    section: str,
+    pipeline: Pipeline,
+    sections: Mapping[str, BaseModel],
+    seed: int,
+    where: Where,
+    device: torch.device,
+) -> SectionLoader | None:
+    if section not in pipeline.tasks:
+        return None
+    config: Any = sections[section]
+    return SectionLoader(
+        section, pipeline.tasks[section], config, seed, where, pin_memory=device.type == "cuda"
+    )
+
+
+def _setup(
+    pipeline: Pipeline,
+    sections: Mapping[str, BaseModel],
+    name: str,
+    seed: int,
+    options: TrainOptions,
+    where: Where,
+    config_text: str,
+    resume: ResumePoint | None,
+) -> RunSetup:
+    training = sections["training"]
+    assert isinstance(training, TrainingConfig)
+    device = resolve_device(options.device)
+    pipeline.to(device)
+    parts = build_training_parts(pipeline, training, where)  # config checks before any data
+    loaders = {
+        s: _section_loader(s, pipeline, sections, seed, where, device)
+        for s in ("training", "validation", "test")
+    }
+    train_data = loaders["training"]
+    assert train_data is not None, "a training run has a training task"
+    # Everything is checked: only now is anything written.
+    if resume is not None:
+        run_dir, lock = resume.run_dir, resume.lock
+        if config_text != resume.checkpoint.get("config", config_text):
+            write_run_config(run_dir, config_text)  # overrides given to --resume
+    else:
+        run_dir = create_run_folder(options.expdir, name, options.tag)
+        lock = RunLock(run_dir).acquire()
+        try:
+            write_run_config(run_dir, config_text)
+            write_artifacts(run_dir, pipeline.components)
+        except OSError as error:
+            lock.release()
+            raise StorageError.from_os(error.filename or run_dir, error) from error
+    log = make_logger(run_dir, options.quiet)
+    if resume is not None and resume.note is not None:
+        log.warning("%s", resume.note)
+    log_build_notes(log, pipeline)
+    if device.type == "cpu":
+        huge_pages = huge_page_tensors_in_effect()
+        log.info(
+            "CPU tensors of 2 MiB or more on huge pages: %s",
+            "yes"
+            if huge_pages
+            else f"no (set {THP_VARIABLE}=1 before torch is imported, as the loom command does)",
+        )
+    compiled: list[str] = []
+    if parts.compile_options is not None:
+        compiled = compile_models(pipeline, parts.compile_options)
+        log.info(
+            "torch.compile %s: %s",
+            parts.compile_options or "(defaults)",
+            ", ".join(compiled) or "no model with weights",
+        )
+    validation = sections.get("validation")
+    running = resume.checkpoint if resume is not None else None
+    return RunSetup(
+        name=name,
+        config=training,
+        validation_config=validation if isinstance(validation, ValidationConfig) else None,
+        run_dir=run_dir,
+        config_text=config_text,
+        device=device,
+        seed=seed,
+        pipeline=pipeline,
+        train_data=train_data,
+        validation_data=loaders["validation"],
+        test_data=loaders["test"],
+        optimizer=parts.optimizer,
+        scheduler=parts.scheduler,
+        precision=Precision(training.precision, device),
+        loss=parts.loss,
+        guard=DivergenceGuard(device, parts.loss.streams),
+        monitor=parts.monitor,
+        reporter=Reporter(
+            run_dir,
+            log,
+            options.tensorboard,
+            running["progress"]["episode"] if running else None,
+            running["running"].get("csv_rows") if running else None,
+        ),
+        log=log,
+        lock=lock,
+        hooks=Hooks(options.hooks),
+        compiled_models=compiled,
+        show_progress=not options.quiet,
+    )

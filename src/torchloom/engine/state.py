@@ -1,0 +1,265 @@
+"""What a training run holds, split by how it changes, and what hooks see of it.
+
+- `RunSetup`: what set-up built and what does not change while the run goes: the pipeline,
+  loaders, optimizer, scheduler, precision, loss, reporter, run folder, log, hooks.
+- `Progress`: where the run is: completed epochs, episodes, the position in the epoch.
+- The loop's own meters (running losses, statistics, the latest values) belong to the loop
+  (`TrainingLoop` in engine/trainer.py), which also saves and restores all three.
+
+Hooks observe a run through `RunView`, a few documented attributes (as detectron2's
+`HookBase` sees a few attributes of its trainer), never the loop's internals. A hook never
+changes training (with compiled models, a step a hook asks to see eagerly computes the same
+thing with eager kernels, rounded as those round); it may ask the run to stop, as Ctrl-C
+does. The loop calls, in order:
+
+    before_train(run)
+    per training batch:   needs_eager_step(run)             only when models are compiled
+                          after_step(run, batch, loss)      cheap: no host sync, O(1) memory
+    at logging intervals: after_interval(run)
+    after each epoch:     after_training_epoch(run, values)
+    evaluation passes:    eval_batch(run, section, batch)   every batch of validation / test
+                          after_eval(run, section, values, partial)
+    after_train(run, summary)
+
+Hooks that keep state across epochs (a worst-samples history) save it with `state_dict()`
+into checkpoints, so a resumed run continues it. The engine never imports the analysis
+package: whoever starts a run (the CLI, the Python API) builds the hooks and hands them over.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchloom.config.schema import TrainingConfig, ValidationConfig
+from torchloom.core.component import Batch
+from torchloom.core.pipeline import Pipeline
+from torchloom.engine.loaders import SectionLoader
+from torchloom.engine.reporting import Reporter
+from torchloom.engine.run_folder import RunLock, StopSignals
+from torchloom.engine.step import DivergenceGuard, Precision, WeightedLoss
+from torchloom.engine.terminal import Monitor
+from torchloom.errors import Where
+
+
+@dataclass
+class TrainOptions:
+    """How to run (not what to train): where, on which device, how loud."""
+
+    expdir: str = "runs"
+    tag: str = ""
+    device: str | None = None
+    quiet: bool = False
+    tensorboard: int = 1
+    disable: Sequence[str] = ()
+    hooks: Sequence[Hook] = ()
+    # Builds more hooks from the loaded config and the built pipeline (the analysis section);
+    # given by the caller, so the engine never imports the analysis package.
+    hook_factory: Callable[[Mapping[str, Any], Pipeline, Where], Sequence[Hook]] | (None) = None
+
+
+@dataclass
+class Progress:
+    epoch: int = 0  # completed epochs
+    episode: int = 0  # batches trained on
+    batch_in_epoch: int = 0
+    wall_time: float = 0.0  # seconds spent in earlier sessions of this run (resumed ones)
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+@dataclass
+class RunSetup:
+    """Everything set-up built for one run (engine/setup.py); fixed while it trains."""
+
+    name: str
+    config: TrainingConfig
+    validation_config: ValidationConfig | None
+    run_dir: Path
+    config_text: str  # config.yaml as the run started: checkpoints keep it (engine/resume.py)
+    device: torch.device
+    seed: int
+    pipeline: Pipeline
+    train_data: SectionLoader
+    validation_data: SectionLoader | None
+    test_data: SectionLoader | None
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # a torch LRScheduler, or None
+    precision: Precision
+    loss: WeightedLoss
+    guard: DivergenceGuard
+    monitor: Monitor
+    reporter: Reporter
+    log: logging.Logger
+    lock: RunLock  # held while this process trains in run_dir
+    signals: StopSignals = field(default_factory=StopSignals)
+    hooks: Hooks = field(default_factory=lambda: Hooks())
+    compiled_models: list[str] = field(default_factory=list)  # by `training.compile`
+    show_progress: bool = True
+
+    @property
+    def parameters(self) -> list[torch.nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
+
+    @property
+    def accumulation(self) -> int:
+        return self.config.gradient_accumulation
+
+    @property
+    def scheduler_interval(self) -> str:
+        return self.config.scheduler.interval if self.config.scheduler else "epoch"
+
+    @property
+    def online(self) -> bool:
+        return self.config.mode == "online"
+
+    @property
+    def partial_interval(self) -> int:
+        assert self.validation_config is not None
+        return self.validation_config.partial_validation_interval or self.config.logging_interval
+
+    @property
+    def partial_batches(self) -> int:
+        assert self.validation_config is not None
+        return self.validation_config.partial_validation_batches
+
+
+class RunView:
+    """What a hook sees of a run: read these, and change nothing through them.
+
+    name, run_dir, log:   the pipeline's name, the run folder, the run's logger (run.log)
+    pipeline, device:     the components (in execution order), where they run
+    seed:                 the run's seed (a hook that samples draws from its own generator)
+    optimizer, precision: the optimizer (its param groups' rates) and the precision (autocast,
+                          the fp16 GradScaler) the step uses
+    compiled_models:      names of the models `training.compile` compiled
+    train_data, validation_data: the sections' loaders (their tasks, one batch to look at)
+    online, logging_interval: the config's validation mode and interval
+    progress:             completed epochs, episodes, position in the epoch (live)
+    tensorboard:          the run's SummaryWriter, or None when TensorBoard is off
+    request_stop():       stop at the next step boundary, as Ctrl-C does (status interrupted)
+    """
+
+    def __init__(self, setup: RunSetup, progress: Progress) -> None:
+        self._setup = setup
+        self.progress = progress
+        self.name, self.run_dir, self.log = setup.name, setup.run_dir, setup.log
+        self.pipeline, self.device, self.seed = setup.pipeline, setup.device, setup.seed
+        self.optimizer, self.precision = setup.optimizer, setup.precision
+        self.compiled_models = list(setup.compiled_models)
+        self.train_data, self.validation_data = setup.train_data, setup.validation_data
+        self.online, self.logging_interval = setup.online, setup.config.logging_interval
+
+    @property
+    def tensorboard(self) -> Any:
+        return self._setup.reporter.writer
+
+    def request_stop(self) -> None:
+        self._setup.signals.requested = True
+
+
+class Hook:
+    """Base class: override the events you need. `name` keys its checkpoint state."""
+
+    name = "hook"
+
+    def before_train(self, run: RunView) -> None: ...
+
+    def needs_eager_step(self, run: RunView) -> bool:
+        """Whether the coming training step must run compiled models eagerly: torch.compile
+        neither calls nor notices forward hooks registered on a compiled model's layers after
+        it compiled, so a hook that observes a step through them asks for this."""
+        return False
+
+    def after_step(self, run: RunView, batch: Batch, loss: torch.Tensor) -> None: ...
+
+    def after_interval(self, run: RunView) -> None: ...
+
+    def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None: ...
+
+    def eval_batch(self, run: RunView, section: str, batch: Batch) -> None: ...
+
+    def after_eval(
+        self, run: RunView, section: str, values: dict[str, Any], partial: bool
+    ) -> None: ...
+
+    def after_train(self, run: RunView, summary: dict[str, Any]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Hooks:
+    """The hooks of one run, called in the order given. `seconds` adds up the time spent in
+    them per event, so a run can say what its analysis cost (and a benchmark can measure it
+    directly, not only as the difference of two noisy wall times)."""
+
+    def __init__(self, hooks: Sequence[Hook] = ()) -> None:
+        self.hooks = list(hooks)
+        self.seconds: dict[str, float] = {}
+        self.in_training = 0.0  # seconds in hooks until the training loop ended
+
+    def __bool__(self) -> bool:
+        return bool(self.hooks)
+
+    def _call(self, event: str, *args: Any) -> None:
+        if not self.hooks:
+            return
+        started = time.perf_counter()
+        for hook in self.hooks:
+            getattr(hook, event)(*args)
+        self.seconds[event] = self.seconds.get(event, 0.0) + time.perf_counter() - started
+
+    def total(self) -> float:
+        """Seconds spent in the hooks so far."""
+        return sum(self.seconds.values())
+
+    def training_ended(self) -> None:
+        """Mark the end of the training loop: what the hooks cost from here on (the test
+        pass, the final plots) is paid once per run, not per epoch."""
+        self.in_training = self.total()
+
+    def before_train(self, run: RunView) -> None:
+        self._call("before_train", run)
+
+    def needs_eager_step(self, run: RunView) -> bool:
+        return any(hook.needs_eager_step(run) for hook in self.hooks)
+
+    def after_step(self, run: RunView, batch: Batch, loss: torch.Tensor) -> None:
+        self._call("after_step", run, batch, loss)
+
+    def after_interval(self, run: RunView) -> None:
+        self._call("after_interval", run)
+
+    def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None:
+        self._call("after_training_epoch", run, values)
+
+    def eval_batch(self, run: RunView, section: str, batch: Batch) -> None:
+        self._call("eval_batch", run, section, batch)
+
+    def after_eval(self, run: RunView, section: str, values: dict[str, Any], partial: bool) -> None:
+        self._call("after_eval", run, section, values, partial)
+
+    def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
+        self._call("after_train", run, summary)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {hook.name: hook.state_dict() for hook in self.hooks}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for hook in self.hooks:
+            if hook.name in state:
+                hook.load_state_dict(state[hook.name])

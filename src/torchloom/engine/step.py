@@ -1,0 +1,215 @@
+"""What a training step is made of, besides the pipeline: the weighted loss it minimises,
+mixed precision (autocast and the fp16 GradScaler), gradient clipping, the divergence guard,
+and torch.compile of the models. The step itself, in order, is `TrainingLoop.train_step`
+(engine/trainer.py); these are its parts.
+
+Divergence: on the CPU the check is immediate (reading a CPU scalar costs nothing). On a GPU,
+reading the loss every step would make the host wait for the device, so the finiteness flag
+is copied asynchronously into pinned memory and read one step later: the run still stops
+within one step, without a per-step synchronisation.
+
+Compile (`training.compile`, opt-in): each `Model` with weights is compiled in place
+(`nn.Module.compile`), so its state_dict keys, checkpoints, freezing and `load:` are exactly
+those of the eager model; the rest of the pipeline stays eager. A compiled model neither calls
+nor notices forward hooks registered on its layers after it compiled (torch does not guard on
+them), so the passes that observe layers through forward hooks run `running_eagerly()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+
+from torchloom.config.schema import GradientClippingConfig
+from torchloom.core.component import Batch, Model
+from torchloom.core.pipeline import Pipeline
+from torchloom.errors import ConfigError, LoomError, Problem, Where, did_you_mean
+
+
+# ---- the loss ------------------------------------------------------------------------------
+class WeightedLoss:
+    """The quantity training minimises: the weighted sum of every loss component's output."""
+
+    def __init__(self, pipeline: Pipeline, weights: Mapping[str, float], where: Where) -> None:
+        names = [loss.name for loss in pipeline.losses]
+        problems = [
+            Problem(
+                where("training", "loss_weights"),
+                f"loss_weights '{name}'",
+                "names no loss component",
+                did_you_mean(name, names),
+            )
+            for name in weights
+            if name not in names
+        ]
+        if problems:
+            raise ConfigError(problems)
+        # (stream the loss is published on, its weight)
+        self.terms = [
+            (loss.stream_name("loss"), float(weights.get(loss.name, 1.0)))
+            for loss in pipeline.losses
+        ]
+
+    @property
+    def streams(self) -> list[str]:
+        return [stream for stream, _ in self.terms]
+
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        total: torch.Tensor | None = None
+        for stream, weight in self.terms:
+            term = batch[stream] if weight == 1.0 else weight * batch[stream]
+            total = term if total is None else total + term
+        assert total is not None, "the handshake guarantees a loss in training"
+        return total
+
+
+def batch_size_of(batch: Batch) -> int:
+    for value in batch.values():
+        if isinstance(value, torch.Tensor) and value.ndim > 0:
+            return int(value.shape[0])
+        if isinstance(value, list):
+            return len(value)
+    return 0
+
+
+# ---- precision and clipping ----------------------------------------------------------------
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Precision:
+    """Autocast to the config's dtype, and the GradScaler fp16 needs (bf16 needs none). The
+    scaler is always there, disabled unless fp16: a disabled scaler's `scale`, `unscale_`,
+    `step` and `update` are the plain operations, so the step reads the same for every mode.
+    An fp16 scaler skips steps whose gradients overflow (that is not divergence)."""
+
+    def __init__(self, mode: str, device: torch.device) -> None:
+        self.mode = mode
+        self.device = device
+        self.dtype = DTYPES.get(mode)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16")
+
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
+        if self.dtype is None:
+            yield
+            return
+        with torch.autocast(self.device.type, dtype=self.dtype):
+            yield
+
+
+def clip_gradients(
+    parameters: list[torch.nn.Parameter], clipping: GradientClippingConfig | None
+) -> None:
+    """`training.gradient_clipping`: by norm, by value, both or neither (on unscaled
+    gradients, so the thresholds mean what they say)."""
+    if clipping is None:
+        return
+    if clipping.norm:
+        torch.nn.utils.clip_grad_norm_(parameters, clipping.norm, clipping.norm_type)
+    if clipping.value:
+        torch.nn.utils.clip_grad_value_(parameters, clipping.value)
+
+
+# ---- divergence ----------------------------------------------------------------------------
+class Diverged(LoomError):
+    headline = "training diverged"
+
+
+class DivergenceGuard:
+    """Stops a run whose loss turns NaN or infinite, within one step, naming the loss."""
+
+    def __init__(self, device: torch.device, loss_streams: list[str]) -> None:
+        self.device = device
+        self.streams = loss_streams
+        self._pending: tuple[torch.Tensor, torch.cuda.Event, dict[str, torch.Tensor], int] | None
+        self._pending = None
+
+    def check(self, total: torch.Tensor, batch: Batch, episode: int) -> None:
+        parts = {s: batch[s].detach() for s in self.streams}
+        if self.device.type != "cuda":
+            if not math.isfinite(float(total.detach())):
+                self._raise(parts, episode)
+            return
+        if self._pending is not None:
+            flag, event, previous, previous_episode = self._pending
+            event.synchronize()
+            if not bool(flag):
+                self._raise(previous, previous_episode)
+        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+        flag.copy_(torch.isfinite(total.detach()), non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._pending = (flag, event, parts, episode)
+
+    def _raise(self, parts: dict[str, torch.Tensor], episode: int) -> None:
+        bad = [f"'{s}' = {float(v):g}" for s, v in parts.items() if not math.isfinite(float(v))]
+        raise Diverged.at(
+            "",
+            f"episode {episode}",
+            f"loss {', '.join(bad) or 'total'} is not finite",
+            "lower the learning rate, clip gradients (training.gradient_clipping) or check "
+            "the inputs",
+        )
+
+
+# ---- torch.compile -------------------------------------------------------------------------
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_options(setting: bool | Mapping[str, Any], where: Where) -> dict[str, Any] | None:
+    """The keyword arguments for torch.compile that `training.compile` asks for, or None
+    when it is off; a ConfigError names a key torch.compile does not take or an unknown mode.
+    Checked without compiling, so `loom check` rejects a misspelt one."""
+    if setting is False:
+        return None
+    options = {} if setting is True else dict(setting)
+    accepted = [name for name in inspect.signature(torch.compile).parameters if name != "model"]
+    problems = [
+        Problem(
+            where("training", "compile", key),
+            f"training.compile.{key}",
+            "is not an argument of torch.compile",
+            did_you_mean(key, accepted) or f"arguments: {', '.join(accepted)}",
+        )
+        for key in options
+        if key not in accepted
+    ]
+    mode = options.get("mode")
+    if mode is not None and mode not in COMPILE_MODES:
+        problems.append(
+            Problem(
+                where("training", "compile", "mode"),
+                "training.compile.mode",
+                f"is {mode!r}, not a torch.compile mode",
+                did_you_mean(str(mode), list(COMPILE_MODES))
+                or f"modes: {', '.join(COMPILE_MODES)}",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
+    return options
+
+
+def compile_models(pipeline: Pipeline, options: dict[str, Any]) -> list[str]:
+    """Compile every model with weights in place; the names of those compiled. On a GPU
+    `mode: reduce-overhead` replays the models' kernels as CUDA graphs, which is what a small
+    model whose step is bound by Python and kernel launches needs."""
+    compiled = []
+    for name, component in pipeline.components.items():
+        if isinstance(component, Model) and any(True for _ in component.parameters()):
+            component.compile(**options)
+            compiled.append(name)
+    return compiled
+
+
+def running_eagerly(needed: bool = True) -> AbstractContextManager[Any]:
+    """A block in which every torch.compile'd model runs its eager forward (and restores the
+    compiler's previous stance on the way out, even after an exception); a plain block when
+    not `needed` (nothing compiled), which also keeps torch._dynamo from being imported."""
+    return torch.compiler.set_stance("force_eager") if needed else nullcontext()

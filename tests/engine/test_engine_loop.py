@@ -1,0 +1,103 @@
+"""The training loop on toy components, in this process, each in about a second: the
+optimizer steps of gradient accumulation (the leftover one at an epoch's end), divergence,
+patience and early stopping, mid-epoch resume, online validation, and schedulers stepped per
+step and per epoch."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.step import Diverged
+from toy_runs import StopAt, model_weights, only_run, summary, toy_config, train
+
+# toy_config: 40 training samples in batches of 8, i.e. 5 batches an epoch.
+
+
+def column(run: Path, file: str, name: str) -> list[float]:
+    with open(run / file, newline="") as handle:
+        return [float(row[name]) for row in csv.DictReader(handle)]
+
+
+def test_accumulation_steps_every_n_batches_and_once_more_at_an_epochs_end(
+    tmp_path: Path,
+) -> None:
+    config = toy_config(epochs=1, gradient_accumulation=2, optimizer={"type": "Adam", "lr": 0.01})
+    result = train(config, tmp_path)
+    state = load_checkpoint(result.run_dir / "checkpoints" / "last.pt")["optimizer"]["state"]
+    # batches 1+2, 3+4, then the leftover window of batch 5: three optimizer steps
+    assert {int(s["step"]) for s in state.values()} == {3}
+
+
+def test_a_loss_that_turns_nan_stops_the_run_within_the_step(tmp_path: Path) -> None:
+    config = toy_config(epochs=3)
+    config["pipeline"]["noise"] = {"type": "trust_components:NanAtStep", "at": 8}
+    config["pipeline"]["model"]["streams"] = {"inputs": "noisy"}
+    with pytest.raises(Diverged, match="episode 8: loss 'loss' = nan is not finite"):
+        train(config, tmp_path)
+    run = only_run(tmp_path)
+    ended = summary(run)
+    assert ended["status"] == "diverged" and ended["episodes"] == 7
+    # best.pt is epoch 1's (the run ended in epoch 2), and stays as it was
+    assert load_checkpoint(run / "checkpoints" / "best.pt")["progress"]["epoch"] == 1
+
+
+def test_patience_runs_out_and_the_run_stops_early(tmp_path: Path) -> None:
+    # validation.seen is the same every epoch (16 samples): it never improves after epoch 1
+    stopping = {"monitor": "validation.seen", "mode": "max", "patience": 1}
+    config = toy_config(
+        epochs=10, terminal_conditions={"epoch_limit": 10, "early_stopping": stopping}
+    )
+    result = train(config, tmp_path)
+    # epoch 1 is the best; epochs 2 and 3 are not better, and 2 > patience 1
+    assert result.status == "early_stopped" and result.summary["epochs"] == 3
+    assert result.summary["monitor"]["best_epoch"] == 1
+
+
+def test_a_run_stopped_mid_epoch_resumes_bit_identical(tmp_path: Path) -> None:
+    reference = train(toy_config(), tmp_path / "reference")
+    stopped = train(toy_config(), tmp_path / "runs", StopAt(3))
+    assert stopped.status == "interrupted"
+    progress = load_checkpoint(stopped.run_dir / "checkpoints" / "last.pt")["progress"]
+    assert (progress["epoch"], progress["batch_in_epoch"]) == (0, 3)
+    resumed = train(None, tmp_path / "runs", resume=stopped.run_dir)
+    for key, tensor in model_weights(reference.run_dir).items():
+        assert torch.equal(tensor, model_weights(resumed.run_dir)[key]), key
+    assert column(resumed.run_dir, "training_statistics.csv", "loss") == column(
+        reference.run_dir, "training_statistics.csv", "loss"
+    )
+
+
+def test_online_mode_validates_part_of_the_set_every_n_episodes(tmp_path: Path) -> None:
+    config: dict[str, Any] = toy_config(epochs=1, mode="online")
+    config["validation"].update(
+        partial_validation_interval=2,
+        partial_validation_batches=1,
+        dataloader={"batch_size": 4},
+    )
+    result = train(config, tmp_path)
+    assert column(result.run_dir, "validation_statistics.csv", "episode") == [2, 4]
+    assert column(result.run_dir, "validation_statistics.csv", "samples") == [4, 4]
+    # and one full pass when training ends
+    assert column(result.run_dir, "validation_epoch_statistics.csv", "samples") == [16]
+
+
+# An epoch row's rate is read after the epoch's last step: per step, the rate the next step
+# will use; per epoch, the rate the epoch used (its scheduler step follows the row).
+@pytest.mark.parametrize(
+    ("interval", "epoch_rates"),
+    [("step", [0.1 * 0.5**5, 0.1 * 0.5**10]), ("epoch", [0.1, 0.05])],
+)
+def test_a_scheduler_steps_per_step_or_per_epoch(
+    tmp_path: Path, interval: str, epoch_rates: list[float]
+) -> None:
+    scheduler = {"type": "StepLR", "step_size": 1, "gamma": 0.5, "interval": interval}
+    result = train(toy_config(scheduler=scheduler), tmp_path)
+    assert column(result.run_dir, "training_epoch_statistics.csv", "lr") == pytest.approx(
+        epoch_rates
+    )
