@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from loom_cli_harness import GOOD_CONFIG, run_loom_process, write_config
+from loom_cli_harness import GOOD_CONFIG, MNIST_CONFIGS, run_loom_process, write_config
 
 HELP_PROBE = textwrap.dedent(
     """
@@ -169,3 +169,41 @@ def test_a_sigint_during_interpreter_shutdown_is_ignored(tmp_path: Path) -> None
     assert done.stderr == "", done.stderr
     assert done.returncode == 0
     assert len(done.stdout.splitlines()) == 4, "the table: header, separator, two runs"
+
+
+IMPORT_PROBE = textwrap.dedent(
+    """
+    import contextlib, io, json, sys
+    from torchloom.cli.main import main
+    with contextlib.redirect_stdout(io.StringIO()):
+        status = main(sys.argv[1:])
+    heavy = sorted({m.split(".")[0] if not m.startswith("torch._dynamo") else "torch._dynamo"
+                    for m in sys.modules
+                    if m.split(".")[0] in ("torch", "torchvision", "torchmetrics")})
+    print(json.dumps({"status": status, "heavy": heavy}))
+    """
+)
+
+
+def _imports_of(*argv: str) -> dict[str, object]:
+    probe = subprocess.run(
+        [sys.executable, "-c", IMPORT_PROBE, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return dict(json.loads(probe.stdout.strip().splitlines()[-1]))
+
+
+def test_listing_components_imports_no_torch() -> None:
+    # `loom components` reads families and descriptions from the source (core/catalog.py).
+    assert _imports_of("components") == {"status": 0, "heavy": []}
+
+
+def test_check_imports_only_what_the_pipeline_needs() -> None:
+    # LeNet-5 on MNIST needs torch, not torchvision (its transforms are made when data is
+    # loaded), torchmetrics (statistics count when a worker makes them ready) or torch._dynamo
+    # (which building an optimizer imports; `loom check` only checks its arguments).
+    report = _imports_of("check", str(MNIST_CONFIGS / "lenet5.yml"))
+    assert report == {"status": 0, "heavy": ["torch"]}

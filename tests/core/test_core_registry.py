@@ -100,3 +100,16 @@ def test_every_registered_component_implements_what_its_family_needs() -> None:
     assert {
         name: missing_methods(cls) for name, cls in components.items() if missing_methods(cls)
     } == {}
+
+
+def test_the_catalog_reads_every_family_and_description_from_source() -> None:
+    # `loom components` lists what the source says, without importing: it must say what
+    # importing would.
+    from torchloom.core.catalog import summaries
+    from torchloom.core.describe import first_line
+
+    read = summaries()
+    assert read.keys() == set(registered_names())
+    for name, cls in all_components().items():
+        assert read[name] is not None, f"{name}: its source does not settle it"
+        assert (read[name].family, read[name].description) == (cls.family, first_line(cls)), name

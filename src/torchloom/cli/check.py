@@ -10,6 +10,7 @@ from torchloom.config.schema import TrainingConfig
 from torchloom.core.component import Component
 from torchloom.core.streams import StreamSpec
 from torchloom.engine.assemble import Assembled, assemble
+from torchloom.engine.optim import checking_only
 from torchloom.engine.setup import build_training_parts
 
 
@@ -71,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     assembled = assemble(args.config, args.overrides, disable)
     training = assembled.sections.get("training")
     if isinstance(training, TrainingConfig):  # what `loom train` would also reject
-        build_training_parts(assembled.pipeline, training, assembled.config.where)
+        with checking_only():
+            build_training_parts(assembled.pipeline, training, assembled.config.where)
         checked_analysis(assembled.config.data, assembled.pipeline, assembled.config.where)
     print(pipeline_table(assembled, args.config))
     return 0

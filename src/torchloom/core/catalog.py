@@ -144,10 +144,10 @@ def _declared_family(node: ast.ClassDef) -> str:
             else []
         )
         value = getattr(statement, "value", None)
+        constant = isinstance(value, ast.Constant) and isinstance(value.value, str)
         for target in targets:
-            if isinstance(target, ast.Name) and target.id == "family":
-                if isinstance(value, ast.Constant) and isinstance(value.value, str):
-                    return value.value
+            if constant and isinstance(target, ast.Name) and target.id == "family":
+                return str(value.value)  # type: ignore[union-attr]
     return ""
 
 

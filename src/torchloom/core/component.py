@@ -222,6 +222,11 @@ class Statistic(Component):
         self.update(inputs)
         return {}
 
+    def ready(self) -> None:
+        """Create what counting needs, when that is costly to import (torchmetrics takes
+        seconds): the workers call it on the copies they count with, before restoring a
+        checkpoint into them; `loom check` never does. Idempotent; nothing by default."""
+
     def update(self, inputs: Batch) -> None:
         raise NotImplementedError
 

@@ -15,48 +15,24 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from functools import cache
-from importlib.metadata import EntryPoint, entry_points
 
+from torchloom.core.catalog import (
+    claims,
+    clear_cache,
+    distribution,
+    registered_entry_points,
+    registered_names,
+)
 from torchloom.core.component import Component, missing_methods
 from torchloom.errors import ComponentError, Problem, did_you_mean
 
-ENTRY_POINT_GROUP = "torchloom.components"
-
-
-def _distribution(entry_point: EntryPoint) -> str:
-    dist = getattr(entry_point, "dist", None)
-    return str(getattr(dist, "name", "?"))
-
-
-@cache
-def _claims() -> dict[str, list[EntryPoint]]:
-    """Every entry point by component name. Cached: installed packages do not change in a run."""
-    claims: dict[str, list[EntryPoint]] = {}
-    for entry_point in entry_points(group=ENTRY_POINT_GROUP):
-        same = [e for e in claims.get(entry_point.name, []) if e.value == entry_point.value]
-        if not same:  # the same package seen twice on the path is one claim
-            claims.setdefault(entry_point.name, []).append(entry_point)
-    return claims
-
-
-def clear_cache() -> None:
-    """Forget what was found (tests that install a plugin on the fly)."""
-    _claims.cache_clear()
-
-
-def registered_entry_points() -> dict[str, EntryPoint]:
-    """One entry point per name. A built-in (the torchloom distribution) keeps its name, so a
-    plugin can never shadow it; a name two plugins claim is an error when used."""
-    chosen = {}
-    for name, claims in _claims().items():
-        builtin = [e for e in claims if _distribution(e) == "torchloom"]
-        chosen[name] = (builtin or claims)[0]
-    return chosen
-
-
-def registered_names() -> list[str]:
-    return sorted(registered_entry_points())
+__all__ = [
+    "all_components",
+    "clear_cache",
+    "registered_entry_points",
+    "registered_names",
+    "resolve",
+]
 
 
 def _refuse(type_name: str, where: str, message: str, suggestion: str = "") -> ComponentError:
@@ -124,14 +100,14 @@ def resolve(type_name: object, where: str = "") -> type[Component]:
         raise _refuse(str(type_name), where, "a component type must be a non-empty string")
     if ":" in type_name:
         return _import_dotted(type_name, where)
-    claims = _claims().get(type_name, [])
-    builtin = [e for e in claims if _distribution(e) == "torchloom"]
-    if len(claims) > 1 and not builtin:
+    options = claims().get(type_name, [])
+    builtin = [e for e in options if distribution(e) == "torchloom"]
+    if len(options) > 1 and not builtin:
         raise _refuse(
             type_name,
             where,
             "is registered by several packages: "
-            + ", ".join(f"{_distribution(e)} ({e.value})" for e in claims),
+            + ", ".join(f"{distribution(e)} ({e.value})" for e in options),
             "name the one you mean as 'package.module:Class'",
         )
     entry_point = registered_entry_points().get(type_name)

@@ -20,7 +20,9 @@ def statistics_copy(pipeline: Pipeline, device: torch.device) -> dict[str, Stati
     """Fresh copies of the pipeline's statistics, one set per section, on the device."""
     copies = {}
     for statistic in pipeline.statistics:
-        clone = copy.deepcopy(statistic).to(device)
+        clone = copy.deepcopy(statistic)
+        clone.ready()  # made now, so a checkpoint's running counts can be restored into it
+        clone = clone.to(device)
         clone.reset()
         copies[statistic.name] = clone
         # torchmetrics is imported by the statistics that use it, not here: importing it costs
@@ -109,13 +111,17 @@ def evaluate(
 
 
 def statistic_names(pipeline: Pipeline, loss: WeightedLoss, sections: Iterable[str]) -> set[str]:
-    """Every `section.name` a run reports, known before any data is read (statistics are asked
-    for their values while empty). Empty when a statistic cannot answer that early."""
+    """Every `section.name` a run reports, known before any data is read (the statistics are
+    asked for their values while empty, and never made ready: `loom check` imports no
+    torchmetrics). Empty when a statistic cannot answer that early."""
     keys = {"loss", "samples", *(loss.streams if len(loss.streams) > 1 else [])}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            keys |= set(statistic_values(statistics_copy(pipeline, torch.device("cpu"))))
+            fresh = {s.name: copy.deepcopy(s) for s in pipeline.statistics}
+            for statistic in fresh.values():
+                statistic.reset()
+            keys |= set(statistic_values(fresh))
     except Exception:  # a third-party statistic that cannot compute while empty
         return set()
     return {f"{section}.{key}" for section in sections for key in keys}

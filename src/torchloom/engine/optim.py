@@ -12,8 +12,10 @@ are tried the same way.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -204,3 +206,23 @@ def build_scheduler(
         return cls(optimizer, **options)
     except (TypeError, ValueError) as error:
         raise ConfigError([Problem(where(*key), dotted(key), str(error))]) from error
+
+
+@contextlib.contextmanager
+def checking_only() -> Iterator[None]:
+    """A block that builds optimizers only to check their arguments (`loom check`), without
+    importing torch._dynamo, which takes a second on a CPU: torch wraps
+    `Optimizer.add_param_group` in its "disable dynamo" decorator, which imports dynamo on the
+    first call to fetch the disabled version, a version that matters only while dynamo traces
+    the call. Here the undecorated function stands in for it, as the decorator's own cache
+    would hold it; a torch whose decorator looks otherwise is left as it is."""
+    function = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
+    cache = "__dynamo_disable"  # the attribute torch._compile._disable_dynamo caches into
+    if function is None or "torch._dynamo" in sys.modules or hasattr(function, cache):
+        yield
+        return
+    setattr(function, cache, function)
+    try:
+        yield
+    finally:
+        delattr(function, cache)

@@ -7,11 +7,10 @@ figures are exact however the set was batched — never means of per-batch value
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
-from torchmetrics.classification import MulticlassConfusionMatrix
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
 from torchloom.core.streams import FLOATING, StreamSpec
@@ -86,11 +85,25 @@ class PrecisionRecallStatistics(Statistic):
     def __init__(self, params: PrecisionRecallParams, context: BuildContext) -> None:
         super().__init__(params, context)
         self.num_classes = int(self.global_value("num_classes"))
+        self.matrix: Any = None  # made by ready(): importing torchmetrics takes seconds
+
+    def ready(self) -> None:
+        self._counts()
+
+    def _counts(self, device: torch.device | None = None) -> Any:
+        """The torchmetrics confusion matrix, made on first use (on `device`, when given)."""
+        if self.matrix is not None:
+            return self.matrix
+        from torchmetrics.classification import MulticlassConfusionMatrix
+
         # validate_args=False: per-batch checks cost a host sync; dtypes are checked by the
         # handshake and the loss rejects out-of-range targets.
         self.matrix = MulticlassConfusionMatrix(
-            self.num_classes, ignore_index=params.ignore_index, validate_args=False
+            self.num_classes, ignore_index=self.params.ignore_index, validate_args=False
         )
+        if device is not None:
+            self.matrix.to(device)
+        return self.matrix
 
     def input_specs(self) -> dict[str, StreamSpec]:
         return {
@@ -99,10 +112,15 @@ class PrecisionRecallStatistics(Statistic):
         }
 
     def update(self, inputs: Batch) -> None:
-        self.matrix.update(inputs["predictions"].detach(), inputs["targets"].detach())
+        predictions = inputs["predictions"].detach()
+        # Made here only outside a worker (a worker makes its copies ready first).
+        self._counts(predictions.device).update(predictions, inputs["targets"].detach())
 
     def compute(self) -> dict[str, float]:
-        counts = self.matrix.confmat.detach().cpu()
+        if self.matrix is None:
+            counts = torch.zeros(self.num_classes, self.num_classes, dtype=torch.long)
+        else:
+            counts = self.matrix.confmat.detach().cpu()
         values: dict[str, float] = {}
         for average in self.params.averages:
             precision, recall, f1 = averaged_scores(counts, average)
@@ -123,4 +141,5 @@ class PrecisionRecallStatistics(Statistic):
         return values
 
     def reset(self) -> None:
-        self.matrix.reset()
+        if self.matrix is not None:
+            self.matrix.reset()

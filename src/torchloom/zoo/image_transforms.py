@@ -20,11 +20,10 @@ it: put random steps in the training task, not in validation or test.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
-from torchvision.transforms import v2
 
 from torchloom.errors import ComponentError, Problem
 
@@ -105,10 +104,29 @@ class ImageTransformer:
         self.height, self.width = self.resized_height, self.resized_width
         if transforms.random_crop is not None:
             self.height, self.width = transforms.random_crop.size
-        deterministic: list[v2.Transform] = [v2.ToDtype(torch.float32, scale=True)]
+        self.normalization = normalization
+        # With nothing but the conversion to floats before the random steps, keeping the set
+        # as uint8 (4 times smaller) costs next to nothing per sample. Normalising joins the
+        # precomputed part when no step is random (see _compose).
+        random = transforms.random_crop is not None or transforms.horizontal_flip > 0
+        self._worth_precomputing = transforms.resize is not None or (
+            normalization is not None and not random
+        )
+        self._steps: tuple[Any, Any] | None = None  # made on first use: see _compose
+
+    def _compose(self) -> tuple[Any, Any]:
+        """(deterministic, random or None) torchvision pipelines. Made on first use, when
+        data is loaded: importing torchvision costs over a second (it imports torch._dynamo),
+        which `loom check` does not pay."""
+        if self._steps is not None:
+            return self._steps
+        from torchvision.transforms import v2
+
+        transforms, normalization = self.transforms, self.normalization
+        deterministic: list[Any] = [v2.ToDtype(torch.float32, scale=True)]
         if transforms.resize is not None:
             deterministic.append(v2.Resize(list(transforms.resize), antialias=True))
-        random: list[v2.Transform] = []
+        random: list[Any] = []
         if transforms.random_crop is not None:
             crop = transforms.random_crop
             random.append(v2.RandomCrop(list(crop.size), padding=crop.padding or None))
@@ -118,14 +136,12 @@ class ImageTransformer:
             # Normalise last, after any padding, so padded pixels are black as in the usual
             # CIFAR recipe; with no random step it joins the precomputed part.
             normalize = v2.Normalize(
-                _per_channel(normalization.mean, depth), _per_channel(normalization.std, depth)
+                _per_channel(normalization.mean, self.depth),
+                _per_channel(normalization.std, self.depth),
             )
             (random if random else deterministic).append(normalize)
-        # With nothing but the conversion to floats before the random steps, keeping the set
-        # as uint8 (4 times smaller) costs next to nothing per sample.
-        self._worth_precomputing = len(deterministic) > 1
-        self._deterministic = v2.Compose(deterministic)
-        self._random = v2.Compose(random) if random else None
+        self._steps = (v2.Compose(deterministic), v2.Compose(random) if random else None)
+        return self._steps
 
     def precompute(self, images: torch.Tensor) -> torch.Tensor:
         """The deterministic steps on a whole uint8 set, unless the result would be too big or
@@ -134,13 +150,15 @@ class ImageTransformer:
         float_bytes = count * self.depth * self.resized_height * self.resized_width * 4
         if not self._worth_precomputing or float_bytes > PRECOMPUTE_LIMIT_BYTES:
             return images
-        return self._deterministic(images).contiguous()
+        deterministic, _ = self._compose()
+        return deterministic(images).contiguous()
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        deterministic, random = self._compose()
         if image.dtype == torch.uint8:
-            image = self._deterministic(image)
-        if self._random is not None:
-            image = self._random(image)
+            image = deterministic(image)
+        if random is not None:
+            image = random(image)
         return image
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from pydantic import Field
-from torchmetrics.classification import MulticlassAccuracy
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
 from torchloom.core.streams import FLOATING, StreamSpec
@@ -59,6 +60,17 @@ class AccuracyStatistics(Statistic):
     def __init__(self, params: AccuracyStatisticsParams, context: BuildContext) -> None:
         super().__init__(params, context)
         self.num_classes = int(self.global_value("num_classes"))
+        self.metric: Any = None  # made by ready(): importing torchmetrics takes seconds
+
+    def ready(self) -> None:
+        self._counts()
+
+    def _counts(self, device: torch.device | None = None) -> Any:
+        """The torchmetrics counter, made on first use (on `device`, when given)."""
+        if self.metric is not None:
+            return self.metric
+        from torchmetrics.classification import MulticlassAccuracy
+
         # A submodule, so its counters follow the pipeline to its device; torchmetrics keeps
         # them out of the state_dict, so checkpoints do not change.
         # validate_args=False: torchmetrics' per-batch checks cost a host sync and half of the
@@ -66,9 +78,12 @@ class AccuracyStatistics(Statistic):
         self.metric = MulticlassAccuracy(
             num_classes=self.num_classes,
             average="micro",
-            ignore_index=params.ignore_index,
+            ignore_index=self.params.ignore_index,
             validate_args=False,
         )
+        if device is not None:
+            self.metric.to(device)
+        return self.metric
 
     def input_specs(self) -> dict[str, StreamSpec]:
         if self.params.sequence:
@@ -94,12 +109,14 @@ class AccuracyStatistics(Statistic):
             targets = targets.reshape(-1)
         # update(), not the metric's forward(): that would also compute a per-batch accuracy,
         # a wasted step (and a device sync) that nobody reads.
-        self.metric.update(predictions, targets)
+        # Made here only outside a worker (a worker makes its copies ready first).
+        self._counts(predictions.device).update(predictions, targets)
 
     def compute(self) -> dict[str, float]:
-        if self.metric.update_count == 0:
+        if self.metric is None or self.metric.update_count == 0:
             return {"accuracy": float("nan")}  # torchmetrics would warn and say 0
         return {"accuracy": float(self.metric.compute())}
 
     def reset(self) -> None:
-        self.metric.reset()
+        if self.metric is not None:
+            self.metric.reset()
