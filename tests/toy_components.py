@@ -1,4 +1,4 @@
-"""Tiny components for core tests: a task, a linear model, a loss, stream shufflers."""
+"""Tiny components for core tests: a task, a linear model, losses, stream shufflers."""
 
 from __future__ import annotations
 
@@ -37,7 +37,9 @@ class ToyTask(Task):
         self.publish_global("input_size", params.width)
         generator = torch.Generator().manual_seed(0)
         self.inputs = torch.randn(params.size, params.width, generator=generator)
-        self.targets = torch.randint(0, params.classes, (params.size,), generator=generator)
+        self.targets = torch.randint(0, params.classes, (params.size,), generator=generator).to(
+            getattr(torch, params.target_dtype)
+        )
 
     def dimension_sizes(self) -> dict[str, int]:
         return {"classes": self.params.classes}
@@ -101,6 +103,21 @@ class ToyLoss(Loss):
 
     def forward(self, inputs: Batch) -> Batch:
         return {"loss": F.nll_loss(inputs["predictions"], inputs["targets"])}
+
+
+class ToySquaredError(Loss):
+    """A regression loss: the squared error of each sample's mean score against a float
+    target (ToyTask with `target_dtype: float32`). Nothing in a pipeline with it reads class
+    scores against class targets."""
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {
+            "predictions": StreamSpec(("batch", -1), FLOATING, "scores"),
+            "targets": StreamSpec(("batch",), torch.float32, "a number per sample"),
+        }
+
+    def forward(self, inputs: Batch) -> Batch:
+        return {"loss": F.mse_loss(inputs["predictions"].mean(1), inputs["targets"])}
 
 
 class Echo(Component):

@@ -66,7 +66,7 @@ def test_measured_steps_match_a_direct_computation_and_warn(tmp_path: Path) -> N
     config = AnalysisConfig(layer_statistics=LayerStatisticsConfig(interval=2))
     hook = LayerStatistics(config)
     hook.before_train(run)
-    assert not hooked(net)  # episode 1 is not measured
+    assert hooked(net)  # the first step is measured (a run shorter than the interval too)
     # Gradients scaled tiny at the first measured step, huge at the second.
     scales = {1: 1.0, 2: 1e-12, 3: 1.0, 4: 1e9}
     expected: dict[int, dict[str, float]] = {}
@@ -100,7 +100,7 @@ def test_measured_steps_match_a_direct_computation_and_warn(tmp_path: Path) -> N
 
     rows = rows_of(tmp_path / "reports" / "layer_statistics.csv")
     assert [(r["episode"], r["layer"]) for r in rows] == [
-        (str(e), f"net.body.{i}") for e in (2, 4) for i in range(3)
+        (str(e), f"net.body.{i}") for e in (1, 2, 4) for i in range(3)
     ]
     for row in rows:
         assert (row["gradient_norm"] == "") == row["layer"].endswith(".1")  # ReLU: no weights
@@ -137,9 +137,9 @@ def test_run_with_layer_statistics_is_bit_identical(
     layers = [layer.name for layer in find_layers(state.pipeline)]
     assert len(layers) == 13 and "image_classifier.features.0" in layers  # LeNet-5's leaves
     rows = rows_of(state.run_dir / "reports" / "layer_statistics.csv")
-    # 8 episodes, every third measured; one row per layer.
+    # 8 episodes: the first and every third measured; one row per layer.
     assert [(int(r["episode"]), r["layer"]) for r in rows] == [
-        (episode, layer) for episode in (3, 6) for layer in layers
+        (episode, layer) for episode in (1, 3, 6) for layer in layers
     ]
     for row in rows:
         low, mean, high = (float(row[f"activation_{k}"]) for k in ("min", "mean", "max"))
@@ -157,7 +157,7 @@ def test_run_with_layer_statistics_is_bit_identical(
     events.Reload()
     tag = "layers/image_classifier.features.0/gradient_norm"
     assert tag in events.Tags()["scalars"]
-    assert [event.step for event in events.Scalars(tag)] == [3, 6]
+    assert [event.step for event in events.Scalars(tag)] == [1, 3, 6]
 
 
 def test_compiled_models_run_eagerly_on_measured_steps(
@@ -171,7 +171,7 @@ def test_compiled_models_run_eagerly_on_measured_steps(
     state = train(tmp_path_factory, hooks, ["+training.compile={backend: eager}"])
     assert state.compiled_models == ["image_classifier"]
     rows = rows_of(state.run_dir / "reports" / "layer_statistics.csv")
-    assert [int(r["episode"]) for r in rows[:: len(find_layers(state.pipeline))]] == [3, 6]
+    assert [int(r["episode"]) for r in rows[:: len(find_layers(state.pipeline))]] == [1, 3, 6]
     for row in rows:
         low, mean, high = (float(row[f"activation_{k}"]) for k in ("min", "mean", "max"))
         assert low <= mean <= high

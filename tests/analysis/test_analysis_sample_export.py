@@ -20,7 +20,13 @@ from test_analysis_worst_samples import (
     train,
 )
 
-from torchloom.analysis.image_grid import GridLayout, grid_layout, preserved_rng, save_grid
+from torchloom.analysis.image_grid import (
+    GridLayout,
+    caption_font,
+    grid_layout,
+    preserved_rng,
+    save_grid,
+)
 from torchloom.analysis.sample_export import SampleExport, augmentations, random_ids
 from torchloom.analysis.schema import (
     AnalysisConfig,
@@ -80,6 +86,32 @@ def test_grid_geometry(tmp_path: Path) -> None:
     assert all(square.min() == 1.0 for square in squares[11:])  # the rest of the row is blank
     colour = save_grid([torch.rand(3, 40, 20)], ["one"], tmp_path / "c.png")
     assert png_pixels(tmp_path / "c.png").shape[:2] == (colour.height, colour.width)
+
+
+def caption_pixels(folder: Path, text: str) -> np.ndarray:
+    """The caption area of a one-tile grid captioned `text`."""
+    layout = save_grid([torch.rand(1, 8, 8)], [text], folder / "caption.png")
+    x, y = layout.origin(0)
+    return png_pixels(folder / "caption.png")[y + layout.tile : y + layout.cell_height, x:]
+
+
+def test_captions_never_draw_a_missing_glyph_box(tmp_path: Path) -> None:
+    drawn = {
+        text: caption_pixels(tmp_path, text)
+        for text in ("Σ", "é", "ж", "?", "\ue000")  # U+E000: private use, in no font
+    }
+    # A character no font has is drawn as "?" (Pillow's fonts draw the same box for all).
+    assert np.array_equal(drawn["\ue000"], drawn["?"])
+    # Greek, accented and Cyrillic letters have glyphs: each is drawn, and as itself.
+    letters = [drawn[text] for text in ("Σ", "é", "ж")]
+    for index, pixels in enumerate(letters):
+        assert pixels.min() < 0.5, "nothing drawn"
+        assert not np.array_equal(pixels, drawn["\ue000"]) and not np.array_equal(
+            pixels, drawn["?"]
+        )
+        assert not any(np.array_equal(pixels, other) for other in letters[index + 1 :])
+    _, characters = caption_font()
+    assert {"Σ", "é", "ж", "…"} <= characters and "\ue000" not in characters
 
 
 def test_run_exports_samples_and_augmentations_bit_identically(

@@ -19,9 +19,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchloom.analysis.image_grid import grid_layout
+from torchloom.analysis.build import build_hooks
+from torchloom.analysis.image_grid import caption_font, grid_layout
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec, WorstSamplesConfig
-from torchloom.analysis.worst_samples import WorstSamples
+from torchloom.analysis.worst_samples import WorstSamples, caption
 from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.streams import StreamSpec
 from torchloom.engine.setup import prepare_training
@@ -54,15 +55,21 @@ def train(
     hooks: Sequence[Hook],
     overrides: Sequence[str] = (),
     tensorboard: int = 0,
+    analysis: bool = False,
 ) -> RunView:
-    """A finished small run with these hooks (the state, for its run folder and objects)."""
+    """A finished small run with these hooks (the state, for its run folder and objects);
+    `analysis`: also the hooks of the config's analysis section, as `loom train` builds them."""
     root = factory.getbasetemp() / "analysis-hooks"
     root.mkdir(exist_ok=True)
     config = root / "small.yml"
     if not config.exists():  # one MNIST data folder for every test of the session
         config.write_text(SMALL_RUN.format(data=root / "mnist"), encoding="utf-8")
     options = TrainOptions(
-        expdir=str(root / "runs"), quiet=True, tensorboard=tensorboard, hooks=list(hooks)
+        expdir=str(root / "runs"),
+        quiet=True,
+        tensorboard=tensorboard,
+        hooks=list(hooks),
+        hook_factory=build_hooks if analysis else None,
     )
     threads = torch.get_num_threads()
     # One thread: a model this small only waits on the others (more so on a busy machine).
@@ -223,6 +230,19 @@ def test_validation_keeps_full_passes_and_exports_texts(tmp_path: Path) -> None:
     assert png_pixels(folder / "heatmap.png").std() > 0
 
 
+def test_worst_sample_captions_have_a_glyph_for_every_character() -> None:
+    row = {
+        "id": 59999,
+        "cumulative_loss": 12.345,
+        "target_label": "7 seven",
+        "prediction_label": "3 three",
+    }
+    text = caption(row)
+    assert text.splitlines() == ["#59999", "total loss 12.3", "true 7 seven", "pred 3 three"]
+    _, characters = caption_font()
+    assert set(text) - {"\n"} <= characters
+
+
 # ---- a real run --------------------------------------------------------------------------
 def test_run_with_worst_samples_is_bit_identical_and_reports(
     tmp_path_factory: pytest.TempPathFactory,
@@ -250,7 +270,7 @@ def test_run_with_worst_samples_is_bit_identical_and_reports(
     heatmap = png_pixels(folder / "heatmap.png")
     assert heatmap.std() > 0.05
     grid = png_pixels(folder / "worst.png")
-    layout = grid_layout(count, caption_lines=3)
+    layout = grid_layout(count, caption_lines=4)  # id, total loss, truth, prediction
     assert grid.shape[:2] == (layout.height, layout.width) and grid.std() > 0.05
     # The checkpoint carries the history for a resumed run.
     saved = torch.load(state.run_dir / "checkpoints" / "last.pt", weights_only=True)

@@ -42,6 +42,7 @@ import tomllib
 import yaml
 
 from script_modules import load_script
+from torchloom.analysis.schema import ITEMS, AnalysisConfig, OutputSpec, settings_model
 from torchloom.cli.main import main
 from torchloom.config import load_config
 from torchloom.core.registry import clear_cache, resolve
@@ -358,3 +359,22 @@ def test_component_reference_is_generated_from_the_current_code() -> None:
     assert current == generated, (
         "docs/reference/components.md is stale: run .venv/bin/python tools/gen_reference.py"
     )
+
+
+def test_analysis_settings_are_generated_from_the_schema() -> None:
+    page = (REPO / "docs" / "analysis.md").read_text(encoding="utf-8")
+    assert page == load_generator().analysis_page(page), (
+        "the settings tables of docs/analysis.md are stale: run "
+        ".venv/bin/python tools/gen_reference.py"
+    )
+
+
+def test_every_analysis_setting_is_described() -> None:
+    models = [AnalysisConfig, OutputSpec, *filter(None, map(settings_model, ITEMS))]
+    undescribed = [
+        f"{model.__name__}.{name}"
+        for model in models
+        for name, field in model.model_fields.items()
+        if not (field.description or "").strip()
+    ]
+    assert not undescribed, f"fields without a description (the docs show it): {undescribed}"

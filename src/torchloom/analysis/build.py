@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from torchloom.analysis.outputs import available_streams, resolve_outputs
 from torchloom.analysis.plotting import PlotBudget
 from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig
+from torchloom.analysis.skipped import say_skipped
 from torchloom.core.pipeline import Pipeline
 from torchloom.engine.state import Hook
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean
+
+if TYPE_CHECKING:
+    from torchloom.engine.state import RunView
 
 # hook class -> (module, the items that switch it on)
 HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -67,34 +72,20 @@ def parse_analysis(data: Mapping[str, Any], where: Where) -> AnalysisConfig:
         raise ConfigError(problems) from error
 
 
-def _streams(pipeline: Pipeline) -> set[str]:
-    names: set[str] = set()
-    for task in pipeline.tasks.values():
-        names |= {task.stream_name(k) for k in task.output_specs()}
-    for component in pipeline.components.values():
-        names |= {component.stream_name(k) for k in component.output_specs()}
-    return names
-
-
-def check_outputs(config: AnalysisConfig, pipeline: Pipeline, where: Where, explicit: bool) -> bool:
-    """Whether the outputs' streams exist. Outputs the user named must exist (ConfigError);
-    the default output is simply skipped by pipelines that do not publish it."""
-    available = _streams(pipeline)
-    problems = []
-    for index, output in enumerate(config.outputs):
-        for field in ("predictions", "targets", "ids", "images", "texts"):
-            stream = getattr(output, field)
-            if stream is not None and stream not in available:
-                problems.append(
-                    Problem(
-                        where("analysis", "outputs", index, field),
-                        f"analysis output '{output.name}'",
-                        f"{field} stream '{stream}' is produced by no component or task",
-                        did_you_mean(stream, available),
-                    )
-                )
+def check_analysis(
+    data: Mapping[str, Any], pipeline: Pipeline, where: Where
+) -> tuple[AnalysisConfig, dict[str, list[str]]]:
+    """The section with every output's streams named (see outputs.py), and {why: items} of
+    the items that cannot run in this pipeline. What the config names must exist: a
+    ConfigError otherwise, raised here, so `loom check` reports it before any data is read."""
+    config = parse_analysis(data, where)
+    section = _section(data)
+    explicit = isinstance(section, Mapping) and "outputs" in section
+    wanted = {item for item in NEEDS_OUTPUTS if config.enabled(item)}
+    resolved = resolve_outputs(config.outputs, explicit, pipeline, where, wanted)
     embeddings = config.embeddings
     named = [] if not isinstance(embeddings, EmbeddingsConfig) else embeddings.streams
+    available = available_streams(pipeline)
     unknown = [
         Problem(
             where("analysis", "embeddings", "streams"),
@@ -105,33 +96,44 @@ def check_outputs(config: AnalysisConfig, pipeline: Pipeline, where: Where, expl
         for stream in named
         if stream not in available
     ]
-    if unknown or (problems and explicit):
-        raise ConfigError(unknown + (problems if explicit else []))
-    return not problems
-
-
-def checked_analysis(
-    data: Mapping[str, Any], pipeline: Pipeline, where: Where
-) -> tuple[AnalysisConfig, bool]:
-    """The `analysis:` section checked against the pipeline (what `loom check` and
-    `loom train` both reject), and whether the outputs' streams exist."""
-    config = parse_analysis(data, where)
-    section = _section(data)
-    explicit = isinstance(section, Mapping) and "outputs" in section
-    return config, check_outputs(config, pipeline, where, explicit)
+    if resolved.problems or unknown:
+        raise ConfigError(resolved.problems + unknown)
+    return config.model_copy(update={"outputs": resolved.outputs}), resolved.skipped
 
 
 def build_hooks(data: Mapping[str, Any], pipeline: Pipeline, where: Where) -> list[Hook]:
-    """The analysis hooks a run's config asks for (the `default` preset when it says none)."""
-    config, outputs_ok = checked_analysis(data, pipeline, where)
+    """The analysis hooks a run's config asks for (the `default` preset when it says none),
+    and one that says which items cannot run (once the run has a log)."""
+    config, skipped = check_analysis(data, pipeline, where)
+    # Items that cannot run are switched off (SkippedItems says so); an item that cannot
+    # run for some outputs only finds out per output, in its hook.
+    dropped = {item for items in skipped.values() for item in items}
+    config = config.model_copy(update=dict.fromkeys(dropped, False))
     hooks: list[Hook] = []
     budget = PlotBudget()  # one per run, shared by the hooks that plot
     for class_name, (module, items) in HOOKS.items():
         wanted = [i for i in items if config.enabled(i)]
-        if not outputs_ok:
-            wanted = [i for i in wanted if i not in NEEDS_OUTPUTS]
         if wanted:
             cls = getattr(importlib.import_module(module), class_name)
             takes_budget = "budget" in inspect.signature(cls).parameters
             hooks.append(cls(config, budget) if takes_budget else cls(config))
+    if skipped:
+        hooks.append(SkippedItems(skipped))
     return hooks
+
+
+class SkippedItems(Hook):
+    """Says, when the run starts, which items the analysis section could not build hooks for
+    (decided from the config and the pipeline, before the run had a log or a folder)."""
+
+    name = "skipped_items"
+
+    def __init__(self, skipped: Mapping[str, Sequence[str]]) -> None:
+        self.skipped = dict(skipped)  # why -> items
+
+    def before_train(self, run: RunView) -> None:
+        for why, items in self.skipped.items():
+            say_skipped(run, items, why)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}

@@ -35,6 +35,7 @@ from torchloom.analysis.classification_numbers import (
 )
 from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec
+from torchloom.analysis.skipped import say_skipped
 from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
 from torchloom.data.atomic_files import PendingFile, write_text_atomic
@@ -236,8 +237,9 @@ class ClassificationAnalysis(Hook):
             if scores.ndim != 2:
                 if output.name not in self.skipped:  # say it once, not every batch
                     self.skipped.add(output.name)
-                    message = "analysis: output '%s' skipped: '%s' is not [batch, classes]"
-                    run.log.warning(message, output.name, output.predictions)
+                    shape = list(scores.shape)
+                    why = f"'{output.predictions}' is {shape}, not [batch, classes]"
+                    say_skipped(run, [f"classification reports (output '{output.name}')"], why)
                 return None
             classes = int(scores.shape[1])
             self.names.setdefault(output.name, _class_names(run, output, classes))

@@ -28,7 +28,7 @@ from torchloom.analysis.run_reading import (
     read_run,
 )
 from torchloom.config.dumping import flatten_config
-from torchloom.engine.run_folder import write_text_atomic
+from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError, Problem
 
 # Final statistics that are settings or counts, not results: shown, never highlighted.

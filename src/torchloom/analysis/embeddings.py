@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from torchloom.analysis.image_grid import class_names
 from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig
+from torchloom.analysis.skipped import say_skipped
 from torchloom.core.component import Batch
 from torchloom.engine.state import Hook
 
@@ -69,19 +70,26 @@ class EmbeddingExport(Hook):
         settings = config.settings("embeddings")
         assert isinstance(settings, EmbeddingsConfig)
         self.settings = settings
-        self.active = config.enabled("embeddings") and bool(settings.streams)
+        self.enabled = config.enabled("embeddings")
+        self.active = self.enabled and bool(settings.streams)
         self.current = _Pass()
         self.final: _Pass | None = None
         self._warned: set[str] = set()
 
     def before_train(self, run: RunView) -> None:
+        if self.enabled and not self.settings.streams:
+            why = "no streams to export: name them in analysis.embeddings.streams"
+            say_skipped(run, ["embeddings"], why)
         if not self.active:
             return
+        section = self.settings.section
         if run.tensorboard is None:
-            run.log.warning("embeddings: TensorBoard is off (--tensorboard 0); nothing exported")
+            why = "TensorBoard is off (--tensorboard 0): the projector is part of it"
+            say_skipped(run, ["embeddings"], why)
             self.active = False
-        elif getattr(run, f"{self.settings.section}_data") is None:
-            run.log.warning("embeddings: the run has no %s section", self.settings.section)
+        elif getattr(run, f"{section}_data") is None:
+            why = f"the run has no {section} section (analysis.embeddings.section: {section})"
+            say_skipped(run, ["embeddings"], why)
             self.active = False
 
     def eval_batch(self, run: RunView, section: str, batch: Batch) -> None:
@@ -137,7 +145,7 @@ class EmbeddingExport(Hook):
         for stream, parts in kept.streams.items():
             matrix = torch.cat(parts)
             if matrix.shape[0] != kept.rows:  # a stream missing from some batches
-                self._warn(run, stream, "was missing from some batches; not exported")
+                self._warn(run, stream, "was missing from some batches")
                 continue
             writer.add_embedding(
                 matrix,
@@ -157,4 +165,4 @@ class EmbeddingExport(Hook):
     def _warn(self, run: RunView, stream: str, problem: str) -> None:
         if stream not in self._warned:
             self._warned.add(stream)
-            run.log.warning("embeddings: stream '%s' %s", stream, problem)
+            say_skipped(run, [f"embeddings (stream '{stream}')"], f"the stream {problem}")

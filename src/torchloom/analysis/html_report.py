@@ -29,7 +29,8 @@ from torchloom.analysis.run_reading import (
     read_csv,
     read_run,
 )
-from torchloom.engine.run_folder import write_text_atomic
+from torchloom.analysis.skipped import read_skipped
+from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError, Problem
 
 if TYPE_CHECKING:
@@ -341,6 +342,15 @@ def _layers(files: _Files) -> list[str]:
     return [f"<p>last measurement per layer, from {escape(paths[0].name)}</p>", content]
 
 
+def _skipped(run: Run) -> list[str]:
+    """The items that were on but did not run, one row per reason (reports/skipped.json)."""
+    by_reason: dict[str, list[str]] = {}
+    for item, why in read_skipped(run.path).items():
+        by_reason.setdefault(why, []).append(item)
+    rows = [[", ".join(items), why] for why, items in by_reason.items()]
+    return [table(["item (on, but did not run)", "why"], rows)] if rows else []
+
+
 def _markdown_file(path: Path) -> str:
     return markdown_html(path.read_text(encoding="utf-8", errors="replace"))
 
@@ -355,6 +365,7 @@ def report_html(run: Run) -> str:
     viewer_pngs = sorted((run.path / "viewers").glob("*.png"))
     samples = files("samples/*.png")
     built = [  # (anchor, title, parts); the order is the page's
+        ("skipped", "Skipped analysis", _skipped(run)),
         ("history", "History", _history(run, files)),
         ("classification", "Classification reports", _classification(run, files)),
         ("worst", "Worst samples", _worst(files)),
@@ -367,7 +378,7 @@ def report_html(run: Run) -> str:
     others += [_markdown_file(p) for p in run.reports("**/*.md") if p not in files.shown]
     built.append(("other", "Other analysis files", others))
     present = [(anchor, title, parts) for anchor, title, parts in built if any(parts)]
-    absent = [title for anchor, title, parts in built if not any(parts) and anchor != "other"]
+    absent = [t for a, t, parts in built if not any(parts) and a not in ("other", "skipped")]
     links = [("summary", "Summary"), *((a, t) for a, t, _ in present), ("config", "Config")]
     config_text = run.config_text()
     written = time.strftime("%Y-%m-%d %H:%M:%S")

@@ -6,18 +6,23 @@ A grid has a fixed geometry (`GridLayout`): `columns` tiles a row, each tile a s
 visible) above `caption_lines` lines of text, `PADDING` white pixels between and around tiles.
 Images are `[C, H, W]` float tensors in any range (standardised ones included): each is
 stretched min-max to its own [0, 255], since display needs no normalisation constants.
+Captions are drawn in a font with glyphs for most scripts (`caption_font`), and a character it
+lacks is drawn as its base letter or "?", never as a missing-glyph box.
 
 Reading a sample through a task (`task[i]`) runs its random transforms, which draw from the
 global generators; `preserved_rng` puts them back as they were, so a run exports samples and
-stays bit-identical to a run that does not. PIL is imported inside the functions:
-`import torchloom` never loads it.
+stays bit-identical to a run that does not. PIL, matplotlib's font path and fontTools are
+imported inside the functions: `import torchloom` never loads them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import io
 import math
 import random
+import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,13 +78,56 @@ class GridLayout:
         )
 
 
-def _font() -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+@functools.cache
+def caption_font() -> tuple[ImageFont.ImageFont | ImageFont.FreeTypeFont, frozenset[str]]:
+    """The captions' font and the characters it has glyphs for.
+
+    DejaVu Sans, which matplotlib ships (Latin, Greek, Cyrillic, symbols): Pillow's own
+    default font has about a hundred characters (no "Σ", no "é"), and draws a box for the
+    others. Pillow's font is the fallback, and the bitmap font where Pillow has no FreeType."""
+    import matplotlib
     from PIL import ImageFont
 
+    dejavu = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
     try:
-        return ImageFont.load_default(size=FONT_SIZE)
-    except (OSError, ValueError):  # Pillow without FreeType: the fixed bitmap font
-        return ImageFont.load_default()
+        font: ImageFont.ImageFont | ImageFont.FreeTypeFont = ImageFont.truetype(
+            str(dejavu), FONT_SIZE
+        )
+    except (OSError, ImportError):  # no such file, or Pillow without FreeType
+        try:
+            font = ImageFont.load_default(size=FONT_SIZE)
+        except (OSError, ValueError):
+            font = ImageFont.load_default()
+    return font, _characters(font)
+
+
+def _characters(font: Any) -> frozenset[str]:
+    """Characters with a glyph in the font: its character map (FreeType fonts), else the
+    printable ASCII characters (Pillow's bitmap font)."""
+    from fontTools.ttLib import TTFont
+
+    source = getattr(font, "path", None)
+    if isinstance(source, io.BytesIO):  # Pillow's default font, embedded in Pillow
+        source = io.BytesIO(source.getvalue())
+    if source is None:
+        return frozenset(chr(code) for code in range(32, 127))
+    return frozenset(chr(code) for code in TTFont(source, lazy=True).getBestCmap())
+
+
+def drawable(text: str, characters: frozenset[str]) -> str:
+    """The text with each character the font has no glyph for replaced, by its base letter
+    when it has one ("é" -> "e"), else by "?": a caption never shows a missing-glyph box."""
+    if all(c in characters for c in text):
+        return text
+    kept = []
+    for character in text:
+        if character in characters:
+            kept.append(character)
+            continue
+        parts = unicodedata.normalize("NFKD", character)
+        base = "".join(c for c in parts if c in characters and not unicodedata.combining(c))
+        kept.append(base or "?")
+    return "".join(kept)
 
 
 def _line_height(font: Any) -> int:
@@ -91,7 +139,7 @@ def grid_layout(
 ) -> GridLayout:
     """The geometry `save_grid` uses for `count` images with captions of that many lines."""
     return GridLayout(
-        count, max(1, min(count, columns)), tile, caption_lines, _line_height(_font())
+        count, max(1, min(count, columns)), tile, caption_lines, _line_height(caption_font()[0])
     )
 
 
@@ -109,13 +157,15 @@ def display_pixels(image: torch.Tensor) -> np.ndarray:
     return (pixels[0] if pixels.shape[0] == 1 else pixels.permute(1, 2, 0)).numpy()
 
 
-def _fit(text: str, font: Any, width: int) -> str:
-    """The text, cut with an ellipsis to fit `width` pixels."""
+def _fit(text: str, font: Any, width: int, characters: frozenset[str]) -> str:
+    """The text, drawable in the font and cut with an ellipsis to fit `width` pixels."""
+    text = drawable(text, characters)
     if font.getlength(text) <= width:
         return text
-    while text and font.getlength(text + "…") > width:
+    ellipsis = drawable("…", characters)
+    while text and font.getlength(text + ellipsis) > width:
         text = text[:-1]
-    return text + "…"
+    return text + ellipsis
 
 
 def save_grid(
@@ -129,7 +179,7 @@ def save_grid(
     from PIL import Image, ImageDraw
 
     assert images and len(images) == len(captions), "one caption per image, at least one image"
-    font = _font()
+    font, characters = caption_font()
     lines = max(len(c.split("\n")) for c in captions)
     layout = grid_layout(len(images), lines, tile, columns)
     canvas = Image.new("RGB", (layout.width, layout.height), "white")
@@ -144,7 +194,7 @@ def save_grid(
         canvas.paste(picture, (x + (tile - size[0]) // 2, y + (tile - size[1]) // 2))
         for number, line in enumerate(caption.split("\n")):
             top = y + tile + number * layout.line_height
-            draw.text((x, top), _fit(line, font, tile), fill="black", font=font)
+            draw.text((x, top), _fit(line, font, tile, characters), fill="black", font=font)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as out:  # a report reader never sees half a picture
         canvas.save(out, format="PNG")

@@ -1,6 +1,8 @@
 """Layer statistics: activation mean/std/min/max and gradient norms per layer of every model.
 
-Measured every `interval` episodes (default: the logging interval) on one training batch:
+Measured on the first training step of a run (so that a run shorter than the interval has
+its numbers too) and then every `interval` episodes (default: the logging interval), each time
+on one training batch:
 
     reports/layer_statistics.csv      episode, epoch, layer, activation_*, gradient_norm
     TensorBoard                       layers/<component>.<layer>/activation_mean, ...
@@ -33,6 +35,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from torchloom.analysis.schema import AnalysisConfig, LayerStatisticsConfig
+from torchloom.analysis.skipped import say_skipped
 from torchloom.core.component import Batch
 from torchloom.core.pipeline import Pipeline
 from torchloom.engine.state import Hook
@@ -94,7 +97,8 @@ def combine(calls: list[tuple[int, list[float]]]) -> dict[str, float]:
 
 
 class LayerStatistics(Hook):
-    """Per-layer activation and gradient statistics every `interval` episodes."""
+    """Per-layer activation and gradient statistics on the first step and every `interval`
+    episodes."""
 
     name = "layer_statistics"
 
@@ -121,7 +125,12 @@ class LayerStatistics(Hook):
         folder.mkdir(parents=True, exist_ok=True)
         # A resumed run drops the rows past its checkpoint, as the engine's CSVs do.
         self.csv = CsvLog(folder / "layer_statistics.csv", run.progress.episode)
-        if self.layers and (run.progress.episode + 1) % self.interval == 0:
+        if not self.layers:
+            why = "the pipeline has no model component with layers to measure"
+            say_skipped(run, ["layer_statistics"], why)
+            return
+        first = run.progress.episode == 0  # a resumed run measured its first step already
+        if first or (run.progress.episode + 1) % self.interval == 0:
             self._register(run)
 
     def needs_eager_step(self, run: RunView) -> bool:

@@ -36,6 +36,7 @@ from torchloom.analysis.schema import AnalysisConfig
 from torchloom.config import dump_config
 from torchloom.config.schema import GradientClippingConfig, TrainingConfig
 from torchloom.core.component import Batch
+from torchloom.data.atomic_files import write_text_atomic
 from torchloom.engine.assemble import (
     build_checked,
     load_and_validate,
@@ -44,7 +45,7 @@ from torchloom.engine.assemble import (
 )
 from torchloom.engine.checkpoint import seed_everything, set_deterministic
 from torchloom.engine.loaders import SectionLoader, to_device
-from torchloom.engine.run_folder import create_run_folder, write_text_atomic
+from torchloom.engine.run_folder import create_run_folder
 from torchloom.engine.setup import build_training_parts
 from torchloom.engine.state import Hook
 from torchloom.engine.step import Precision, WeightedLoss, clip_gradients

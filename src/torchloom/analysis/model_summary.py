@@ -26,9 +26,9 @@ from torch.nn.parameter import is_lazy
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.core.component import Batch, Component, Statistic
 from torchloom.core.pipeline import Pipeline
+from torchloom.data.atomic_files import write_text_atomic
 from torchloom.engine.checkpoint import capture_rng_state, restore_rng_state
 from torchloom.engine.loaders import SectionLoader, to_device
-from torchloom.engine.run_folder import write_text_atomic
 from torchloom.engine.state import Hook
 from torchloom.engine.step import batch_size_of, running_eagerly
 

@@ -5,7 +5,10 @@
                                            draws of the task's random transforms
 
 Images come from the output's images stream (else the task's only image stream); a task
-without images but with the output's texts stream gets a markdown table (`.md`) instead.
+without images but with the output's texts stream gets a markdown table (`.md`) instead. A
+training task without random transforms gets no augmentation grid (it would show one picture
+`count` times): the run says "no random transforms" instead (see skipped.py), as it does for
+anything else that cannot be shown.
 
 Random ids come from a private generator seeded from the run's seed; the augmentation draws
 run the task's transforms, which draw from the global generators, inside `preserved_rng`. The
@@ -29,6 +32,7 @@ from torchloom.analysis.image_grid import (
     task_key,
 )
 from torchloom.analysis.schema import AnalysisConfig, AugmentationConfig, SampleExportConfig
+from torchloom.analysis.skipped import say_skipped
 from torchloom.core.component import Batch, Task
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.engine.state import Hook
@@ -39,6 +43,7 @@ if TYPE_CHECKING:
 # Offsets of the run seed, so these draws never coincide with one the run makes.
 RANDOM_SAMPLES_SEED = 0x5A3D
 AUGMENTATION_SEED = 0xA06
+RANDOMNESS_DRAWS = 16  # draws of the augmented sample that tell random transforms apart
 
 TARGETS = "targets"  # the default key of class indices in a classification task's samples
 
@@ -80,32 +85,52 @@ class SampleExport(Hook):
         section = self.random_settings.section
         loader = getattr(run, "train_data" if section == "training" else f"{section}_data")
         if loader is None:
-            run.log.warning("random samples: the run has no %s section", section)
+            why = f"the run has no {section} section (analysis.random_samples.section: {section})"
+            say_skipped(run, ["random_samples"], why)
             return
         task = loader.task
         ids = random_ids(len(task), self.random_settings.count, run.seed)
         samples = fetch_samples(task, ids, seed=run.seed + RANDOM_SAMPLES_SEED)
-        self._save(run, task, samples, [f"#{i}" for i in ids], f"random_{section}.png")
+        captions = [f"#{i}" for i in ids]
+        self._save(run, "random_samples", task, samples, captions, f"random_{section}.png")
 
     def _augmentation(self, run: RunView) -> None:
         task = run.train_data.task
         index = self.augmentation.sample
         if index >= len(task):
-            run.log.warning(
-                "augmentation: sample %d does not exist (the training task has %d)",
-                index,
-                len(task),
+            why = (
+                f"sample {index} does not exist (the training task has {len(task)}); "
+                "set analysis.augmentation.sample"
             )
+            say_skipped(run, ["augmentation"], why)
             return
-        samples = augmentations(task, index, self.augmentation.count, run.seed)
-        captions = [f"#{index} draw {n + 1}" for n in range(len(samples))]
-        self._save(run, task, samples, captions, "augmentation.png")
+        count = self.augmentation.count
+        # More draws than shown, so that a task whose transforms are random is not taken for
+        # one without by chance (a coin-flip transform repeats 16 times in 1 of 32,768 runs).
+        samples = augmentations(task, index, max(count, RANDOMNESS_DRAWS), run.seed)
+        if all(_same_sample(samples[0], other) for other in samples[1:]):
+            why = (
+                f"the training task has no random transforms: {len(samples)} draws of sample "
+                f"{index} are all the same (add random transforms to training.task, or switch "
+                "analysis.augmentation off)"
+            )
+            say_skipped(run, ["augmentation"], why)
+            return
+        captions = [f"#{index} draw {n + 1}" for n in range(count)]
+        self._save(run, "augmentation", task, samples[:count], captions, "augmentation.png")
 
     def _save(
-        self, run: RunView, task: Task, samples: list[Batch], captions: list[str], file: str
+        self,
+        run: RunView,
+        item: str,
+        task: Task,
+        samples: list[Batch],
+        captions: list[str],
+        file: str,
     ) -> None:
         """A grid PNG of the samples' images, or a markdown table of their texts."""
         if not samples:  # an empty task
+            say_skipped(run, [item], f"{task.label} has no samples")
             return
         output = self.config.outputs[0]
         targets = task_key(task, output.targets) or TARGETS
@@ -129,4 +154,27 @@ class SampleExport(Hook):
                 lines.append(f"| {caption} | {label} | {markdown_cell(sample[texts])} |")
             write_text_atomic(path.with_suffix(".md"), "\n".join(lines) + "\n")
         else:  # e.g. a task of vectors: nothing a person could look at
-            run.log.info("sample export: %s has no image or texts stream to show", task.label)
+            why = (
+                f"{task.label} has no image or texts stream to show; name one under "
+                "analysis.outputs (images: STREAM or texts: STREAM)"
+            )
+            say_skipped(run, [item], why)
+
+
+def _same_sample(a: Batch, b: Batch) -> bool:
+    """Whether two reads of a sample are equal in every stream."""
+    if a.keys() != b.keys():
+        return False
+    for key, value in a.items():
+        other = b[key]
+        if isinstance(value, torch.Tensor) or isinstance(other, torch.Tensor):
+            if not (
+                isinstance(value, torch.Tensor)
+                and isinstance(other, torch.Tensor)
+                and value.shape == other.shape
+                and torch.equal(value, other)
+            ):
+                return False
+        elif value != other:
+            return False
+    return True

@@ -6,8 +6,10 @@
       worst_samples: {count: 32}
 
 Each item is `null` (follow the preset), `true`/`false`, or for items with settings a mapping
-(which switches it on). Outputs to analyse default to the `predictions` / `targets` /
-`indices` streams, which is what classification pipelines publish. Imports no torch.
+(which switches it on). The outputs to analyse are found in the pipeline (the streams a loss
+or statistic reads as class scores and targets, see outputs.py) unless `outputs:` names them.
+The field descriptions are the documentation: the settings tables of docs/analysis.md are
+generated from them (tools/gen_reference.py). Imports no torch.
 """
 
 from __future__ import annotations
@@ -24,14 +26,27 @@ class _Strict(BaseModel):
 
 
 class OutputSpec(_Strict):
-    """A classification output: which streams hold its scores, targets and sample ids."""
+    """A classification output: which streams hold its scores, targets and sample ids. A
+    stream left out is found in the pipeline; the defaults shown are for pipelines that have
+    nothing to find them from."""
 
-    name: PlainFileName = Field("predictions", description="used in report file names")
-    predictions: str = Field("predictions", description="stream of class scores [batch, classes]")
-    targets: str = Field("targets", description="stream of class indices [batch]")
+    name: PlainFileName = Field(
+        "predictions", description="starts its report file names; left out: its predictions stream"
+    )
+    predictions: str = Field(
+        "predictions",
+        description="stream of class scores [batch, classes]; left out: the stream that a loss "
+        "or statistic reads as class scores (when the pipeline has one such stream, or one "
+        "named `predictions`)",
+    )
+    targets: str = Field(
+        "targets",
+        description="stream of class indices [batch]; left out: the one read with the predictions",
+    )
     ids: str = Field(
         "indices",
-        description="stream of stable sample ids [batch] (the index of the sample in its task)",
+        description="stream of stable sample ids [batch]; left out: the task's `indices` (the "
+        "position of the sample in its split)",
     )
     images: str | None = Field(
         None, description="stream of images [batch, C, H, W], to export samples as pictures"
@@ -46,7 +61,9 @@ class OutputSpec(_Strict):
 
 
 class Switch(_Strict):
-    enabled: bool | None = Field(None, description="null: as the preset says")
+    enabled: bool | None = Field(
+        None, description="false switches the item off; null (or a mapping without it): on"
+    )
 
 
 class WorstSamplesConfig(Switch):
@@ -58,7 +75,9 @@ class WorstSamplesConfig(Switch):
 
 class SampleExportConfig(Switch):
     count: int = Field(16, gt=0, description="samples in the grid")
-    section: Literal["training", "validation", "test"] = "training"
+    section: Literal["training", "validation", "test"] = Field(
+        "training", description="whose task the samples are drawn from"
+    )
 
 
 class AugmentationConfig(Switch):
@@ -71,13 +90,18 @@ class EmbeddingsConfig(Switch):
         default_factory=list,
         description="streams [batch, dims] to send to the TensorBoard projector (empty: none)",
     )
-    section: Literal["validation", "test"] = "validation"
+    section: Literal["validation", "test"] = Field(
+        "validation", description="whose pass the points come from (its last full pass)"
+    )
     max_samples: int = Field(1000, gt=0, description="at most this many points")
 
 
 class LayerStatisticsConfig(Switch):
     interval: int | None = Field(
-        None, gt=0, description="episodes between measurements (default: the logging interval)"
+        None,
+        gt=0,
+        description="episodes between measurements, after the first step (which is always "
+        "measured); null: the logging interval",
     )
     vanishing: float = Field(1e-7, gt=0, description="warn when a layer's gradient norm is below")
     exploding: float = Field(1e3, gt=0, description="warn when a layer's gradient norm is above")
@@ -119,20 +143,63 @@ PRESETS: dict[str, frozenset[str]] = {
 
 
 class AnalysisConfig(_Strict):
-    preset: Literal["minimal", "default", "full"] = "default"
-    outputs: list[OutputSpec] = Field(default_factory=lambda: [OutputSpec()])
-    confusion_matrix: bool | None = None
-    classification_report: bool | None = None
-    roc: bool | None = None
-    history: bool | None = None
-    prediction_errors: bool | None = None
-    worst_samples: WorstSamplesConfig | bool | None = None
-    random_samples: SampleExportConfig | bool | None = None
-    augmentation: AugmentationConfig | bool | None = None
-    embeddings: EmbeddingsConfig | bool | None = None
-    layer_statistics: LayerStatisticsConfig | bool | None = None
-    learning_rate: bool | None = None
-    model_summary: bool | None = None
+    preset: Literal["minimal", "default", "full"] = Field(
+        "default", description="which items are on when the section does not say (below)"
+    )
+    outputs: list[OutputSpec] = Field(
+        default_factory=lambda: [OutputSpec()],
+        description="the classification outputs to analyse; left out: every stream of class "
+        "scores that a loss or statistic reads",
+    )
+    confusion_matrix: bool | None = Field(
+        None, description="`reports/<output>-<split>-cm.png` (row-normalised) and `-cm.csv`"
+    )
+    classification_report: bool | None = Field(
+        None,
+        description="`reports/<output>-<split>-report.md`: accuracy, per-class precision, "
+        "recall, F1 and support, top confusions",
+    )
+    roc: bool | None = Field(
+        None,
+        description="`reports/<output>-<split>-roc.png` and `.csv`: binary or one-vs-rest ROC "
+        "curves with AUC (validation and test)",
+    )
+    history: bool | None = Field(
+        None, description="`reports/history/<statistic>.png`: every statistic across epochs"
+    )
+    prediction_errors: bool | None = Field(
+        None,
+        description="`reports/<output>-<split>-errors.csv`: sample id, truth, prediction, "
+        "confidence of every misclassified sample (validation and test)",
+    )
+    worst_samples: WorstSamplesConfig | bool | None = Field(
+        None,
+        description="`reports/worst_samples/`: the loss of every sample by id across epochs, "
+        "a heat map and the hardest samples",
+    )
+    random_samples: SampleExportConfig | bool | None = Field(
+        None, description="`reports/samples/random_<section>.png`, drawn before training"
+    )
+    augmentation: AugmentationConfig | bool | None = Field(
+        None,
+        description="`reports/samples/augmentation.png`: one sample through the training "
+        "task's random transforms (a task without any gets a note instead)",
+    )
+    embeddings: EmbeddingsConfig | bool | None = Field(
+        None, description="streams sent to the TensorBoard projector, with labels and thumbnails"
+    )
+    layer_statistics: LayerStatisticsConfig | bool | None = Field(
+        None,
+        description="activation mean/std/min/max and gradient norm per layer, on the first step "
+        "and every `interval` episodes: `reports/layer_statistics.csv` and TensorBoard; "
+        "warnings for vanishing or exploding gradients",
+    )
+    learning_rate: bool | None = Field(None, description="`reports/learning_rate.csv` and `.png`")
+    model_summary: bool | None = Field(
+        None,
+        description="`reports/model_summary.md`: parameters per component, output shape per "
+        "layer, a memory estimate",
+    )
 
     def enabled(self, item: str) -> bool:
         """Whether an item runs: its own switch, else the preset's."""
@@ -146,8 +213,14 @@ class AnalysisConfig(_Strict):
         value = getattr(self, item)
         if isinstance(value, Switch):
             return value
-        # The settings model is the Switch subclass in the field's annotation (X | bool | None).
-        annotation = type(self).model_fields[item].annotation
-        models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, Switch)]
-        assert models, f"{item} has no settings"
-        return models[0]()
+        model = settings_model(item)
+        assert model is not None, f"{item} has no settings"
+        return model()
+
+
+def settings_model(item: str) -> type[Switch] | None:
+    """The settings schema of an item: the Switch subclass in its field's annotation
+    (X | bool | None); None for an item that is only switched on or off."""
+    annotation = AnalysisConfig.model_fields[item].annotation
+    models = [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, Switch)]
+    return models[0] if models else None

@@ -37,6 +37,7 @@ from torchloom.analysis.image_grid import (
 )
 from torchloom.analysis.plotting import PlotBudget, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec, WorstSamplesConfig
+from torchloom.analysis.skipped import say_skipped
 from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
 from torchloom.data.atomic_files import write_text_atomic
@@ -186,7 +187,9 @@ class WorstSamples(Hook):
             return
         loader = run.train_data if self.settings.section == "training" else run.validation_data
         if loader is None:
-            run.log.warning("worst samples: the run has no %s section", self.settings.section)
+            section = self.settings.section
+            why = f"the run has no {section} section (analysis.worst_samples.section: {section})"
+            say_skipped(run, ["worst_samples"], why)
             return
         size = len(loader.task)
         self.trackers = [LossHistory(o, size, run.device) for o in self.config.outputs]
@@ -272,9 +275,7 @@ class WorstSamples(Hook):
                 usable.append(tracker)
             elif tracker.output.name not in self._warned:
                 self._warned.add(tracker.output.name)
-                run.log.warning(
-                    "worst samples: output '%s' is not tracked: %s", tracker.output.name, problem
-                )
+                say_skipped(run, [f"worst_samples (output '{tracker.output.name}')"], problem)
         return usable
 
     # ---- reports ---------------------------------------------------------------------------
@@ -327,11 +328,7 @@ class WorstSamples(Hook):
         # A fixed seed: a task with random transforms shows the same draw at every export.
         samples = fetch_samples(task, [row["id"] for row in worst], seed=run.seed)
         if images is not None:
-            captions = [
-                f"#{row['id']} Σloss {row['cumulative_loss']:.3g}\n"
-                f"true {row['target_label']}\npred {row['prediction_label']}"
-                for row in worst
-            ]
+            captions = [caption(row) for row in worst]
             save_grid([s[images] for s in samples], captions, folder / f"{prefix}worst.png")
         if texts is not None:
             lines = [
@@ -344,6 +341,14 @@ class WorstSamples(Hook):
                     f"| {row['prediction_label']} | {markdown_cell(sample[texts])} |"
                 )
             write_text_atomic(folder / f"{prefix}worst.md", "\n".join(lines) + "\n")
+
+
+def caption(row: dict[str, Any]) -> str:
+    """A worst sample's caption: its id, its loss summed over the epochs, truth, prediction."""
+    return (
+        f"#{row['id']}\ntotal loss {row['cumulative_loss']:.3g}\n"
+        f"true {row['target_label']}\npred {row['prediction_label']}"
+    )
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]], names: list[str] | None) -> None:

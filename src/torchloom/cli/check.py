@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchloom.analysis.build import checked_analysis
+from torchloom.analysis.build import check_analysis
 from torchloom.cli.table import format_table
 from torchloom.config.schema import TrainingConfig
 from torchloom.core.component import Component
@@ -71,9 +71,13 @@ def run(args: argparse.Namespace) -> int:
     disable = [name.strip() for name in args.disable.split(",") if name.strip()]
     assembled = assemble(args.config, args.overrides, disable)
     training = assembled.sections.get("training")
+    lines = [pipeline_table(assembled, args.config)]
     if isinstance(training, TrainingConfig):  # what `loom train` would also reject
         with checking_only():
             build_training_parts(assembled.pipeline, training, assembled.config.where)
-        checked_analysis(assembled.config.data, assembled.pipeline, assembled.config.where)
-    print(pipeline_table(assembled, args.config))
+        _, skipped = check_analysis(
+            assembled.config.data, assembled.pipeline, assembled.config.where
+        )
+        lines += [f"note: analysis: {', '.join(i)} skipped: {why}" for why, i in skipped.items()]
+    print("\n".join(lines))
     return 0

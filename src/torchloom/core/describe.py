@@ -41,8 +41,14 @@ def _type_text(annotation: Any) -> str:
 
 def parameter_rows(cls: type[Component]) -> list[tuple[str, str, str, str]]:
     """(name, type, default, description) for every parameter."""
+    return field_rows(cls.Params)
+
+
+def field_rows(model: type[BaseModel]) -> list[tuple[str, str, str, str]]:
+    """(name, type, default, description) for every field of a settings schema (a
+    component's parameters, an item of the `analysis:` section)."""
     rows = []
-    for name, field in cls.Params.model_fields.items():
+    for name, field in model.model_fields.items():
         if field.default is PydanticUndefined and field.default_factory is None:
             default = "required"
         elif field.default_factory is not None:

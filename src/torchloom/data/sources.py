@@ -24,14 +24,13 @@ from __future__ import annotations
 import hashlib
 import http.client
 import importlib.util
-import os
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from torchloom.data.atomic_files import FolderNotWritable, temporary_name, writing_into
+from torchloom.data.atomic_files import FolderNotWritable, PendingFile, writing_into
 from torchloom.errors import DataError, Problem
 
 _CHUNK_SIZE = 1 << 20
@@ -114,26 +113,21 @@ def write_verified(source: BinaryIO, dest: Path, md5: str) -> str | None:
     error of the stream propagates as it is; failing to write `dest` is a `FolderNotWritable`.
     """
     digest = hashlib.md5(usedforsecurity=False)
-    # Created with the umask's usual permissions: mkstemp would make the data file private.
-    temporary = temporary_name(dest)
+    pending = PendingFile(dest, data_folder=True)
     try:
-        with writing_into(dest):
-            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(handle, "wb") as out:
-            for chunk in iter(lambda: source.read(_CHUNK_SIZE), b""):
-                digest.update(chunk)
-                with writing_into(dest):
-                    out.write(chunk)
+        for chunk in iter(lambda: source.read(_CHUNK_SIZE), b""):
+            digest.update(chunk)
             with writing_into(dest):
-                out.flush()
-        actual = digest.hexdigest()
-        if actual != md5:
-            return actual
-        with writing_into(dest):
-            os.replace(temporary, dest)
-        return None
-    finally:
-        temporary.unlink(missing_ok=True)
+                pending.handle.write(chunk)
+    except BaseException:
+        pending.discard()
+        raise
+    actual = digest.hexdigest()
+    if actual != md5:
+        pending.discard()
+        return actual
+    pending.commit()
+    return None
 
 
 def create_folder(folder: Path) -> bool:

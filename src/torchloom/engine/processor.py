@@ -18,13 +18,14 @@ from torchloom.config import LoadedConfig, dump_config, load_config
 from torchloom.config.loading import ConfigSource
 from torchloom.config.schema import validate_sections
 from torchloom.core.weights import load_pipeline_weights
+from torchloom.data.atomic_files import write_text_atomic
 from torchloom.engine.assemble import build_checked, pipeline_name, resolve_device
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything
 from torchloom.engine.code_first import BUILT_IN_PYTHON, rebuild_pipeline
 from torchloom.engine.code_first_sources import KEY as CODE_FIRST
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
-from torchloom.engine.run_folder import create_run_folder, write_artifacts, write_text_atomic
+from torchloom.engine.run_folder import create_run_folder, write_artifacts
 from torchloom.engine.step import Precision, WeightedLoss
 from torchloom.errors import ConfigError, Problem, did_you_mean
 from torchloom.statistics.csv_log import CsvLog

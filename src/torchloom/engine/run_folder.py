@@ -43,7 +43,6 @@ __all__ = [
     "create_run_folder",
     "run_liveness",
     "write_artifacts",
-    "write_text_atomic",
 ]
 
 if TYPE_CHECKING:  # the run folder module stays torch-free to import
