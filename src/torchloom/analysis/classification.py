@@ -107,8 +107,10 @@ class ErrorStream:
     def __init__(self, path: Path, names: Sequence[str]) -> None:
         self.path, self.names = path, names
         self.pending = PendingFile(path)
-        self.handle = io.TextIOWrapper(self.pending.handle, encoding="utf-8", newline="")
-        self.writer = csv.writer(self.handle)
+        # Rows gather as text and go to the file at each flush: dropping a pass (partial, or
+        # cut short by an exception) then never has half-written text to flush first.
+        self.text = io.StringIO(newline="")
+        self.writer = csv.writer(self.text)
         self.writer.writerow(ERROR_COLUMNS)
         self.waiting: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.seen = self.flushed = 0
@@ -130,13 +132,13 @@ class ErrorStream:
                 if t != p and 0 <= t < len(self.names):
                     self.writer.writerow((sample, t, p, f"{c:.6f}", self.names[t], self.names[p]))
         self.waiting, self.flushed = [], self.seen
+        self.pending.handle.write(self.text.getvalue().encode("utf-8"))
+        self.text.seek(0)
+        self.text.truncate()
 
     def finish(self, keep: bool) -> None:
         if keep:
             self.flush()
-        self.handle.flush()
-        self.handle.detach()  # the binary file stays open for the pending file to finish
-        if keep:
             self.pending.commit()
         else:
             self.pending.discard()
@@ -210,6 +212,11 @@ class ClassificationAnalysis(Hook):
 
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         self._draw(run, force=True)
+
+    def release(self) -> None:
+        for stream in self.errors.values():  # passes an exception cut short: no half report
+            stream.finish(keep=False)
+        self.errors.clear()
 
     def state_dict(self) -> dict[str, Any]:
         # Training counts of an epoch in progress, so a run resumed mid-epoch reports the

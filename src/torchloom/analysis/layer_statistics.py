@@ -163,6 +163,9 @@ class LayerStatistics(Hook):
             for parameter in layer.parameters:
                 self.handles.append(parameter.register_hook(partial(self._on_gradient, layer)))
 
+    def release(self) -> None:
+        self._remove()  # a run that ended by an exception left them on the modules
+
     def _remove(self) -> None:
         for handle in self.handles:
             handle.remove()

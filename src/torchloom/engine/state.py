@@ -20,6 +20,9 @@ does. The loop calls, in order:
     evaluation passes:    eval_batch(run, section, batch)   every batch of validation / test
                           after_eval(run, section, values, partial)
     after_train(run, summary)
+    release()                                               however the run ended (also
+                                                            after an exception): close files,
+                                                            remove hooks on modules
 
 Hooks that keep state across epochs (a worst-samples history) save it with `state_dict()`
 into checkpoints, so a resumed run continues it. The engine never imports the analysis
@@ -196,6 +199,10 @@ class Hook:
 
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None: ...
 
+    def release(self) -> None:
+        """Let go of what the hook holds (files being written, hooks on modules) however the
+        run ended: after after_train, or in its place when an exception ended the run."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -255,6 +262,10 @@ class Hooks:
 
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         self._call("after_train", run, summary)
+
+    def release(self) -> None:
+        for hook in self.hooks:
+            hook.release()
 
     def state_dict(self) -> dict[str, Any]:
         return {hook.name: hook.state_dict() for hook in self.hooks}

@@ -392,6 +392,7 @@ class TrainingLoop:
     def close(self) -> None:
         """Close the run's files and release its folder (run() does it; a loop that was set
         up and is not run must be closed)."""
+        self.setup.hooks.release()
         self.setup.reporter.close()
         close_logger(self.setup.log)
         self.setup.lock.release()
