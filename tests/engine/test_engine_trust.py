@@ -155,7 +155,9 @@ class StopDuringValidation(Hook):
 def test_a_run_saved_after_its_last_partial_batch_resumes(tmp_path: Path) -> None:
     # 40 samples in batches of 16: the epoch's third batch has 8. A save after it (every 3
     # episodes), then a stop during validation, left a last.pt at the epoch's very end.
-    config = write(tmp_path, toy_config(dataloader={"batch_size": 16}, checkpoint_interval=3))
+    settings = toy_config(dataloader={"batch_size": 16}, checkpoint_interval=3)
+    settings["pipeline"]["accuracy"] = {"type": "AccuracyStatistics"}  # torchmetrics counts
+    config = write(tmp_path, settings)
     reference = train(config, tmp_path / "reference")
     with pytest.raises(KeyboardInterrupt):
         train(config, tmp_path / "runs", StopDuringValidation())
@@ -167,9 +169,8 @@ def test_a_run_saved_after_its_last_partial_batch_resumes(tmp_path: Path) -> Non
     assert resumed.status == "epoch_limit"
     for key, tensor in model_weights(reference.run_dir).items():
         assert torch.equal(tensor, model_weights(run)[key]), key
-    assert (run / "validation_epoch_statistics.csv").read_text() == (
-        reference.run_dir / "validation_epoch_statistics.csv"
-    ).read_text()
+    for name in ("training_epoch_statistics.csv", "validation_epoch_statistics.csv"):
+        assert (run / name).read_text() == (reference.run_dir / name).read_text(), name
 
 
 # ---- one trainer per run folder --------------------------------------------------------------

@@ -230,6 +230,16 @@ class Statistic(Component):
     def update(self, inputs: Batch) -> None:
         raise NotImplementedError
 
+    def merge(self, other: Statistic) -> None:
+        """Add another copy's counts (same settings) to this one's. Optional: a statistic
+        that can merge is updated once per training step instead of twice (the workers keep
+        the epoch's and the logging interval's counts apart by merging at their ends)."""
+        raise NotImplementedError
+
+    @property
+    def can_merge(self) -> bool:
+        return type(self).merge is not Statistic.merge
+
     def compute(self) -> dict[str, float]:
         raise NotImplementedError
 

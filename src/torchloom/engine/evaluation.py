@@ -6,6 +6,7 @@ import copy
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -34,6 +35,64 @@ def statistics_copy(pipeline: Pipeline, device: torch.device) -> dict[str, Stati
             if isinstance(module, metrics.Metric):
                 module.persistent(True)  # running counts go into checkpoints: exact resume
     return copies
+
+
+class TrainingStatistics:
+    """The training statistics over the epoch so far and over the logging interval so far
+    (they end at different steps: an interval may span two epochs). A statistic that can
+    merge (`Statistic.merge`) counts each step once, into a pending copy that is added to
+    both at every row; one that cannot counts into both every step."""
+
+    def __init__(self, pipeline: Pipeline, device: torch.device) -> None:
+        self.pipeline = pipeline
+        self.epoch = statistics_copy(pipeline, device)
+        self.interval = statistics_copy(pipeline, device)
+        pending = statistics_copy(pipeline, device)
+        self.pending = {name: s for name, s in pending.items() if s.can_merge}
+        # What each step updates: the pending copies, or both totals of the others.
+        self._first = {name: self.pending.get(name, s) for name, s in self.epoch.items()}
+        self._second = {n: s for n, s in self.interval.items() if n not in self.pending}
+
+    def update(self, batch: Batch) -> None:
+        self.pipeline.update_statistics(batch, self._first)
+        if self._second:
+            self.pipeline.update_statistics(batch, self._second)
+
+    def _fold(self) -> None:
+        for name, pending in self.pending.items():
+            self.epoch[name].merge(pending)
+            self.interval[name].merge(pending)
+            pending.reset()
+
+    def interval_values(self) -> dict[str, float]:
+        """The interval's values; the interval starts again."""
+        self._fold()
+        values = statistic_values(self.interval)
+        for statistic in self.interval.values():
+            statistic.reset()
+        return values
+
+    def epoch_values(self) -> dict[str, float]:
+        """The epoch's values, which keep counting until `end_epoch`."""
+        self._fold()
+        return statistic_values(self.epoch)
+
+    def end_epoch(self) -> None:
+        for statistic in self.epoch.values():
+            statistic.reset()
+
+    def state_dict(self) -> dict[str, Any]:
+        self._fold()  # exact integer sums: folding early changes no value
+        return {
+            "train_statistics": {n: s.state_dict() for n, s in self.epoch.items()},
+            "interval_statistics": {n: s.state_dict() for n, s in self.interval.items()},
+        }
+
+    def load_state_dict(self, running: Mapping[str, Any]) -> None:
+        for name, statistic in self.epoch.items():
+            statistic.load_state_dict(running["train_statistics"][name])
+        for name, state in running.get("interval_statistics", {}).items():
+            self.interval[name].load_state_dict(state)
 
 
 def statistic_values(statistics: Mapping[str, Statistic]) -> dict[str, float]:

@@ -21,7 +21,12 @@ from torchloom.engine.checkpoint import (
     restore_rng_state,
     save_checkpoint,
 )
-from torchloom.engine.evaluation import PassInterrupted, evaluate, statistic_values, statistics_copy
+from torchloom.engine.evaluation import (
+    PassInterrupted,
+    TrainingStatistics,
+    evaluate,
+    statistics_copy,
+)
 from torchloom.engine.loaders import to_device
 from torchloom.engine.reporting import close_logger, format_statistics, progress_bar
 from torchloom.engine.run_folder import RunResult, Status, write_running, write_summary
@@ -44,8 +49,7 @@ class TrainingLoop:
         # The loop's meters: the running loss and statistics of the epoch and of the logging
         # interval, and the latest and best values of every section.
         self.epoch_loss, self.interval_loss = RunningStats(), RunningStats()
-        self.train_statistics = statistics_copy(setup.pipeline, setup.device)
-        self.interval_statistics = statistics_copy(setup.pipeline, setup.device)
+        self.train_statistics = TrainingStatistics(setup.pipeline, setup.device)
         self.validation_statistics = statistics_copy(setup.pipeline, setup.device)
         self.interval_samples = 0
         self.interval_started = self.session_started = time.perf_counter()
@@ -134,8 +138,7 @@ class TrainingLoop:
         setup, progress = self.setup, self.progress
         self.interval_loss.add(loss)
         self.epoch_loss.add(loss)
-        setup.pipeline.update_statistics(batch, self.train_statistics)
-        setup.pipeline.update_statistics(batch, self.interval_statistics)
+        self.train_statistics.update(batch)
         self.interval_samples += batch_size_of(batch)
         if setup.hooks:
             setup.hooks.after_step(self.view, batch, loss)
@@ -150,7 +153,7 @@ class TrainingLoop:
                 "batch_size": batch_size_of(batch),
                 "samples_per_second": self.interval_samples / elapsed,
                 # over this interval's batches, as the loss (the epoch's are in epoch rows)
-                **statistic_values(self.interval_statistics),
+                **self.train_statistics.interval_values(),
             }
             setup.reporter.row("training_statistics", row, progress.episode)
             if bar is not None:
@@ -158,8 +161,6 @@ class TrainingLoop:
                     loss=f"{row['loss']:.4f}", samples_s=f"{row['samples_per_second']:.0f}"
                 )
             self.interval_loss.reset()
-            for statistic in self.interval_statistics.values():
-                statistic.reset()
             self.interval_samples, self.interval_started = 0, time.perf_counter()
             setup.hooks.after_interval(self.view)
 
@@ -184,7 +185,7 @@ class TrainingLoop:
             "epoch": progress.epoch,
             "episode": progress.episode,
             **self.epoch_loss.values("loss"),
-            **statistic_values(self.train_statistics),
+            **self.train_statistics.epoch_values(),
             "lr": setup.optimizer.param_groups[0]["lr"],
         }
         self.latest["training"] = {f"training.{k}": v for k, v in row.items()}
@@ -197,8 +198,7 @@ class TrainingLoop:
             format_statistics(row),
         )
         self.epoch_loss.reset()
-        for statistic in self.train_statistics.values():
-            statistic.reset()
+        self.train_statistics.end_epoch()
         if setup.scheduler is not None and setup.scheduler_interval == "epoch":
             setup.scheduler.step()
         if not setup.online and setup.validation_data is not None:
@@ -289,8 +289,7 @@ class TrainingLoop:
                 "epoch_loss": self.epoch_loss.state_dict(),
                 "interval_loss": self.interval_loss.state_dict(),
                 "interval_samples": self.interval_samples,
-                "train_statistics": _states(self.train_statistics),
-                "interval_statistics": _states(self.interval_statistics),
+                **self.train_statistics.state_dict(),
                 "latest": self.latest,
                 "csv_rows": setup.reporter.row_counts(),
                 # Gradients summed so far in an unfinished accumulation window (a save between
@@ -318,10 +317,7 @@ class TrainingLoop:
         self.epoch_loss.load_state_dict(running["epoch_loss"], setup.device)
         self.interval_loss.load_state_dict(running["interval_loss"], setup.device)
         self.interval_samples = running["interval_samples"]
-        for name, statistic in self.train_statistics.items():
-            statistic.load_state_dict(running["train_statistics"][name])
-        for name, state in running.get("interval_statistics", {}).items():
-            self.interval_statistics[name].load_state_dict(state)
+        self.train_statistics.load_state_dict(running)
         if running.get("gradients") is not None:
             for parameter, gradient in zip(setup.parameters, running["gradients"], strict=True):
                 parameter.grad = None if gradient is None else gradient.to(parameter.device)
@@ -487,10 +483,6 @@ class TrainingLoop:
             "final": final,
         }
         return write_summary(setup.run_dir, summary)
-
-
-def _states(statistics: dict[str, Any]) -> dict[str, Any]:
-    return {name: statistic.state_dict() for name, statistic in statistics.items()}
 
 
 def failure_reason(error: BaseException) -> str:

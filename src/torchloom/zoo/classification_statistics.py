@@ -140,6 +140,11 @@ class PrecisionRecallStatistics(Statistic):
                     values[f"confusion_{target}_{predicted}"] = float(counts[target, predicted])
         return values
 
+    def merge(self, other: Statistic) -> None:
+        assert isinstance(other, PrecisionRecallStatistics)
+        if other.matrix is not None:
+            self._counts(other.matrix.confmat.device).merge_state(other.matrix)
+
     def reset(self) -> None:
         if self.matrix is not None:
             self.matrix.reset()

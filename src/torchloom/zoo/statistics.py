@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -113,9 +114,18 @@ class AccuracyStatistics(Statistic):
         self._counts(predictions.device).update(predictions, targets)
 
     def compute(self) -> dict[str, float]:
-        if self.metric is None or self.metric.update_count == 0:
+        # Empty by its counts, not torchmetrics' update_count: a count restored from a
+        # checkpoint, or merged in, has no updates of its own.
+        if self.metric is None or int((self.metric.tp + self.metric.fn).sum()) == 0:
             return {"accuracy": float("nan")}  # torchmetrics would warn and say 0
-        return {"accuracy": float(self.metric.compute())}
+        with warnings.catch_warnings():  # "compute before update": the counts say otherwise
+            warnings.filterwarnings("ignore", message=".*was called before the ``update``")
+            return {"accuracy": float(self.metric.compute())}
+
+    def merge(self, other: Statistic) -> None:
+        assert isinstance(other, AccuracyStatistics)
+        if other.metric is not None:
+            self._counts(other.metric.tp.device).merge_state(other.metric)
 
     def reset(self) -> None:
         if self.metric is not None:
