@@ -67,6 +67,7 @@ class ToyLinear(Model):
 
     class Params(ComponentParams):
         bias: bool = True
+        dropout: float = Field(0.5, ge=0, lt=1)
 
     NEEDS_GLOBALS = {"input_size": "input width", "prediction_size": "classes"}
     EXAMPLE_GLOBALS = {"input_size": 4, "prediction_size": 3}
@@ -76,7 +77,7 @@ class ToyLinear(Model):
         self.width = self.global_value("input_size")
         self.classes = self.global_value("prediction_size")
         self.linear = torch.nn.Linear(self.width, self.classes, bias=params.bias)
-        self.dropout = torch.nn.Dropout(0.5)
+        self.dropout = torch.nn.Dropout(params.dropout)
 
     def input_specs(self) -> dict[str, StreamSpec]:
         return {"inputs": StreamSpec(("batch", self.width), FLOATING, "vectors")}

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -124,3 +126,28 @@ class NanAtStep(Component):
             if self.calls == self.params.at:
                 return {"noisy": inputs["inputs"] * float("nan")}
         return {"noisy": inputs["inputs"]}
+
+
+class DiesOnce(Component):
+    """Kills its own process (SIGKILL) on its `at`-th training call, in the worker of global
+    rank `rank` and only in the first attempt of an elastic launch: a worker that dies."""
+
+    class Params(ComponentParams):
+        at: int = Field(4, gt=0)
+        rank: int = Field(1, ge=0)
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.calls = 0
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(None, None, "anything")}
+
+    def forward(self, inputs: Batch) -> Batch:
+        if self.training:
+            self.calls += 1
+            first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+            mine = os.environ.get("RANK") == str(self.params.rank)
+            if self.calls == self.params.at and first_attempt and mine:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return {}

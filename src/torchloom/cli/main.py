@@ -80,6 +80,20 @@ def _train(p: argparse.ArgumentParser) -> None:
         help="0 off, 1 scalars, 2 scalars + weight/gradient histograms",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar or console log")
+    scale = p.add_argument_group("several processes (torch.distributed, DDP)")
+    scale.add_argument("--nproc", type=int, default=1, help="processes on this machine")
+    scale.add_argument("--gpu", action="store_true", help="one process per visible GPU")
+    scale.add_argument("--nnodes", type=int, default=1, help="machines taking part")
+    scale.add_argument("--node-rank", type=int, default=0, help="this machine's rank (0..)")
+    scale.add_argument(
+        "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="node 0's rendezvous address"
+    )
+    scale.add_argument(
+        "--max-restarts", type=int, default=0, help="elastic restarts after a worker dies"
+    )
+    scale.add_argument(
+        "--rdzv-timeout", type=int, default=120, help="seconds to wait for every machine"
+    )
 
 
 def _process(p: argparse.ArgumentParser) -> None:

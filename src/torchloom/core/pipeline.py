@@ -8,7 +8,7 @@ component and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,10 +25,11 @@ if TYPE_CHECKING:
 class _Route:
     """One component with its (default name, pipeline name) pairs for inputs and outputs."""
 
-    __slots__ = ("component", "inputs", "outputs")
+    __slots__ = ("call", "component", "inputs", "outputs")
 
     def __init__(self, component: Component) -> None:
         self.component = component
+        self.call: Callable[[Batch], Batch] = component  # a DDP wrapper, for models under DDP
         self.inputs = [(key, component.stream_name(key)) for key in component.input_specs()]
         self.outputs = {key: component.stream_name(key) for key in component.output_specs()}
 
@@ -71,10 +72,24 @@ class Pipeline(nn.Module):
             return self._forward_checked(batch, self._check_section)
         for route in self._routes:
             inputs = {key: batch[name] for key, name in route.inputs}
-            outputs = route.component(inputs)
+            outputs = route.call(inputs)
             for key, value in outputs.items():
                 batch[route.outputs[key]] = value
         return batch
+
+    def wrap_models(self, wrap: Callable[[Model], Callable[[Batch], Batch]]) -> list[str]:
+        """Run every model with trainable weights through `wrap(model)` (DistributedDataParallel
+        when several processes train); components, state dicts and checkpoints stay the
+        models' own. Returns the names of the wrapped models."""
+        wrapped = []
+        for route in self._routes:
+            component = route.component
+            if isinstance(component, Model) and any(
+                p.requires_grad for p in component.parameters()
+            ):
+                route.call = wrap(component)
+                wrapped.append(component.name)
+        return wrapped
 
     def _forward_checked(self, batch: Batch, section: str) -> Batch:
         task = self.tasks.get(section)
@@ -85,7 +100,7 @@ class Pipeline(nn.Module):
             check_task_batch(check, task, batch)
         for route in self._routes:
             inputs = {key: batch[name] for key, name in route.inputs}
-            outputs = route.component(inputs)
+            outputs = route.call(inputs)
             check.check(route.component, outputs)
             for key, value in outputs.items():
                 batch[route.outputs[key]] = value

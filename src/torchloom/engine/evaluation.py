@@ -12,6 +12,7 @@ import torch
 
 from torchloom.core.component import Batch, Statistic
 from torchloom.core.pipeline import Pipeline
+from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.loaders import to_device
 from torchloom.engine.step import Precision, WeightedLoss, batch_size_of
 from torchloom.statistics.accumulators import RunningStats
@@ -41,10 +42,13 @@ class TrainingStatistics:
     """The training statistics over the epoch so far and over the logging interval so far
     (they end at different steps: an interval may span two epochs). A statistic that can
     merge (`Statistic.merge`) counts each step once, into a pending copy that is added to
-    both at every row; one that cannot counts into both every step."""
+    both at every row; one that cannot counts into both every step. With several
+    processes each counts its share; rows and checkpoints read the counts of all."""
 
-    def __init__(self, pipeline: Pipeline, device: torch.device) -> None:
-        self.pipeline = pipeline
+    def __init__(
+        self, pipeline: Pipeline, device: torch.device, distributed: Distributed = SINGLE
+    ) -> None:
+        self.pipeline, self.distributed = pipeline, distributed
         self.epoch = statistics_copy(pipeline, device)
         self.interval = statistics_copy(pipeline, device)
         pending = statistics_copy(pipeline, device)
@@ -64,10 +68,18 @@ class TrainingStatistics:
             self.interval[name].merge(pending)
             pending.reset()
 
+    def _of_all(self, statistics: dict[str, Statistic]) -> dict[str, Statistic]:
+        """The counts of every process (copies; this process keeps counting its own)."""
+        if not self.distributed.active:
+            return statistics
+        copies = {name: copy.deepcopy(statistic) for name, statistic in statistics.items()}
+        combine(copies, self.distributed)
+        return copies
+
     def interval_values(self) -> dict[str, float]:
         """The interval's values; the interval starts again."""
         self._fold()
-        values = statistic_values(self.interval)
+        values = statistic_values(self._of_all(self.interval))
         for statistic in self.interval.values():
             statistic.reset()
         return values
@@ -75,20 +87,25 @@ class TrainingStatistics:
     def epoch_values(self) -> dict[str, float]:
         """The epoch's values, which keep counting until `end_epoch`."""
         self._fold()
-        return statistic_values(self.epoch)
+        return statistic_values(self._of_all(self.epoch))
 
     def end_epoch(self) -> None:
         for statistic in self.epoch.values():
             statistic.reset()
 
     def state_dict(self) -> dict[str, Any]:
+        """The counts of every process (a checkpoint is the run's, whatever the world size)."""
         self._fold()  # exact integer sums: folding early changes no value
+        epoch, interval = self._of_all(self.epoch), self._of_all(self.interval)
         return {
-            "train_statistics": {n: s.state_dict() for n, s in self.epoch.items()},
-            "interval_statistics": {n: s.state_dict() for n, s in self.interval.items()},
+            "train_statistics": {n: _on_cpu(s.state_dict()) for n, s in epoch.items()},
+            "interval_statistics": {n: _on_cpu(s.state_dict()) for n, s in interval.items()},
         }
 
     def load_state_dict(self, running: Mapping[str, Any]) -> None:
+        """The run's counts go to rank 0 (the others start from none, so the sum is right)."""
+        if not self.distributed.main:
+            return
         for name, statistic in self.epoch.items():
             statistic.load_state_dict(running["train_statistics"][name])
         for name, state in running.get("interval_statistics", {}).items():
@@ -123,11 +140,15 @@ def evaluate(
     max_batches: int | None = None,
     observe: Callable[[Batch], None] | None = None,
     stop: Callable[[], bool] | None = None,
+    distributed: Distributed = SINGLE,
 ) -> dict[str, float]:
     """Eval mode, no gradients; everything over the whole pass, never a mean of batch values:
     `loss` is the mean over samples (each batch's mean loss weighted by its size), with
     `loss_min/max/std` over batches; statistics come from their set-level counts. `stop`,
-    asked before each batch, ends the pass with PassInterrupted when it says so."""
+    asked before each batch, ends the pass with PassInterrupted when it says so. With
+    several processes, each evaluates its share of the set (`batches`) and the values are
+    the set's: sums added, statistics merged; `loss_min/max/std` are over every process's
+    batch shares."""
     was_training = pipeline.training
     pipeline.eval()
     for statistic in statistics.values():
@@ -160,6 +181,9 @@ def evaluate(
                 observe(batch)  # hooks: per-sample analysis of the pass
             samples += size
     pipeline.train(was_training)
+    if distributed.active:
+        samples, weighted = _sums_of_all(distributed, samples, weighted, per_batch, streams)
+        combine(statistics, distributed)
     values: dict[str, float] = {}
     for name in streams if weighted else ():
         values.update(per_batch[name].values(name))
@@ -167,6 +191,50 @@ def evaluate(
     values.update(statistic_values(statistics))
     values["samples"] = samples
     return values
+
+
+def _sums_of_all(
+    distributed: Distributed,
+    samples: int,
+    weighted: dict[str, torch.Tensor],
+    per_batch: dict[str, RunningStats],
+    streams: list[str],
+) -> tuple[int, dict[str, torch.Tensor]]:
+    """Every process's samples, weighted loss sums and per-batch loss stats, added."""
+    gathered = distributed.gather(
+        (
+            samples,
+            {name: float(value) for name, value in weighted.items()},
+            {name: per_batch[name].state_dict() for name in streams},
+        )
+    )
+    total = sum(count for count, _, _ in gathered)
+    sums = {name: torch.tensor(sum(part[1][name] for part in gathered)) for name in weighted}
+    for rank, (_, _, stats) in enumerate(gathered):
+        if rank != distributed.rank:
+            for name in streams:
+                per_batch[name].merge_state(stats[name])
+    return total, sums
+
+
+def combine(statistics: Mapping[str, Statistic], distributed: Distributed) -> None:
+    """Each statistic made the set's: every other process's counts merged into it."""
+    if not distributed.active:
+        return
+    states = distributed.gather(
+        {name: _on_cpu(statistic.state_dict()) for name, statistic in statistics.items()}
+    )
+    for rank, state in enumerate(states):
+        if rank == distributed.rank:
+            continue
+        for name, statistic in statistics.items():
+            other = copy.deepcopy(statistic)
+            other.load_state_dict(state[name])
+            statistic.merge(other)
+
+
+def _on_cpu(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def statistic_names(pipeline: Pipeline, loss: WeightedLoss, sections: Iterable[str]) -> set[str]:

@@ -16,9 +16,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchloom.config.schema import SectionConfig
 from torchloom.core.component import Batch, Task
-from torchloom.data.samplers import ResumableSampler, build_sampler
+from torchloom.data.samplers import RankShard, ResumableSampler, build_sampler
 from torchloom.engine.checkpoint import worker_init
-from torchloom.errors import Where
+from torchloom.errors import ConfigError, Where
 
 
 class TaskBatches(Dataset[Batch]):
@@ -61,7 +61,11 @@ class SectionLoader:
         seed: int,
         where: Where,
         pin_memory: bool = False,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
+        """`rank`/`world`: this process's share of every global batch of `batch_size` (see
+        RankShard); the config's batch size must divide among the processes."""
         task.prepare()
         self.section = section
         self.task = task
@@ -78,6 +82,16 @@ class SectionLoader:
             targets=task.sample_targets(),
             where=where(section, "sampler"),
         )
+        batch = self.config.batch_size
+        if world > 1 and batch % world:
+            raise ConfigError.at(
+                where(section, "dataloader", "batch_size"),
+                f"{section}.dataloader.batch_size",
+                f"{batch} is the global batch, and does not divide among {world} processes",
+                f"use a multiple of {world}, e.g. {batch - batch % world or world}",
+            )
+        self.world = world
+        self.shard = RankShard(self.sampler, batch, rank, world, self.config.drop_last)
         self.collate = RenamingCollate(task)
         self.pin_memory = pin_memory or self.config.pin_memory
         self._loader: DataLoader[Any] | None = None
@@ -95,14 +109,14 @@ class SectionLoader:
         if self._loader is None or not self.config.persistent_workers or start_batch:
             self._loader = DataLoader(
                 TaskBatches(self.task),
-                batch_size=self.config.batch_size,
-                sampler=self.sampler,
+                batch_size=self.config.batch_size // self.world,
+                sampler=self.shard if self.world > 1 else self.sampler,
                 num_workers=self.config.num_workers,
                 # torch types collate_fn as taking a list of samples; with __getitems__ it
                 # receives whatever that returns, here the fetched batch.
                 collate_fn=cast("Callable[[list[Any]], Any]", self.collate),
                 pin_memory=self.pin_memory,
-                drop_last=self.config.drop_last,
+                drop_last=self.config.drop_last and self.world == 1,  # else the shard drops
                 persistent_workers=self.config.persistent_workers and self.config.num_workers > 0,
                 worker_init_fn=worker_init if self.config.num_workers else None,
                 generator=generator,
@@ -110,8 +124,14 @@ class SectionLoader:
         return self._loader
 
     def batches_per_epoch(self) -> int:
+        """Global batches an epoch has (each process trains its share of each)."""
         size, batch = self.sampler.epoch_length(), self.config.batch_size
         return size // batch if self.config.drop_last else -(-size // batch)
+
+    def last_batch_size(self) -> int:
+        """Samples in the epoch's last global batch."""
+        size, batch = self.sampler.epoch_length(), self.config.batch_size
+        return batch if self.config.drop_last or size % batch == 0 else size % batch
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:

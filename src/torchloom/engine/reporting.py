@@ -30,12 +30,19 @@ class RunLogHandler(logging.FileHandler):
         self.dropped = getattr(self, "dropped", 0) + 1
 
 
-def make_logger(run_dir: Path, quiet: bool) -> logging.Logger:
-    logger = logging.getLogger(f"torchloom.run.{run_dir}")
-    logger.setLevel(logging.INFO)
+def make_logger(run_dir: Path, quiet: bool, writing: bool = True) -> logging.Logger:
+    """The run's logger: run.log and the console. `writing` False (a process other than
+    rank 0 of several): no file, and errors only on the console, prefixed with its rank."""
+    logger = logging.getLogger(f"torchloom.run.{run_dir}" + ("" if writing else ".rank"))
+    logger.setLevel(logging.INFO if writing else logging.ERROR)
     logger.propagate = False
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
+    if not writing:
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter("[worker] %(message)s"))
+        logger.addHandler(console)
+        return logger
     file_handler = RunLogHandler(run_dir / "run.log", encoding="utf-8")
     file_handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logger.addHandler(file_handler)
@@ -80,14 +87,18 @@ class Reporter:
         tensorboard: int = 1,
         resume_episode: int | None = None,
         resume_rows: dict[str, int] | None = None,
+        writing: bool = True,
     ) -> None:
         """`resume_episode` and `resume_rows` (the row counts a checkpoint recorded) cut the
-        CSV files back to what they held when the checkpoint was saved."""
-        self.run_dir, self.logger, self.tensorboard_level = run_dir, logger, tensorboard
+        CSV files back to what they held when the checkpoint was saved. `writing` False: a
+        process other than rank 0 of several, which writes nothing."""
+        self.run_dir, self.logger = run_dir, logger
+        self.tensorboard_level = tensorboard if writing else 0
+        self.writing = writing
         rows = resume_rows or {}
         self.csv = {
             name: CsvLog(run_dir / f"{name}.csv", resume_episode, rows.get(name))
-            for name in self.FILES
+            for name in (self.FILES if writing else ())
         }
         self._writer: Any = None
         self._resume_episode = resume_episode
@@ -108,6 +119,8 @@ class Reporter:
         return {name: log.count for name, log in self.csv.items()}
 
     def row(self, file: str, row: dict[str, Any], episode: int) -> None:
+        if not self.writing:
+            return
         self.csv[file].write(row)
         if self.writer is not None:
             section = file.replace("_statistics", "").replace("_epoch", "/epoch")

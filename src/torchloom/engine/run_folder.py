@@ -175,6 +175,12 @@ class RunLock:
             self._handle = None
 
 
+class NoLock:
+    """What a process other than rank 0 of several holds: rank 0 holds the folder's lock."""
+
+    def release(self) -> None: ...
+
+
 def _clock(stamp: Any) -> str:
     if not isinstance(stamp, int | float):
         return "?"

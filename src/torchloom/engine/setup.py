@@ -31,6 +31,7 @@ from torchloom.engine.assemble import (
     resolve_device,
 )
 from torchloom.engine.checkpoint import load_resume_checkpoint, seed_everything, set_deterministic
+from torchloom.engine.distributed import check_shardable, current, process_device, wrap_models
 from torchloom.engine.evaluation import statistic_names
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.optim import build_optimizer, build_scheduler
@@ -42,7 +43,13 @@ from torchloom.engine.resume import (
     finished_result,
     write_run_config,
 )
-from torchloom.engine.run_folder import RunLock, RunResult, create_run_folder, write_artifacts
+from torchloom.engine.run_folder import (
+    NoLock,
+    RunLock,
+    RunResult,
+    create_run_folder,
+    write_artifacts,
+)
 from torchloom.engine.state import Hooks, RunSetup, TrainOptions
 from torchloom.engine.step import (
     DivergenceGuard,
@@ -126,7 +133,7 @@ class ResumePoint:
 
     run_dir: Path
     checkpoint: dict[str, Any]
-    lock: RunLock
+    lock: RunLock | NoLock
     note: str | None = None
 
 
@@ -141,7 +148,7 @@ def open_resume_point(run_dir: Path, shown: str) -> ResumePoint:
             f"is not a run folder with checkpoints {why}",
             "give <expdir>/<pipeline>/<date> of a run that saved last.pt",
         )
-    lock = RunLock(run_dir).acquire()
+    lock = RunLock(run_dir).acquire() if current().main else NoLock()
     try:
         checkpoint, note = load_resume_checkpoint(run_dir / "checkpoints")
     except BaseException:
@@ -291,8 +298,16 @@ def _section_loader(
     if section not in pipeline.tasks:
         return None
     config: Any = sections[section]
+    dist = current()
     return SectionLoader(
-        section, pipeline.tasks[section], config, seed, where, pin_memory=device.type == "cuda"
+        section,
+        pipeline.tasks[section],
+        config,
+        seed,
+        where,
+        pin_memory=device.type == "cuda",
+        rank=dist.rank,
+        world=dist.world,
     )
 
 
@@ -308,7 +323,8 @@ def _setup(
 ) -> RunSetup:
     training = sections["training"]
     assert isinstance(training, TrainingConfig)
-    device = resolve_device(options.device)
+    dist = current()
+    device = process_device(resolve_device(options.device), dist)
     pipeline.to(device)
     parts = build_training_parts(pipeline, training, where)  # config checks before any data
     loaders = {
@@ -317,12 +333,15 @@ def _setup(
     }
     train_data = loaders["training"]
     assert train_data is not None, "a training run has a training task"
-    # Everything is checked: only now is anything written.
+    if dist.active:
+        check_shardable(train_data, pipeline, dist, where)
+    # Everything is checked: only now is anything written (by rank 0 alone, of several).
+    lock: RunLock | NoLock = NoLock()
     if resume is not None:
         run_dir, lock = resume.run_dir, resume.lock
-        if config_text != resume.checkpoint.get("config", config_text):
+        if dist.main and config_text != resume.checkpoint.get("config", config_text):
             write_run_config(run_dir, config_text)  # overrides given to --resume
-    else:
+    elif dist.main:
         run_dir = create_run_folder(options.expdir, name, options.tag)
         lock = RunLock(run_dir).acquire()
         try:
@@ -331,7 +350,10 @@ def _setup(
         except OSError as error:
             lock.release()
             raise StorageError.from_os(error.filename or run_dir, error) from error
-    log = make_logger(run_dir, options.quiet)
+        dist.broadcast(str(run_dir))
+    else:
+        run_dir = Path(dist.broadcast(None))
+    log = make_logger(run_dir, options.quiet, writing=dist.main)
     if resume is not None and resume.note is not None:
         log.warning("%s", resume.note)
     log_build_notes(log, pipeline)
@@ -351,6 +373,9 @@ def _setup(
             parts.compile_options or "(defaults)",
             ", ".join(compiled) or "no model with weights",
         )
+    if dist.active:
+        wrapped = wrap_models(pipeline, device)
+        log.info("%d processes train (DistributedDataParallel: %s)", dist.world, ", ".join(wrapped))
     validation = sections.get("validation")
     running = resume.checkpoint if resume is not None else None
     return RunSetup(
@@ -377,10 +402,12 @@ def _setup(
             options.tensorboard,
             running["progress"]["episode"] if running else None,
             running["running"].get("csv_rows") if running else None,
+            writing=dist.main,
         ),
         log=log,
         lock=lock,
-        hooks=Hooks(options.hooks),
+        hooks=Hooks(options.hooks if dist.main else ()),  # analysis is rank 0's
         compiled_models=compiled,
-        show_progress=not options.quiet,
+        show_progress=not options.quiet and dist.main,
+        distributed=dist,
     )

@@ -43,9 +43,10 @@ import torch
 from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.component import Batch
 from torchloom.core.pipeline import Pipeline
+from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.reporting import Reporter
-from torchloom.engine.run_folder import RunLock, StopSignals
+from torchloom.engine.run_folder import NoLock, RunLock, StopSignals
 from torchloom.engine.step import DivergenceGuard, Precision, WeightedLoss
 from torchloom.engine.terminal import Monitor
 from torchloom.errors import Where
@@ -105,11 +106,12 @@ class RunSetup:
     monitor: Monitor
     reporter: Reporter
     log: logging.Logger
-    lock: RunLock  # held while this process trains in run_dir
+    lock: RunLock | NoLock  # held while this process trains in run_dir (rank 0's alone)
     signals: StopSignals = field(default_factory=StopSignals)
     hooks: Hooks = field(default_factory=lambda: Hooks())
     compiled_models: list[str] = field(default_factory=list)  # by `training.compile`
     show_progress: bool = True
+    distributed: Distributed = SINGLE  # this process among those training the run
 
     @property
     def parameters(self) -> list[torch.nn.Parameter]:

@@ -20,6 +20,7 @@ from torchloom.engine.checkpoint import (
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
+    seed_everything,
 )
 from torchloom.engine.evaluation import (
     PassInterrupted,
@@ -49,7 +50,7 @@ class TrainingLoop:
         # The loop's meters: the running loss and statistics of the epoch and of the logging
         # interval, and the latest and best values of every section.
         self.epoch_loss, self.interval_loss = RunningStats(), RunningStats()
-        self.train_statistics = TrainingStatistics(setup.pipeline, setup.device)
+        self.train_statistics = TrainingStatistics(setup.pipeline, setup.device, setup.distributed)
         self.validation_statistics = statistics_copy(setup.pipeline, setup.device)
         self.interval_samples = 0
         self.interval_started = self.session_started = time.perf_counter()
@@ -60,11 +61,16 @@ class TrainingLoop:
             setup.log.info(
                 "resumed from episode %d (epoch %d)", self.progress.episode, self.progress.epoch
             )
+        elif setup.distributed.rank > 0:
+            # Every process built the same initial weights from the seed; from here on each
+            # draws its own (dropout), and rank 0 draws what one process alone would.
+            seed_everything(setup.seed + setup.distributed.rank)
         # The epoch whose data was trained on last: validation visits that epoch's data, which
         # matters when its sampler changes with the epoch (k-fold's held-out fold rotates).
         self.trained_epoch = max(self.progress.epoch - 1, 0)
         self.histogram_episode = self.progress.episode
         self.check_first_batch = True  # this session's first batch, against every spec
+        self.global_batch = 0  # samples in the step's batch over every process
 
     # ---- the loop --------------------------------------------------------------------------
     def train_epoch(self) -> Status | None:
@@ -110,14 +116,33 @@ class TrainingLoop:
         with running_eagerly(eager), setup.precision.autocast():
             setup.pipeline(batch)
             loss = setup.loss(batch)
+        if setup.distributed.active:
+            loss, scaled = self.global_loss(loss, batch_size_of(batch))
+        else:
+            scaled = loss
         setup.guard.check(loss, batch, progress.episode + 1)
         accumulation = setup.accumulation
-        setup.precision.scaler.scale(loss / accumulation if accumulation > 1 else loss).backward()
+        setup.precision.scaler.scale(
+            scaled / accumulation if accumulation > 1 else scaled
+        ).backward()
         progress.episode += 1
         progress.batch_in_epoch += 1
         if progress.batch_in_epoch % accumulation == 0:
             self.optimizer_step()
         return loss
+
+    def global_loss(self, loss: torch.Tensor, local: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """With several processes: the global batch's mean loss (what one process would have
+        computed), and this process's loss scaled so that DDP's mean of the processes'
+        gradients is the global batch's gradient when their shares differ (a last, shorter
+        batch cut unevenly)."""
+        setup, progress = self.setup, self.progress
+        last = progress.batch_in_epoch + 1 == setup.train_data.batches_per_epoch()
+        size = setup.train_data.last_batch_size() if last else setup.config.dataloader.batch_size
+        world = setup.distributed.world
+        mean = setup.distributed.sum(loss.detach() * (local / size))
+        self.global_batch = size
+        return mean, loss * (local * world / size)
 
     def optimizer_step(self) -> None:
         setup = self.setup
@@ -139,7 +164,8 @@ class TrainingLoop:
         self.interval_loss.add(loss)
         self.epoch_loss.add(loss)
         self.train_statistics.update(batch)
-        self.interval_samples += batch_size_of(batch)
+        size = self.global_batch if self.setup.distributed.active else batch_size_of(batch)
+        self.interval_samples += size
         if setup.hooks:
             setup.hooks.after_step(self.view, batch, loss)
         if bar is not None:
@@ -150,7 +176,7 @@ class TrainingLoop:
                 "episode": progress.episode,
                 "epoch": progress.epoch + 1,  # the epoch in progress, numbered as in epoch rows
                 **self.interval_loss.values("loss"),
-                "batch_size": batch_size_of(batch),
+                "batch_size": size,
                 "samples_per_second": self.interval_samples / elapsed,
                 # over this interval's batches, as the loss (the epoch's are in epoch rows)
                 **self.train_statistics.interval_values(),
@@ -166,7 +192,7 @@ class TrainingLoop:
 
     def after_step(self) -> Status | None:
         setup, progress = self.setup, self.progress
-        if setup.signals.requested:
+        if setup.distributed.agree(setup.signals.requested):  # one process alone: no sync
             return Status.INTERRUPTED
         status = None
         if setup.online and progress.episode % setup.partial_interval == 0:
@@ -224,6 +250,7 @@ class TrainingLoop:
             setup.device,
             max_batches=setup.partial_batches if partial else None,
             observe=self._observer("validation"),
+            distributed=setup.distributed,
         )
         setup.hooks.after_eval(self.view, "validation", values, partial)
         kind = "validation_statistics" if partial else "validation_epoch_statistics"
@@ -262,11 +289,10 @@ class TrainingLoop:
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, name: str) -> None:
-        save_checkpoint(
-            self.setup.run_dir / "checkpoints" / name,
-            self.state_dict(),
-            keep_previous=name == "last.pt",
-        )
+        state = self.state_dict()  # with several processes, every one takes part
+        if self.setup.distributed.main:
+            path = self.setup.run_dir / "checkpoints" / name
+            save_checkpoint(path, state, keep_previous=name == "last.pt")
 
     def wall_time(self) -> float:
         """Seconds of training over every session of this run, this one included."""
@@ -282,6 +308,10 @@ class TrainingLoop:
             "scheduler": setup.scheduler.state_dict() if setup.scheduler is not None else None,
             "precision": setup.precision.scaler.state_dict(),
             "rng": capture_rng_state(),
+            # Every process's generators, for exact resume at the same number of processes.
+            "rng_ranks": setup.distributed.gather(capture_rng_state())
+            if setup.distributed.active
+            else None,
             "progress": {**self.progress.state_dict(), "wall_time": self.wall_time()},
             "monitor": setup.monitor.state_dict(),
             "best_statistics": self.best_statistics,
@@ -323,7 +353,13 @@ class TrainingLoop:
                 parameter.grad = None if gradient is None else gradient.to(parameter.device)
         self.latest = running["latest"]
         setup.hooks.load_state_dict(checkpoint.get("hooks", {}))
-        restore_rng_state(checkpoint["rng"])
+        dist, ranks = setup.distributed, checkpoint.get("rng_ranks")
+        if ranks is not None and len(ranks) == dist.world:
+            restore_rng_state(ranks[dist.rank])
+        elif dist.main:
+            restore_rng_state(checkpoint["rng"])
+        else:  # saved by another number of processes: rank 0 continues, the others anew
+            seed_everything(setup.seed + dist.rank + 7919 * self.progress.episode)
 
     # ---- the test pass ---------------------------------------------------------------------
     def test(self) -> dict[str, float]:
@@ -345,14 +381,17 @@ class TrainingLoop:
             setup.precision,
             setup.device,
             observe=self._observer("test"),
-            stop=lambda: setup.signals.requested,
+            # Processes may have uneven shares: a pass stops together only at its end.
+            stop=None if setup.distributed.active else (lambda: setup.signals.requested),
+            distributed=setup.distributed,
         )
         setup.hooks.after_eval(self.view, "test", values, False)
-        # A pass repeated at the same episode (a run killed after its test pass, resumed)
-        # replaces its row instead of adding a second one.
-        CsvLog(
-            setup.run_dir / "test_statistics.csv", keep_until_episode=progress.episode - 1
-        ).write({"epoch": progress.epoch, "episode": progress.episode, **values})
+        if setup.distributed.main:
+            # A pass repeated at the same episode (a run killed after its test pass, resumed)
+            # replaces its row instead of adding a second one.
+            CsvLog(
+                setup.run_dir / "test_statistics.csv", keep_until_episode=progress.episode - 1
+            ).write({"epoch": progress.epoch, "episode": progress.episode, **values})
         setup.log.info("test: %s", format_statistics(values))
         return values
 
@@ -402,11 +441,13 @@ class TrainingLoop:
             setup.seed,
             setup.run_dir,
         )
-        write_running(setup.run_dir, setup.name)
+        if setup.distributed.main:
+            write_running(setup.run_dir, setup.name)
         # Signals stop the run gracefully from here to the end, final test pass included.
         with setup.signals:
             for component in setup.pipeline.components.values():
-                component.begin_pass("training", setup.run_dir)  # viewers write there
+                if setup.distributed.main:  # viewers write into the run folder
+                    component.begin_pass("training", setup.run_dir)
             setup.hooks.before_train(self.view)
             started = time.perf_counter()
             conditions = setup.config.terminal_conditions
@@ -482,6 +523,8 @@ class TrainingLoop:
             "best": self.best_statistics,
             "final": final,
         }
+        if not setup.distributed.main:
+            return RunResult(setup.run_dir, summary)
         return write_summary(setup.run_dir, summary)
 
 

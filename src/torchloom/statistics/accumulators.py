@@ -67,6 +67,27 @@ class RunningStats:
             f"{prefix}_std": math.sqrt(variance),
         }
 
+    def merge_state(self, state: dict[str, Any]) -> None:
+        """Add another stream's `state_dict()` (several processes' batches, one pass)."""
+        self._fold()
+        other = state["totals"]
+        if other is None:
+            return
+        other = other.to(torch.float64)
+        if self._totals is None:
+            self._totals = other.clone()
+        else:
+            own = self._totals
+            self._totals = torch.stack(
+                [
+                    own[0] + other[0].to(own.device),
+                    own[1] + other[1].to(own.device),
+                    torch.minimum(own[2], other[2].to(own.device)),
+                    torch.maximum(own[3], other[3].to(own.device)),
+                ]
+            )
+        self.count += int(state["count"])
+
     def state_dict(self) -> dict[str, Any]:
         self._fold()
         return {"count": self.count, "totals": None if self._totals is None else self._totals.cpu()}

@@ -1,0 +1,309 @@
+"""Several processes training one run: torch.distributed's elastic launcher and its process
+group, never a home-made one.
+
+`loom train CONFIG --nproc N` starts N worker processes on this machine through
+`torch.distributed.launcher.elastic_launch` (the engine torchrun runs on); `--nnodes M
+--node-rank R --rdzv-endpoint HOST:PORT` joins machines. A process started by torchrun
+(`torchrun ... -m torchloom.cli.main train CONFIG`) finds its rank in the environment. Each
+worker trains its share of every global batch (the config's batch size is the global one, so
+results do not change meaning with the world size); rank 0 alone writes the run folder.
+
+`Distributed` is what the engine asks: who am I, how many are we, and the few collectives the
+loop needs (sums, gathering Python objects). With one process every method is a no-op, so
+the single-process loop pays nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from torchloom.errors import ConfigError, LoomError, Problem
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.world > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over every process (in place; the same tensor back)."""
+        if self.active:
+            torch.distributed.all_reduce(tensor)
+        return tensor
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every process's `value` (any picklable object), in rank order, on every process."""
+        if not self.active:
+            return [value]
+        gathered: list[Any] = [None] * self.world
+        torch.distributed.all_gather_object(gathered, value)
+        return gathered
+
+    def broadcast(self, value: Any) -> Any:
+        """Rank 0's `value`, on every process."""
+        if not self.active:
+            return value
+        holder = [value]
+        torch.distributed.broadcast_object_list(holder, src=0)
+        return holder[0]
+
+    def agree(self, flag: bool) -> bool:
+        """True on every process when `flag` is true on any (a stop asked of one process)."""
+        if not self.active:
+            return flag
+        return bool(self.sum(torch.tensor([1.0 if flag else 0.0])).item() > 0)
+
+
+SINGLE = Distributed()
+
+
+def current() -> Distributed:
+    """The process group this process belongs to, as torch.distributed knows it."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return SINGLE
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return Distributed(torch.distributed.get_rank(), torch.distributed.get_world_size(), local)
+
+
+def started_by_a_launcher() -> bool:
+    """Whether this process is a worker that torchrun or elastic_launch started."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or (
+        "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    )
+
+
+def join(device: str | None) -> Distributed:
+    """Join the process group of a launched worker (gloo on the CPU, NCCL on GPUs, one GPU
+    per local process); the single-process context when not launched."""
+    if not started_by_a_launcher() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return SINGLE
+    if not torch.distributed.is_initialized():
+        cuda = device is not None and device.startswith("cuda")
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        backend = "nccl" if cuda else "gloo"
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if attempt == 0:
+            torch.distributed.init_process_group(backend)
+        else:
+            # After an elastic restart the workers meet on the agent's store again, where
+            # the first attempt's addresses still are: a fresh key prefix per attempt keeps
+            # a restarted worker from dialling a dead one.
+            torch.distributed.init_process_group(
+                backend,
+                store=torch.distributed.PrefixStore(f"torchloom-attempt-{attempt}", _store()),
+                rank=int(os.environ["RANK"]),
+                world_size=int(os.environ["WORLD_SIZE"]),
+            )
+    return current()
+
+
+def _store() -> Any:
+    from datetime import timedelta
+
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return torch.distributed.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=not agent and os.environ.get("RANK") == "0",
+        timeout=timedelta(seconds=300),
+    )
+
+
+def leave() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+# ---- set-up of a worker ------------------------------------------------------------------
+def process_device(device: torch.device, dist: Distributed) -> torch.device:
+    """On GPUs each local process takes its own one."""
+    if dist.active and device.type == "cuda":
+        return torch.device("cuda", dist.local_rank)
+    return device
+
+
+def check_shardable(train_data: Any, pipeline: Any, dist: Distributed, where: Any) -> None:
+    """What several processes cannot train exactly, refused before anything is written: an
+    epoch whose last global batch has fewer samples than there are processes (one would
+    have nothing to train while the others wait for its gradients), and a statistic that
+    cannot add another process's counts (`Statistic.merge`)."""
+    problems = []
+    last = train_data.last_batch_size()
+    if last < dist.world:
+        problems.append(
+            Problem(
+                where("training", "dataloader"),
+                "training.dataloader",
+                f"the epoch's last batch has {last} sample(s), fewer than the {dist.world} "
+                "processes",
+                "set drop_last: true, or a batch size or subset that leaves a larger last batch",
+            )
+        )
+    for statistic in pipeline.statistics:
+        if not statistic.can_merge:
+            problems.append(
+                Problem(
+                    where("pipeline", statistic.name),
+                    statistic.label,
+                    "cannot add another process's counts (it has no merge()), so its value "
+                    "over a set trained or evaluated by several processes would be wrong",
+                    "implement Statistic.merge, or train with one process",
+                )
+            )
+    if problems:
+        raise ConfigError(problems)
+
+
+def wrap_models(pipeline: Any, device: torch.device) -> list[str]:
+    """DistributedDataParallel around every model with trainable weights (frozen parameters
+    are left out by DDP itself); checkpoints keep the models' own state dicts."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return list(pipeline.wrap_models(lambda model: DistributedDataParallel(model, device_ids=ids)))
+
+
+# ---- launching ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LaunchOptions:
+    nproc: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous; a free local port if None
+    max_restarts: int = 0
+    rdzv_timeout: int = 120  # seconds to wait for every node
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def check_launch(options: LaunchOptions, gpus: bool) -> None:
+    """Refuse what cannot start: more processes than cores or GPUs, a bad endpoint."""
+    if options.nproc < 1 or options.nnodes < 1:
+        raise ConfigError.at("command line", "--nproc/--nnodes", "must be at least 1")
+    available = torch.cuda.device_count() if gpus else (os.cpu_count() or 1)
+    if options.nproc > available:
+        what = "GPUs" if gpus else "CPU cores"
+        raise ConfigError.at(
+            "command line",
+            f"--nproc {options.nproc}",
+            f"is more than the {available} {what} of this machine",
+            f"use --nproc {available} or fewer",
+        )
+    if not 0 <= options.node_rank < options.nnodes:
+        raise ConfigError.at(
+            "command line",
+            f"--node-rank {options.node_rank}",
+            f"must be in 0..{options.nnodes - 1}",
+        )
+    if options.nnodes > 1 and not options.rdzv_endpoint:
+        raise ConfigError.at(
+            "command line",
+            "--rdzv-endpoint",
+            "is needed to join several machines",
+            "give HOST:PORT of node 0, the same on every machine",
+        )
+    if options.rdzv_endpoint and not _endpoint_ok(options.rdzv_endpoint):
+        raise ConfigError.at(
+            "command line", f"--rdzv-endpoint {options.rdzv_endpoint}", "is not HOST:PORT"
+        )
+
+
+def _endpoint_ok(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+def launch(
+    options: LaunchOptions,
+    entry: Callable[..., Any],
+    arguments: Sequence[Any],
+    run_id: str,
+) -> dict[int, Any]:
+    """Run `entry(*arguments)` in `options.nproc` workers of this node through the elastic
+    launcher; their return values by global rank (this node's). `entry` must be importable
+    (the workers are spawned)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    endpoint = options.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    if options.node_rank == 0:
+        _check_port_free(endpoint)
+    # The agent logs every worker's exit with a traceback; what failed is said by the caller
+    # (a user error in a worker's own words, an internal one through WorkerFailed).
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    config = LaunchConfig(
+        min_nodes=options.nnodes,
+        max_nodes=options.nnodes,
+        nproc_per_node=options.nproc,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=endpoint,
+        rdzv_configs={
+            "is_host": options.node_rank == 0,
+            "join_timeout": options.rdzv_timeout,
+            "read_timeout": options.rdzv_timeout,
+            "rank": options.node_rank,
+        },
+        max_restarts=options.max_restarts,
+        start_method="spawn",
+        monitor_interval=0.5,
+    )
+    try:
+        return dict(elastic_launch(config, entry)(*arguments))
+    except ChildFailedError as error:
+        raise WorkerFailed(error) from error
+    except Exception as error:  # the rendezvous could not form (a port in use, a timeout)
+        raise LaunchFailed.at(
+            "command line",
+            f"rendezvous at {endpoint}",
+            f"could not start the workers: {str(error).splitlines()[0]}",
+            "check that the port is free and every node can reach node 0",
+        ) from error
+
+
+def _check_port_free(endpoint: str) -> None:
+    """Node 0 hosts the rendezvous: a port something else listens on would make it wait on a
+    stranger until the rendezvous times out, so it is refused at once."""
+    host, _, port = endpoint.rpartition(":")
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, int(port)))
+        except OSError as error:
+            raise LaunchFailed.at(
+                "command line",
+                f"--rdzv-endpoint {endpoint}",
+                f"cannot host the rendezvous there: {error.strerror or error}",
+                "choose a free port (another run or program uses this one)",
+            ) from None
+
+
+class LaunchFailed(LoomError):
+    headline = "launch failed"
+
+
+class WorkerFailed(Exception):
+    """A worker died after the allowed restarts (an internal error in a worker: exit 1)."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(str(error))

@@ -1,0 +1,275 @@
+"""Several processes training one run (CPU, gloo, real `loom train` processes through the
+elastic launcher): the same result as one process with the same global batch, one run folder,
+resume across world sizes, an elastic restart after a worker dies, two "nodes" on this
+machine, and clear errors for what cannot start."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from e2e_helpers import LOOM, only_run, summary
+
+from torchloom.config import dump_config
+from torchloom.data.samplers import RankShard, build_sampler
+from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.distributed import free_port
+from torchloom.engine.run_folder import RunLock
+
+TESTS = Path(__file__).resolve().parents[1]
+ENV = {
+    **os.environ,
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p),
+}
+
+
+def toy_config(folder: Path, epochs: int = 2, size: int = 44, **extra: Any) -> Path:
+    """44 samples in global batches of 8: the last batch has 4, cut 2 + 2. No dropout, so one
+    process and two compute the same steps."""
+    config: dict[str, Any] = {
+        "name": "toy",
+        "training": {
+            "task": {"type": "toy_components:ToyTask", "size": size},
+            "dataloader": {"batch_size": 8},
+            "optimizer": {"type": "SGD", "lr": 0.1},
+            "seed": 3,
+            "logging_interval": 2,
+            "terminal_conditions": {"epoch_limit": epochs},
+        },
+        "validation": {"task": {"type": "toy_components:ToyTask", "size": 21}},
+        "test": {"task": {"type": "toy_components:ToyTask", "size": 16}},
+        "pipeline": {
+            "model": {
+                "type": "toy_components:ToyLinear",
+                "dropout": 0.0,
+                "globals": {"prediction_size": "num_classes"},
+            },
+            "loss": {"type": "toy_components:ToyLoss"},
+            "accuracy": {"type": "AccuracyStatistics"},
+            **extra,
+        },
+    }
+    path = folder / "toy.yml"
+    path.write_text(dump_config(config), encoding="utf-8")
+    return path
+
+
+def loom(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*LOOM, *args], capture_output=True, text=True, env=ENV, timeout=timeout, check=False
+    )
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return dict(load_checkpoint(run / "checkpoints" / "last.pt")["components"]["model"])
+
+
+def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    for key, tensor in a.items():
+        assert torch.allclose(tensor, b[key], atol=1e-5), f"{key} differs"
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("one")
+    done = loom("train", str(toy_config(folder)), "--expdir", str(folder / "runs"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    return only_run(folder / "runs")
+
+
+def test_rank_shards_together_are_the_global_batches() -> None:
+    sampler = build_sampler(None, 21, seed=5, shuffle=True)
+    sampler.set_epoch(2)
+    order = list(sampler)
+    shards = [RankShard(sampler, 8, rank, 2, drop_last=False) for rank in range(2)]
+    parts = [list(shard) for shard in shards]
+    assert [len(shard) for shard in shards] == [len(part) for part in parts] == [11, 10]
+    # global batch k is rank 0's k-th share followed by rank 1's
+    assert parts[0][:4] + parts[1][:4] == order[:8]
+    assert parts[0][8:] + parts[1][8:] == order[16:]  # the last batch of 5: 3 + 2
+    assert sorted(parts[0] + parts[1]) == list(range(21))
+
+
+def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) -> None:
+    done = loom(
+        "train",
+        str(toy_config(tmp_path)),
+        "--expdir",
+        str(tmp_path / "runs"),
+        "--quiet",
+        "--nproc",
+        "2",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "status: epoch_limit" in done.stdout and "Traceback" not in done.stderr
+    run = only_run(tmp_path / "runs")  # one run folder, written by rank 0
+    assert_close(weights(one_process), weights(run))
+    two, one = summary(run)["final"], summary(one_process)["final"]
+    for section in ("validation", "test"):
+        assert two[section]["samples"] == one[section]["samples"]  # every sample once
+        assert two[section]["accuracy"] == one[section]["accuracy"]
+        assert two[section]["loss"] == pytest.approx(one[section]["loss"], abs=1e-6)
+    assert two["training"]["accuracy"] == one["training"]["accuracy"]
+    assert "2 processes train" in (run / "run.log").read_text()
+
+
+def test_a_run_continues_with_another_number_of_processes(
+    tmp_path: Path, one_process: Path
+) -> None:
+    config = str(toy_config(tmp_path))
+    expdir = str(tmp_path / "runs")
+    first = loom(
+        "train",
+        config,
+        "--expdir",
+        expdir,
+        "--quiet",
+        "--nproc",
+        "2",
+        "training.terminal_conditions.epoch_limit=1",
+    )
+    assert first.returncode == 0, first.stderr
+    run = only_run(tmp_path / "runs")
+    second = loom(
+        "train", "--resume", str(run), "--quiet", "training.terminal_conditions.epoch_limit=2"
+    )
+    assert second.returncode == 0, second.stderr
+    assert summary(run)["episodes"] == 12
+    assert_close(weights(one_process), weights(run))
+
+
+def test_an_elastic_restart_after_a_worker_dies_resumes_from_last_pt(
+    tmp_path: Path, one_process: Path
+) -> None:
+    killer = {"death": {"type": "trust_components:DiesOnce", "at": 8, "rank": 1}}
+    config = toy_config(tmp_path, **killer)
+    text = config.read_text().replace(
+        "  logging_interval: 2\n", "  logging_interval: 2\n  checkpoint_interval: 1\n"
+    )
+    config.write_text(text)
+    done = loom(
+        "train",
+        str(config),
+        "--expdir",
+        str(tmp_path / "runs"),
+        "--quiet",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "1",
+    )
+    assert done.returncode == 0, done.stderr
+    run = only_run(tmp_path / "runs")
+    assert summary(run)["status"] == "epoch_limit" and summary(run)["episodes"] == 12
+    assert "resumed from episode 7" in (run / "run.log").read_text()
+    assert_close(weights(one_process), weights(run))
+
+
+def test_two_nodes_on_one_machine_write_one_run_folder(tmp_path: Path) -> None:
+    config, expdir = str(toy_config(tmp_path, epochs=1)), str(tmp_path / "runs")
+    endpoint = f"127.0.0.1:{free_port()}"
+    nodes = [
+        subprocess.Popen(
+            [
+                *LOOM,
+                "train",
+                config,
+                "--expdir",
+                expdir,
+                "--quiet",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--rdzv-endpoint",
+                endpoint,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
+        )
+        for rank in range(2)
+    ]
+    outputs = [node.communicate(timeout=240) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [err for _, err in outputs]
+    assert any("status: epoch_limit" in out for out, _ in outputs)
+    run = only_run(tmp_path / "runs")
+    assert summary(run)["status"] == "epoch_limit"
+
+
+def spawned_workers() -> set[int]:
+    """PIDs of live processes that multiprocessing's spawn started (launched workers)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and b"spawn_main" in (entry / "cmdline").read_bytes():
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_what_cannot_start_is_a_clear_error(tmp_path: Path, one_process: Path) -> None:
+    before = spawned_workers()
+    config = str(toy_config(tmp_path))
+    many = loom("train", config, "--nproc", str((os.cpu_count() or 1) + 1), "--quiet")
+    assert many.returncode == 2 and "more than the" in many.stderr
+    uneven = loom(
+        "train",
+        config,
+        "--expdir",
+        str(tmp_path / "runs"),
+        "--quiet",
+        "--nproc",
+        "2",
+        "training.dataloader.batch_size=9",
+    )
+    assert uneven.returncode == 2, uneven.stderr
+    assert "batch_size" in uneven.stderr and "does not divide among 2" in uneven.stderr
+    assert "Traceback" not in uneven.stderr
+    assert not (tmp_path / "runs").exists()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        busy = loom(
+            "train",
+            config,
+            "--quiet",
+            "--nnodes",
+            "1",
+            "--nproc",
+            "2",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            timeout=200,
+        )
+    assert busy.returncode == 2, (busy.returncode, busy.stderr[-2000:])
+    assert "Traceback" not in busy.stderr and f"127.0.0.1:{port}" in busy.stderr
+    assert time.monotonic() - started < 60
+    held = RunLock(one_process).acquire()
+    try:
+        taken_run = loom(
+            "train",
+            "--resume",
+            str(one_process),
+            "--quiet",
+            "--nproc",
+            "2",
+            "training.terminal_conditions.epoch_limit=3",
+        )
+    finally:
+        held.release()
+    assert taken_run.returncode == 2, taken_run.stderr[-2000:]
+    assert f"is in use by process {os.getpid()}" in taken_run.stderr
+    assert "Traceback" not in taken_run.stderr
+    assert spawned_workers() - before == set(), "a worker outlived its command"
