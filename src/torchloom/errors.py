@@ -8,9 +8,9 @@ This module imports nothing heavy so that config, core and the CLI can all depen
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar, get_args
 
 # Says where a config key was set, for a message: where("training", "seed") -> 'cfg.yml:12'
 # (list positions as ints); what a loaded config's `where` and every builder take.
@@ -56,6 +56,76 @@ class Problem:
         if self.suggestion:
             text += f" ({self.suggestion})"
         return text
+
+
+def shown_briefly(value: Any, limit: int = 60) -> str:
+    """A value as a message shows it: its repr, cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fields_of(model: Any) -> dict[str, Any]:
+    """The fields of the pydantic model in an annotation (`X | None`, `list[X]`), or {}."""
+    fields = getattr(model, "model_fields", None)
+    if isinstance(fields, dict):
+        return fields
+    for argument in get_args(model):
+        found = _fields_of(argument)
+        if found:
+            return found
+    return {}
+
+
+def validation_problems(
+    error: Any,
+    where: Where,
+    path: tuple[Any, ...] = (),
+    model: Any = None,
+    *,
+    also_known: Collection[str] = (),
+    component: str = "",
+    owner: str = "",
+    unions: Collection[str] = (),
+) -> list[Problem]:
+    """Every field error of a pydantic `ValidationError` as a Problem, all at once: the line of
+    the key, what is wrong with what was received, and for an unknown key the closest known
+    one. The one translator of validation errors (config sections, component parameters,
+    analysis settings, Trainer settings); pydantic itself is not imported here.
+
+    path:       the key path of the validated mapping (("training",), a component's path).
+    model:      the validated model class, whose fields (and nested models' fields) name the
+                keys an unknown key is compared with; `also_known` adds more (reserved keys).
+    component:  the problems' subject when the keys are a component's parameters
+                ("component 'net' (LeNet5)"), with `owner` the class named in the message;
+                by default each key is its own subject.
+    unions:     keys holding a tagged union, whose tag pydantic puts in the error's location.
+    """
+    problems = []
+    for item in error.errors():
+        raw = [str(part) for part in item["loc"]]
+        loc = tuple(p for i, p in enumerate(raw) if not (i and raw[i - 1] in unions))
+        name = ".".join(loc)
+        subject = component or f"key '{'.'.join((*map(str, path), *loc))}'"
+        said = f"parameter '{name}' " if component else ""
+        if item["type"] == "extra_forbidden":
+            fields = _fields_of(model)
+            for part in loc[:-1]:
+                field = fields.get(part)
+                fields = _fields_of(field.annotation) if field is not None else {}
+            known = [*fields, *(also_known if len(loc) == 1 else ())]
+            noun = "parameter" if component else "key"
+            hint = did_you_mean(loc[-1], known) or (
+                f"known {noun}s: {', '.join(known)}" if known else ""
+            )
+            message = f"unknown parameter '{name}' of {owner}" if component else "unknown key"
+            problems.append(Problem(where(*path, *loc), subject, message, hint))
+        elif item["type"] == "missing":
+            problems.append(Problem(where(*path, *loc[:-1]), subject, f"{said}is required"))
+        else:
+            got = shown_briefly(item.get("input"))
+            text = f"{said.rstrip()}: {item['msg']}" if said else item["msg"]
+            problems.append(Problem(where(*path, *loc), subject, f"{text} (got {got})"))
+    return problems
 
 
 _E = TypeVar("_E", bound="LoomError")

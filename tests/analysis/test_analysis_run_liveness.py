@@ -97,3 +97,43 @@ def test_a_running_summary_without_a_lock_holder_is_dead(
     summary(expdir / "old" / "20240101_090000", status="running")
     cell = status_cell(expdir, "old", capsys)
     assert cell.startswith("dead (no lock file"), cell
+
+
+def test_the_lock_records_pid_host_and_start_and_its_heartbeat_is_refreshed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a reader on another host has to go by: the record, and the lock file's mtime,
+    which the holder's heartbeat thread keeps fresh while the run lives."""
+    import os
+    import socket
+    import time
+
+    from torchloom.engine import run_folder
+
+    monkeypatch.setattr(run_folder, "HEARTBEAT_SECONDS", 0.05)
+    lock = run_folder.RunLock(tmp_path).acquire()
+    try:
+        record = run_folder.read_lock_record(tmp_path / ".lock")
+        assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
+        assert abs(record["started"] - time.time()) < 60
+        os.utime(tmp_path / ".lock", (0, 0))  # as if the last beat were long ago
+        deadline = time.time() + 10
+        while (tmp_path / ".lock").stat().st_mtime == 0 and time.time() < deadline:
+            time.sleep(0.02)
+        assert (tmp_path / ".lock").stat().st_mtime > time.time() - 10, "no heartbeat"
+        assert run_folder.run_liveness(tmp_path).alive
+    finally:
+        lock.release()
+    assert not run_folder.run_liveness(tmp_path).alive
+
+
+def test_a_run_of_another_host_is_dead_once_its_heartbeat_is_stale(tmp_path: Path) -> None:
+    from torchloom.engine import run_folder
+
+    lock_file = tmp_path / ".lock"
+    lock_file.write_text(json.dumps({"pid": 4242, "host": "elsewhere", "started": 0}))
+    beat = lock_file.stat().st_mtime
+    fresh = run_folder.run_liveness(tmp_path, now=beat + 5)
+    assert fresh.alive and fresh.host == "elsewhere" and fresh.pid == 4242
+    stale = run_folder.run_liveness(tmp_path, now=beat + run_folder.STALE_AFTER_SECONDS + 1)
+    assert not stale.alive and "heartbeat from elsewhere" in stale.reason

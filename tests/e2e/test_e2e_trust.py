@@ -119,6 +119,27 @@ def test_killed_during_validation_after_saving_the_last_partial_batch(
         assert (run / name).read_text() == (reference / name).read_text(), name
 
 
+def test_sigterm_during_validation_stops_like_ctrl_c_and_resumes_bit_identically(
+    tmp_path: Path, reference: Path
+) -> None:
+    """SIGTERM (what a scheduler or `kill` sends) is Ctrl-C at every phase: here in the
+    validation after epoch 1, as the final test pass below."""
+    expdir = tmp_path / "runs"
+    config = toy_config(tmp_path, checkpoint_interval=3)
+    process = start("train", str(config), "--expdir", str(expdir), "--quiet")
+    run = wait_for_log(process, expdir, "epoch 1 (episode 3) training")
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    stopped = summary(run)
+    assert stopped["status"] == "interrupted" and stopped["episodes"] < 6
+    resumed = loom("train", "--resume", str(run), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    assert summary(run)["status"] == "epoch_limit" and summary(run)["episodes"] == 6
+    assert_bit_identical(weights(reference), weights(run))
+
+
 def test_sigterm_during_the_final_test_pass_is_an_interruption(tmp_path: Path) -> None:
     expdir = tmp_path / "runs"
     process = start("train", str(toy_config(tmp_path)), "--expdir", str(expdir), "--quiet")

@@ -18,7 +18,7 @@ from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig
 from torchloom.analysis.skipped import say_skipped
 from torchloom.core.pipeline import Pipeline
 from torchloom.engine.state import Hook
-from torchloom.errors import ConfigError, Problem, Where, did_you_mean
+from torchloom.errors import ConfigError, Problem, Where, did_you_mean, validation_problems
 
 if TYPE_CHECKING:
     from torchloom.engine.state import RunView
@@ -58,17 +58,7 @@ def parse_analysis(data: Mapping[str, Any], where: Where) -> AnalysisConfig:
     try:
         return AnalysisConfig.model_validate(_section(data))
     except ValidationError as error:
-        problems = []
-        for item in error.errors():
-            loc = tuple(str(p) for p in item["loc"])
-            key = ".".join(("analysis", *loc))
-            if item["type"] == "extra_forbidden":
-                hint = did_you_mean(loc[-1], AnalysisConfig.model_fields) if len(loc) == 1 else ""
-                problems.append(
-                    Problem(where("analysis", *loc), f"key '{key}'", "unknown key", hint)
-                )
-            else:
-                problems.append(Problem(where("analysis", *loc), f"key '{key}'", item["msg"]))
+        problems = validation_problems(error, where, ("analysis",), AnalysisConfig)
         raise ConfigError(problems) from error
 
 

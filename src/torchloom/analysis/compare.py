@@ -29,7 +29,7 @@ from torchloom.analysis.run_reading import (
 )
 from torchloom.config.dumping import flatten_config
 from torchloom.data.atomic_files import write_text_atomic
-from torchloom.errors import ConfigError, Problem
+from torchloom.errors import ConfigError
 
 # Final statistics that are settings or counts, not results: shown, never highlighted.
 NOT_RANKED = ("samples", "lr", "batch_size")
@@ -159,16 +159,16 @@ def write_comparison(
     target = Path(output).expanduser()
     subject = f"output '{output}'"
     if target.is_dir():
-        raise ConfigError([Problem("", subject, "is a folder", "name an .html file")])
+        raise ConfigError.at("", subject, "is a folder", "name an .html file")
     if target.exists() and not force:
-        raise ConfigError([Problem("", subject, "exists already", "pass --force to overwrite it")])
+        raise ConfigError.at("", subject, "exists already", "pass --force to overwrite it")
     if not target.parent.is_dir():
-        raise ConfigError([Problem("", subject, f"folder '{target.parent}' does not exist")])
+        raise ConfigError.at("", subject, f"folder '{target.parent}' does not exist")
     if len(run_dirs) < 2:
-        raise ConfigError([Problem("", "loom compare", "needs at least two run folders")])
+        raise ConfigError.at("", "loom compare", "needs at least two run folders")
     runs = [read_run(path) for path in run_dirs]
     try:
         write_text_atomic(target, comparison_html(runs))
     except OSError as error:
-        raise ConfigError([Problem("", subject, f"cannot be written: {error}")]) from error
+        raise ConfigError.at("", subject, f"cannot be written: {error}") from error
     return target

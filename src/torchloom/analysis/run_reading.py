@@ -191,8 +191,8 @@ def find_runs(expdir: str | Path) -> list[Path]:
     folder = Path(expdir).expanduser()
     if not folder.is_dir():
         what = "does not exist" if not folder.exists() else "is not a folder"
-        raise ConfigError(
-            [Problem("", f"experiments folder '{expdir}'", what, "pass the --expdir of loom train")]
+        raise ConfigError.at(
+            "", f"experiments folder '{expdir}'", what, "pass the --expdir of loom train"
         )
     return sorted(p.parent for p in folder.glob("*/*/summary.json") if p.is_file())
 

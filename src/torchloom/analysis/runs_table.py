@@ -20,7 +20,7 @@ from torchloom.analysis.run_reading import (
     lower_is_better,
     read_run_or_unreadable,
 )
-from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.errors import ConfigError, did_you_mean
 
 HEADERS = ["pipeline", "date", "status", "epochs", "best monitored", "test accuracy"]
 
@@ -54,16 +54,12 @@ def sort_runs(rows: list[RunRow], statistic: str, descending: bool | None = None
         known = {
             key for row in rows for key in (*row.run.final(), *(row.run.summary.get("best") or {}))
         }
-        raise ConfigError(
-            [
-                Problem(
-                    "",
-                    f"--sort '{statistic}'",
-                    "no run has this statistic",
-                    did_you_mean(statistic, known)
-                    or "use a section.statistic name such as " + ", ".join(sorted(known)[:4]),
-                )
-            ]
+        raise ConfigError.at(
+            "",
+            f"--sort '{statistic}'",
+            "no run has this statistic",
+            did_you_mean(statistic, known)
+            or "use a section.statistic name such as " + ", ".join(sorted(known)[:4]),
         )
     if descending is None:
         descending = not lower_is_better(statistic)

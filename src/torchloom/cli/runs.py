@@ -6,12 +6,12 @@ import argparse
 
 from torchloom.analysis.runs_table import list_runs, sort_runs, table_cells
 from torchloom.cli.table import format_table
-from torchloom.errors import ConfigError, Problem
+from torchloom.errors import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
-        raise ConfigError([Problem("", "--limit", f"must be at least 1, not {args.limit}")])
+        raise ConfigError.at("", "--limit", f"must be at least 1, not {args.limit}")
     rows = list_runs(args.expdir)
     if not rows:
         print(f"no runs under {args.expdir} (a run is <expdir>/<pipeline>/<date>/summary.json)")

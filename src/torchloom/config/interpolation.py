@@ -43,7 +43,7 @@ def resolve_config(config: DictConfig, where: Where) -> dict[str, Any]:
     try:
         resolved = OmegaConf.to_container(config, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as exc:  # a failure the per-key pass could not see
-        raise ConfigError([Problem("", "interpolation", first_line(exc))]) from exc
+        raise ConfigError.at("", "interpolation", first_line(exc)) from exc
     return cast(dict[str, Any], resolved)
 
 

@@ -112,15 +112,11 @@ class _Estimator:
             try:
                 return self._visit(tree, path)
             except _Unbounded as exc:
-                raise ConfigError(
-                    [
-                        Problem(
-                            self.where(*path),
-                            f"key '{dotted(path)}'",
-                            f"cannot bound '{value}' before resolving it: {exc}",
-                            "name the key directly, or through a key set to a plain value",
-                        )
-                    ]
+                raise ConfigError.at(
+                    self.where(*path),
+                    f"key '{dotted(path)}'",
+                    f"cannot bound '{value}' before resolving it: {exc}",
+                    "name the key directly, or through a key set to a plain value",
                 ) from None
         return _text(len(str(value)))
 

@@ -128,7 +128,7 @@ def _locate_top_file(path: str | os.PathLike[str]) -> Path:
     top_file = _resolve_location(os.fspath(path), Path.cwd())
     if not top_file.is_file():
         message, suggestion = _missing_file_hint(top_file)
-        raise ConfigError([Problem(display_path(top_file), "config file", message, suggestion)])
+        raise ConfigError.at(display_path(top_file), "config file", message, suggestion)
     return top_file
 
 
@@ -183,7 +183,7 @@ class _IncludeReader:
         try:
             own = OmegaConf.create(own_content)
         except OmegaConfBaseException as exc:  # whatever the check above did not foresee
-            raise ConfigError([Problem(display_path(file), "config", first_line(exc))]) from exc
+            raise ConfigError.at(display_path(file), "config", first_line(exc)) from exc
         _merge(merged, origins, own, self._origins(file, parsed))
         if file not in self.files:
             self.files.append(file)
@@ -268,9 +268,7 @@ def _read_text(file: Path) -> str:
             raise ConfigError([limit_problem(display_path(file), "max_file_bytes", found)])
         return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(
-            [Problem(display_path(file), "config file", f"cannot read it: {exc}")]
-        ) from exc
+        raise ConfigError.at(display_path(file), "config file", f"cannot read it: {exc}") from exc
 
 
 def _merge(

@@ -12,7 +12,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from torchloom.config.sampler_schema import SamplerConfig
-from torchloom.errors import ConfigError, Problem, Where, did_you_mean
+from torchloom.errors import ConfigError, Problem, Where, did_you_mean, validation_problems
 from torchloom.run_names import run_name_problem, shown
 
 
@@ -160,62 +160,6 @@ def schema_fields(path: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(name for model in models for name in model.model_fields))
 
 
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The pydantic model inside an annotation such as `EarlyStoppingConfig | None`."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for argument in get_args(annotation):
-        found = _model_in(argument)
-        if found is not None:
-            return found
-    return None
-
-
-def _problems_of(
-    error: ValidationError, section: str, where: Where, model: type[BaseModel]
-) -> list[Problem]:
-    problems = []
-    for item in error.errors():
-        # A discriminated union (sampler) puts its tag in the path: sampler.subset.fraction.
-        loc = tuple(
-            str(p)
-            for i, p in enumerate(item["loc"])
-            if not (i == 1 and item["loc"][0] == "sampler")
-        )
-        path = ".".join((section, *loc))
-        if item["type"] == "extra_forbidden":
-            parent: type[BaseModel] | None = model
-            for part in loc[:-1]:
-                field = parent.model_fields.get(part) if parent is not None else None
-                parent = _model_in(field.annotation) if field is not None else None
-            known = list(parent.model_fields) if parent is not None else []
-            problems.append(
-                Problem(
-                    where(section, *loc),
-                    f"key '{path}'",
-                    "unknown key",
-                    did_you_mean(loc[-1], known)
-                    or (f"known keys: {', '.join(known)}" if known else ""),
-                )
-            )
-        elif item["type"] == "missing":
-            problems.append(Problem(where(section), f"key '{path}'", "is required"))
-        else:
-            problems.append(
-                Problem(
-                    where(section, *loc),
-                    f"key '{path}'",
-                    f"{item['msg']} (got {_short(item.get('input'))})",
-                )
-            )
-    return problems
-
-
 def validate_sections(data: Mapping[str, Any], where: Where) -> dict[str, BaseModel]:
     """Check the top-level keys and every section; return the typed sections by name."""
     problems: list[Problem] = []
@@ -240,7 +184,7 @@ def validate_sections(data: Mapping[str, Any], where: Where) -> dict[str, BaseMo
         try:
             sections[key] = model.model_validate(dict(value))
         except ValidationError as error:
-            problems += _problems_of(error, key, where, model)
+            problems += validation_problems(error, where, (key,), model, unions={"sampler"})
     name = data.get("name")
     if name is not None and not (isinstance(name, str) and name.strip()):
         problems.append(Problem(where("name"), "key 'name'", "must be a non-empty string"))

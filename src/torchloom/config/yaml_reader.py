@@ -234,7 +234,7 @@ def parse_config_text(text: str, source: str) -> ParsedYaml:
     except yaml.MarkedYAMLError as exc:
         raise ConfigError([syntax_problem(exc, source)]) from exc
     except yaml.YAMLError as exc:
-        raise ConfigError([Problem(source, "YAML", f"cannot read the file: {exc}")]) from exc
+        raise ConfigError.at(source, "YAML", f"cannot read the file: {exc}") from exc
     finally:
         loader.dispose()
     if loader.problems:
@@ -242,15 +242,11 @@ def parse_config_text(text: str, source: str) -> ParsedYaml:
     if data is None:
         return ParsedYaml({}, size=loader.size)
     if not isinstance(data, dict):
-        raise ConfigError(
-            [
-                Problem(
-                    f"{source}:{root.start_mark.line + 1 if root is not None else 1}",
-                    "top level",
-                    f"a config must be a mapping of keys to values, got {describe_type(data)}",
-                    "write 'key: value' lines at the top level",
-                )
-            ]
+        raise ConfigError.at(
+            f"{source}:{root.start_mark.line + 1 if root is not None else 1}",
+            "top level",
+            f"a config must be a mapping of keys to values, got {describe_type(data)}",
+            "write 'key: value' lines at the top level",
         )
     return ParsedYaml(data, lines, loader.size)
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from torchloom.core.component import Component, ComponentParams, Task
 from torchloom.core.registry import resolve
-from torchloom.errors import LoomError, Problem, Where, did_you_mean
+from torchloom.errors import LoomError, Problem, Where, did_you_mean, validation_problems
 
 RESERVED_KEYS = ("type", "streams", "globals", "dims", "priority", "freeze", "load")
 
@@ -110,32 +110,6 @@ def _parse_load(value: Any, where: str, subject: str) -> tuple[LoadSpec | None, 
     ]
 
 
-def params_problems(
-    error: ValidationError,
-    cls: type[Component],
-    key_path: tuple[str, ...],
-    where: Where,
-    subject: str,
-) -> list[Problem]:
-    """One Problem per pydantic error, naming the parameter, its line, and a suggestion."""
-    known = list(cls.Params.model_fields) + list(RESERVED_KEYS)
-    problems = []
-    for item in error.errors():
-        loc = tuple(str(part) for part in item["loc"])
-        param = ".".join(loc)
-        if item["type"] == "extra_forbidden":
-            hint = did_you_mean(loc[-1], known if len(loc) == 1 else [])
-            message = f"unknown parameter '{param}' of {cls.__name__}"
-            if not hint:
-                hint = f"known parameters: {', '.join(cls.Params.model_fields) or 'none'}"
-            problems.append(Problem(where(*key_path, *loc[:1]), subject, message, hint))
-        else:
-            received = item.get("input")
-            message = f"parameter '{param}': {item['msg']} (got {received!r})"
-            problems.append(Problem(where(*key_path, *loc), subject, message))
-    return problems
-
-
 def parse_entry(
     name: str,
     raw: Any,
@@ -224,7 +198,16 @@ def parse_entry(
     try:
         params = cls.Params(**param_values)
     except ValidationError as error:
-        return None, problems + params_problems(error, cls, key_path, where, subject)
+        found = validation_problems(
+            error,
+            where,
+            key_path,
+            cls.Params,
+            also_known=RESERVED_KEYS,
+            component=subject,
+            owner=cls.__name__,
+        )
+        return None, problems + found
     entry = ComponentEntry(
         name,
         key_path,

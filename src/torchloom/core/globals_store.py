@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from torchloom.errors import ComponentError, Problem, did_you_mean
+from torchloom.errors import ComponentError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -46,31 +46,23 @@ class GlobalsStore:
     def publish(self, name: str, value: Any, publisher: str, where: str = "") -> None:
         known = self._values.get(name)
         if known is not None and not _same(known.value, value):
-            raise ComponentError(
-                [
-                    Problem(
-                        where,
-                        f"global '{name}'",
-                        f"published as {_short(value)} by {publisher}, but already as "
-                        f"{_short(known.value)} by {known.publisher}; globals are write-once",
-                        "rename one of them with a `globals:` mapping in its config",
-                    )
-                ]
+            raise ComponentError.at(
+                where,
+                f"global '{name}'",
+                f"published as {_short(value)} by {publisher}, but already as "
+                f"{_short(known.value)} by {known.publisher}; globals are write-once",
+                "rename one of them with a `globals:` mapping in its config",
             )
         if known is None:
             self._values[name] = GlobalValue(value, publisher)
 
     def get(self, name: str, requester: str, where: str = "") -> Any:
         if name not in self._values:
-            raise ComponentError(
-                [
-                    Problem(
-                        where,
-                        f"global '{name}'",
-                        f"needed by {requester} but not published by any component",
-                        did_you_mean(name, self._values),
-                    )
-                ]
+            raise ComponentError.at(
+                where,
+                f"global '{name}'",
+                f"needed by {requester} but not published by any component",
+                did_you_mean(name, self._values),
             )
         return self._values[name].value
 

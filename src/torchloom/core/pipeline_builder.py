@@ -214,14 +214,10 @@ def _build_one(
     # Publishing is part of the contract: a component that declares a global must publish it.
     for actual, default in entry.published().items():
         if actual not in store:
-            raise ComponentError(
-                [
-                    Problem(
-                        where(*entry.key_path),
-                        entry.label,
-                        f"declares global '{default}' but did not publish it",
-                    )
-                ]
+            raise ComponentError.at(
+                where(*entry.key_path),
+                entry.label,
+                f"declares global '{default}' but did not publish it",
             )
     return component
 

@@ -23,7 +23,7 @@ from torchloom.errors import Problem, WeightsError
 
 def read_weights_file(path: Path, where: str, subject: str) -> Mapping[str, Any]:
     if not path.is_file():
-        raise WeightsError([Problem(where, subject, f"weights file '{path}' does not exist")])
+        raise WeightsError.at(where, subject, f"weights file '{path}' does not exist")
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
@@ -31,20 +31,16 @@ def read_weights_file(path: Path, where: str, subject: str) -> Mapping[str, Any]
             return load_file(str(path))
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # unreadable, or pickled code: never load it unsafely
-        raise WeightsError(
-            [
-                Problem(
-                    where,
-                    subject,
-                    f"cannot read weights file '{path}': it is not a state dict of tensors "
-                    "(torchloom never unpickles code, so `weights_only=False` is no option)",
-                    "save weights with torch.save(model.state_dict(), path) or safetensors",
-                )
-            ]
+        raise WeightsError.at(
+            where,
+            subject,
+            f"cannot read weights file '{path}': it is not a state dict of tensors "
+            "(torchloom never unpickles code, so `weights_only=False` is no option)",
+            "save weights with torch.save(model.state_dict(), path) or safetensors",
         ) from error
     if not isinstance(loaded, Mapping):
-        raise WeightsError(
-            [Problem(where, subject, f"'{path}' holds a {type(loaded).__name__}, not a state dict")]
+        raise WeightsError.at(
+            where, subject, f"'{path}' holds a {type(loaded).__name__}, not a state dict"
         )
     return loaded
 
@@ -66,15 +62,8 @@ def _select(data: Mapping[str, Any], key: str, where: str, subject: str) -> Mapp
     if flat:
         return flat
     tops = ", ".join(sorted(str(k) for k in data)[:8])
-    raise WeightsError(
-        [
-            Problem(
-                where,
-                subject,
-                f"key '{key}' not found in the weights file",
-                f"its top-level keys: {tops}",
-            )
-        ]
+    raise WeightsError.at(
+        where, subject, f"key '{key}' not found in the weights file", f"its top-level keys: {tops}"
     )
 
 
@@ -210,18 +199,14 @@ def match_pipeline_weights(
     )
     labels = {name: components[name].label for name in expected}
     if match.count == 0 and not any(match.mismatched.values()):
-        raise WeightsError(
-            [
-                Problem(
-                    where,
-                    source_name,
-                    "holds none of this pipeline's weights (components with weights: "
-                    f"{', '.join(expected) or 'none'}; the checkpoint's components: "
-                    f"{', '.join(str(k) for k in source) or 'none'})",
-                    "is it a checkpoint of this pipeline? `load:` with `key` and `prefix_map` "
-                    "transplants parts of another one",
-                )
-            ]
+        raise WeightsError.at(
+            where,
+            source_name,
+            "holds none of this pipeline's weights (components with weights: "
+            f"{', '.join(expected) or 'none'}; the checkpoint's components: "
+            f"{', '.join(str(k) for k in source) or 'none'})",
+            "is it a checkpoint of this pipeline? `load:` with `key` and `prefix_map` "
+            "transplants parts of another one",
         )
     problems = match.shape_problems(labels, where, source_name)
     if strict:

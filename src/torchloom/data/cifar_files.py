@@ -136,14 +136,12 @@ def _extract(archive: Path, data_folder: Path, release: CifarRelease) -> None:
                             out.write(chunk)
                 written.add(member.name)
     except (OSError, EOFError, tarfile.TarError) as error:
-        raise DataError(
-            [Problem(str(archive), f"{release.name} archive", f"cannot be extracted: {error}")]
+        raise DataError.at(
+            str(archive), f"{release.name} archive", f"cannot be extracted: {error}"
         ) from error
     if written != wanted:
         lacking = ", ".join(sorted(wanted - written))
-        raise DataError(
-            [Problem(str(archive), f"{release.name} archive", f"does not contain {lacking}")]
-        )
+        raise DataError.at(str(archive), f"{release.name} archive", f"does not contain {lacking}")
 
 
 # What the batches may reference: numpy arrays and dtypes (and codecs.encode, which turns a

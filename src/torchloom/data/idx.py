@@ -48,7 +48,7 @@ def _read_bytes(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
     except OSError as error:
-        raise DataError([Problem(str(path), "IDX file", f"cannot be read: {error}")]) from error
+        raise DataError.at(str(path), "IDX file", f"cannot be read: {error}") from error
     if not raw.startswith(_GZIP_MAGIC):
         return raw
     try:

@@ -30,7 +30,7 @@ from torchloom.config.sampler_schema import (
     SubsetSamplerConfig,
     WeightedSamplerConfig,
 )
-from torchloom.errors import DataError, Problem
+from torchloom.errors import DataError
 
 # Seeds are folded into torch's accepted range; 1_000_003 is prime, so distinct small
 # (seed, epoch) pairs never collide.
@@ -217,7 +217,7 @@ def build_sampler(
     Raises DataError (located at `where`) when the config does not fit the dataset.
     """
     if dataset_size <= 0:
-        raise DataError([Problem(where, "sampler", f"the dataset is empty (size {dataset_size})")])
+        raise DataError.at(where, "sampler", f"the dataset is empty (size {dataset_size})")
     if config is None:
         config = RandomSamplerConfig() if shuffle else SequentialSamplerConfig()
     if isinstance(config, RandomSamplerConfig):
@@ -246,15 +246,11 @@ def _subset_indices(config: SubsetSamplerConfig, size: int, where: str) -> torch
     if config.indices is not None:
         bad = next((i for i in config.indices if not 0 <= i < size), None)
         if bad is not None:
-            raise DataError(
-                [
-                    Problem(
-                        where,
-                        "sampler.indices",
-                        f"index {bad} is out of range for a dataset of size {size}",
-                        f"indices must lie in 0..{size - 1}",
-                    )
-                ]
+            raise DataError.at(
+                where,
+                "sampler.indices",
+                f"index {bad} is out of range for a dataset of size {size}",
+                f"indices must lie in 0..{size - 1}",
             )
         chosen = torch.tensor(config.indices, dtype=torch.int64)
         what = f"the {len(config.indices)} listed indices"
@@ -270,30 +266,22 @@ def _subset_indices(config: SubsetSamplerConfig, size: int, where: str) -> torch
         chosen = keep.nonzero().flatten()
         what = f"the complement of {what}"
     if len(chosen) == 0:
-        raise DataError(
-            [
-                Problem(
-                    where,
-                    "sampler",
-                    f"the subset is empty: {what} selects no sample",
-                    "choose a fraction or indices that leave samples on both sides",
-                )
-            ]
+        raise DataError.at(
+            where,
+            "sampler",
+            f"the subset is empty: {what} selects no sample",
+            "choose a fraction or indices that leave samples on both sides",
         )
     return chosen
 
 
 def _folds(config: KFoldSamplerConfig, size: int, where: str) -> list[torch.Tensor]:
     if config.folds > size:
-        raise DataError(
-            [
-                Problem(
-                    where,
-                    "sampler.folds",
-                    f"{config.folds} folds of a dataset of size {size} leave some fold empty",
-                    f"use at most {size} folds",
-                )
-            ]
+        raise DataError.at(
+            where,
+            "sampler.folds",
+            f"{config.folds} folds of a dataset of size {size} leave some fold empty",
+            f"use at most {size} folds",
         )
     pieces = torch.tensor_split(_split_permutation(size, config.split_seed), config.folds)
     # Sorted, so that an unshuffled held-out fold is visited in dataset order.
@@ -305,15 +293,11 @@ def _weighted_sampler(
 ) -> WeightedSampler:
     if config.weights is not None:
         if len(config.weights) != size:
-            raise DataError(
-                [
-                    Problem(
-                        where,
-                        "sampler.weights",
-                        f"{len(config.weights)} weights given for a dataset of size {size}",
-                        "give exactly one weight per sample",
-                    )
-                ]
+            raise DataError.at(
+                where,
+                "sampler.weights",
+                f"{len(config.weights)} weights given for a dataset of size {size}",
+                "give exactly one weight per sample",
             )
         weights = torch.tensor(config.weights, dtype=torch.float64)
     else:
@@ -321,16 +305,12 @@ def _weighted_sampler(
     num_samples = config.num_samples if config.num_samples is not None else size
     drawable = int((weights > 0).sum())
     if not config.replacement and num_samples > drawable:
-        raise DataError(
-            [
-                Problem(
-                    where,
-                    "sampler.num_samples",
-                    f"{num_samples} draws without replacement, but only {drawable} samples have a "
-                    "weight above zero",
-                    "lower num_samples or set replacement: true",
-                )
-            ]
+        raise DataError.at(
+            where,
+            "sampler.num_samples",
+            f"{num_samples} draws without replacement, but only {drawable} samples have a "
+            "weight above zero",
+            "lower num_samples or set replacement: true",
         )
     return WeightedSampler(weights, num_samples, config.replacement, seed)
 
@@ -338,36 +318,24 @@ def _weighted_sampler(
 def _class_balanced_weights(targets: torch.Tensor | None, size: int, where: str) -> torch.Tensor:
     """1 / (count of the sample's class) for every sample: each class gets equal total mass."""
     if targets is None:
-        raise DataError(
-            [
-                Problem(
-                    where,
-                    "sampler.class_balanced",
-                    "the task does not expose per-sample targets, so classes cannot be balanced",
-                    "give explicit 'weights' instead, or use a task that exposes its targets",
-                )
-            ]
+        raise DataError.at(
+            where,
+            "sampler.class_balanced",
+            "the task does not expose per-sample targets, so classes cannot be balanced",
+            "give explicit 'weights' instead, or use a task that exposes its targets",
         )
     if targets.dim() != 1 or targets.is_floating_point() or targets.is_complex():
-        raise DataError(
-            [
-                Problem(
-                    where,
-                    "sampler.class_balanced",
-                    f"targets must be a 1-D integer tensor (one class per sample), got shape "
-                    f"{tuple(targets.shape)} of {targets.dtype}",
-                )
-            ]
+        raise DataError.at(
+            where,
+            "sampler.class_balanced",
+            f"targets must be a 1-D integer tensor (one class per sample), got shape "
+            f"{tuple(targets.shape)} of {targets.dtype}",
         )
     if len(targets) != size:
-        raise DataError(
-            [
-                Problem(
-                    where,
-                    "sampler.class_balanced",
-                    f"the task exposes {len(targets)} targets for a dataset of size {size}",
-                )
-            ]
+        raise DataError.at(
+            where,
+            "sampler.class_balanced",
+            f"the task exposes {len(targets)} targets for a dataset of size {size}",
         )
     _, inverse, counts = torch.unique(targets, return_inverse=True, return_counts=True)
     return 1.0 / counts.to(torch.float64)[inverse]

@@ -94,15 +94,11 @@ def check_md5(path: Path, expected: str, what: str = "") -> None:
     actual = md5_of(path)
     if actual != expected:
         of = f" ({what})" if what else ""
-        raise DataError(
-            [
-                Problem(
-                    str(path),
-                    f"file '{path.name}'",
-                    f"has md5 {actual}, expected {expected}{of}; it is left untouched",
-                    "delete it (it is fetched again) or replace it with the original",
-                )
-            ]
+        raise DataError.at(
+            str(path),
+            f"file '{path.name}'",
+            f"has md5 {actual}, expected {expected}{of}; it is left untouched",
+            "delete it (it is fetched again) or replace it with the original",
         )
 
 
@@ -163,7 +159,7 @@ def download(url_list: Sequence[str], dest: str | Path, md5: str, timeout: float
             return url
         failures.append(f"{url}: md5 {actual}, expected {md5}")
     tried = "; ".join(failures) if failures else "no URL given"
-    raise DataError([Problem(str(dest), "download", f"failed from every mirror: {tried}")])
+    raise DataError.at(str(dest), "download", f"failed from every mirror: {tried}")
 
 
 def _copy_verified(source: Path, dest: Path, md5: str) -> bool:

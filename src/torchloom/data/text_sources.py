@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 
 from torchloom.data.sources import packaged_copy
-from torchloom.errors import DataError, Problem
+from torchloom.errors import DataError
 
 SplitName = Literal["train", "validation", "test"]
 
@@ -65,15 +65,11 @@ def decode(data: bytes, path: Path, encoding: str, fallback_encoding: str | None
             else "convert the file, or set the task's `fallback_encoding` (e.g. latin-1) "
             "or `encoding` to the file's encoding"
         )
-        raise DataError(
-            [
-                Problem(
-                    str(path),
-                    f"file '{path.name}'",
-                    f"is not valid {tried} text (byte 0x{bad} at offset {error.start})",
-                    suggestion,
-                )
-            ]
+        raise DataError.at(
+            str(path),
+            f"file '{path.name}'",
+            f"is not valid {tried} text (byte 0x{bad} at offset {error.start})",
+            suggestion,
         ) from error
 
 
@@ -82,9 +78,9 @@ def read_bytes(path: Path, what: str, layout: str) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError as error:
-        raise DataError([Problem(str(path), what, f"is missing; expected {layout}")]) from error
+        raise DataError.at(str(path), what, f"is missing; expected {layout}") from error
     except OSError as error:  # a folder in its place, no permission
-        raise DataError([Problem(str(path), what, f"cannot be read: {error}")]) from error
+        raise DataError.at(str(path), what, f"cannot be read: {error}") from error
 
 
 def read_text(
@@ -138,9 +134,7 @@ def read_delimited(
             return list(csv.reader(lines, delimiter=delimiter, quoting=csv.QUOTE_NONE))
         return list(csv.reader(lines, delimiter=delimiter))
     except csv.Error as error:
-        raise DataError(
-            [Problem(str(path), what, f"is not a valid delimited file: {error}")]
-        ) from error
+        raise DataError.at(str(path), what, f"is not a valid delimited file: {error}") from error
 
 
 def pick_columns(
@@ -156,15 +150,11 @@ def pick_columns(
         elif column in names:
             positions.append(names.index(column))
         else:
-            raise DataError(
-                [
-                    Problem(
-                        str(path),
-                        "data file",
-                        f"has no column '{column}' (the {key}); its header is {names}",
-                        f"set the task's {key} to one of them",
-                    )
-                ]
+            raise DataError.at(
+                str(path),
+                "data file",
+                f"has no column '{column}' (the {key}); its header is {names}",
+                f"set the task's {key} to one of them",
             )
     needed = max(positions)
     picked = []
@@ -172,20 +162,16 @@ def pick_columns(
         if not any(field.strip() for field in row):
             continue  # blank lines, often at the end of hand-written files
         if needed >= len(row):
-            raise DataError(
-                [
-                    Problem(
-                        f"{path}:{number}",
-                        "data file",
-                        f"row has {len(row)} fields, needs column {needed} (0-based) for "
-                        f"the {' and '.join(columns)}",
-                        "check the delimiter and the column indices",
-                    )
-                ]
+            raise DataError.at(
+                f"{path}:{number}",
+                "data file",
+                f"row has {len(row)} fields, needs column {needed} (0-based) for "
+                f"the {' and '.join(columns)}",
+                "check the delimiter and the column indices",
             )
         picked.append(tuple(row[position].strip() for position in positions))
     if not picked:
-        raise DataError([Problem(str(path), "data file", "has no data rows")])
+        raise DataError.at(str(path), "data file", "has no data rows")
     return picked
 
 

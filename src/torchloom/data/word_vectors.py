@@ -55,7 +55,7 @@ def fetch_vectors(path: str | Path, allow_download: bool, md5: str | None = None
     source = KNOWN_DOWNLOADS.get(path.name)
     if source is None:
         known = ", ".join(KNOWN_DOWNLOADS)
-        raise DataError([Problem(str(path), "word vectors", f"no known download (known: {known})")])
+        raise DataError.at(str(path), "word vectors", f"no known download (known: {known})")
     folder = ensure_files(
         path.parent,
         {path.name: md5 or source.md5},
@@ -84,22 +84,18 @@ def _member(archive: zipfile.ZipFile, path: Path, member: str | None, dimension:
         if member in names:
             return member
         problem = f"has no member '{member}'; it holds {', '.join(names) or 'nothing'}"
-        raise DataError([Problem(str(path), "word-vector archive", problem)])
+        raise DataError.at(str(path), "word-vector archive", problem)
     texts = [n for n in names if n.endswith((".txt", ".vec"))] or names
     if len(texts) > 1 and dimension is not None:
         # glove.6B.zip holds glove.6B.50d.txt ... glove.6B.300d.txt: pick by the dimension.
         texts = [n for n in texts if f".{dimension}d." in n] or texts
     if len(texts) == 1:
         return texts[0]
-    raise DataError(
-        [
-            Problem(
-                str(path),
-                "word-vector archive",
-                f"holds several files ({', '.join(texts) or 'none'}): say which to read",
-                "name the member (SentenceEmbeddings: `pretrained_member`)",
-            )
-        ]
+    raise DataError.at(
+        str(path),
+        "word-vector archive",
+        f"holds several files ({', '.join(texts) or 'none'}): say which to read",
+        "name the member (SentenceEmbeddings: `pretrained_member`)",
     )
 
 
@@ -123,7 +119,7 @@ def open_vector_lines(
                 yield str(path), handle
     except (OSError, zipfile.BadZipFile, EOFError) as error:  # gzip: OSError / EOFError
         problem = f"cannot be read: {error}"
-        raise DataError([Problem(str(path), "word-vector file", problem)]) from error
+        raise DataError.at(str(path), "word-vector file", problem) from error
 
 
 def _is_number(text: str) -> bool:
@@ -148,7 +144,7 @@ def _lines(source: str, handle: IO[bytes]) -> Iterator[tuple[int, str]]:
             line = raw.decode("utf-8").rstrip()
         except UnicodeDecodeError as error:
             problem = f"is not UTF-8 text ({error.reason} at byte {error.start})"
-            raise DataError([Problem(f"{source}:{number}", "word-vector line", problem)]) from error
+            raise DataError.at(f"{source}:{number}", "word-vector line", problem) from error
         if line:
             yield number, line
 
@@ -162,7 +158,7 @@ def vectors_dimension(
         for _, line in _lines(source, handle):
             header = _header(line.split(" "))
             return header[1] if header else line.count(" ")
-    raise DataError([Problem(source, "word-vector file", "is empty")])
+    raise DataError.at(source, "word-vector file", "is empty")
 
 
 def read_word_vectors(
@@ -213,7 +209,7 @@ def read_word_vectors(
                 f"{result.words_in_file} (a truncated file?)",
             )
         if result.words_in_file == 0:
-            raise DataError([Problem(source, "word-vector file", "holds no vectors")])
+            raise DataError.at(source, "word-vector file", "holds no vectors")
     return result
 
 

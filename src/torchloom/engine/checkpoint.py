@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from torchloom.data.atomic_files import atomic_file, sync_folder
-from torchloom.errors import DataError, Problem, StorageError
+from torchloom.errors import DataError, StorageError
 
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)  # format 1: before digests (still resumable)
@@ -103,46 +103,34 @@ def previous_path(path: Path) -> Path:
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """A checkpoint, checked: readable, torchloom's, and with the digest it was saved with."""
     if not path.is_file():
-        raise DataError(
-            [
-                Problem(
-                    "",
-                    f"checkpoint '{path}'",
-                    "does not exist",
-                    "was the run saved? `ls` its checkpoints/ folder",
-                )
-            ]
+        raise DataError.at(
+            "",
+            f"checkpoint '{path}'",
+            "does not exist",
+            "was the run saved? `ls` its checkpoints/ folder",
         )
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated or foreign file: a plain message, not a traceback
-        raise DataError(
-            [Problem("", f"checkpoint '{path}'", f"cannot be read: {_first_reason(error)}")]
+        raise DataError.at(
+            "", f"checkpoint '{path}'", f"cannot be read: {_first_reason(error)}"
         ) from error
     if not isinstance(state, dict) or state.get("format") not in READABLE_FORMATS:
         keys = ", ".join(sorted(str(k) for k in state)[:8]) if isinstance(state, dict) else ""
-        raise DataError(
-            [
-                Problem(
-                    "",
-                    f"checkpoint '{path}'",
-                    f"is not a torchloom checkpoint (format {FORMAT_VERSION})"
-                    + (f"; its top-level keys: {keys}" if keys else ""),
-                    "`load:` reads weights from other files into one component",
-                )
-            ]
+        raise DataError.at(
+            "",
+            f"checkpoint '{path}'",
+            f"is not a torchloom checkpoint (format {FORMAT_VERSION})"
+            + (f"; its top-level keys: {keys}" if keys else ""),
+            "`load:` reads weights from other files into one component",
         )
     if DIGEST_KEY in state and content_digest(state) != state[DIGEST_KEY]:
-        raise DataError(
-            [
-                Problem(
-                    "",
-                    f"checkpoint '{path}'",
-                    "is damaged: its content does not match the SHA-256 digest it was saved "
-                    "with (a disk or copy error changed it)",
-                    f"resume falls back to {previous_path(path).name} when it exists",
-                )
-            ]
+        raise DataError.at(
+            "",
+            f"checkpoint '{path}'",
+            "is damaged: its content does not match the SHA-256 digest it was saved "
+            "with (a disk or copy error changed it)",
+            f"resume falls back to {previous_path(path).name} when it exists",
         )
     return state
 

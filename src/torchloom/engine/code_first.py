@@ -46,7 +46,7 @@ from torchloom.engine.resume import check_resumed_config, finished_result
 from torchloom.engine.run_folder import RunResult
 from torchloom.engine.setup import open_resume_point, start_run
 from torchloom.engine.state import Hook, TrainOptions
-from torchloom.errors import ConfigError, Problem, Where
+from torchloom.errors import ConfigError, Where, validation_problems
 
 INDICES = "indices"
 ANALYSIS = "Trainer(analysis=...)"
@@ -85,16 +85,10 @@ class DatasetTask(Task):
         if isinstance(sample, Sequence) and len(sample) == 2:
             inputs, targets = sample
             return {"inputs": inputs, "targets": torch.as_tensor(targets), INDICES: index}
-        raise ConfigError(
-            [
-                Problem(
-                    _where(),
-                    f"sample {index} of the dataset",
-                    "must be a dict "
-                    "of streams or an (inputs, targets) pair, got "
-                    f"{type(sample).__name__}",
-                )
-            ]
+        raise ConfigError.at(
+            _where(),
+            f"sample {index} of the dataset",
+            f"must be a dict of streams or an (inputs, targets) pair, got {type(sample).__name__}",
         )
 
 
@@ -111,14 +105,10 @@ class ModuleModel(Model):
         if not isinstance(declared, Mapping) or not all(
             isinstance(v, outputs.Output) for v in declared.values()
         ):
-            raise ConfigError(
-                [
-                    Problem(
-                        _where("model"),
-                        type(module).__name__,
-                        "forward(batch) must return {name: torchloom.outputs.Output}",
-                    )
-                ]
+            raise ConfigError.at(
+                _where("model"),
+                type(module).__name__,
+                "forward(batch) must return {name: torchloom.outputs.Output}",
             )
         self.declared: dict[str, outputs.Output] = dict(declared)
 
@@ -242,7 +232,9 @@ class CodeFirstTrainer:
             settings: dict[str, Any] = {**self.training, "seed": seed}
             config = TrainingConfig.model_validate(settings)
         except ValidationError as error:
-            raise ConfigError([Problem(_where(), "Trainer settings", str(error))]) from error
+            # Trainer(...)'s keyword arguments are the training section's keys.
+            problems = validation_problems(error, lambda *_: "Trainer(...)", (), TrainingConfig)
+            raise ConfigError(problems) from error
         plain = SectionConfig(task={"type": "python"})
         sections: dict[str, BaseModel] = {
             "training": config,
@@ -307,7 +299,7 @@ class CodeFirstTrainer:
             section = dict(value)
         else:
             message = f"must be a preset name, a mapping or False, got {type(value).__name__}"
-            raise ConfigError([Problem(ANALYSIS, "analysis", message)])
+            raise ConfigError.at(ANALYSIS, "analysis", message)
         section.setdefault(
             "outputs",
             [

@@ -142,7 +142,7 @@ def _dataset_of(factory: Callable[[], Any], where: str, name: str) -> Any:
     dataset = factory()
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
         message = f"returned a {type(dataset).__name__}, not a dataset (__len__, __getitem__)"
-        raise ConfigError([Problem(where, f"factory {name}", message)])
+        raise ConfigError.at(where, f"factory {name}", message)
     return dataset
 
 
@@ -150,7 +150,7 @@ def _import_factory(path: str, where: str, subject: str) -> Callable[[], Any]:
     obj = _import(path, where, subject)
     problem = _not_a_factory(obj)
     if problem:
-        raise ConfigError([Problem(where, subject, problem)])
+        raise ConfigError.at(where, subject, problem)
     return obj
 
 
@@ -158,12 +158,12 @@ def _import(path: str, where: str, subject: str) -> Any:
     """What `path` names, refusing the standard library before anything is imported."""
     problem = _not_users_code(path)
     if problem:
-        raise ConfigError([Problem(where, subject, problem)])
+        raise ConfigError.at(where, subject, problem)
     try:
         return import_object(path)
     except LookupError as error:
         hint = "is its folder on PYTHONPATH?" if "cannot import" in str(error) else ""
-        raise ConfigError([Problem(where, subject, str(error), hint)]) from error
+        raise ConfigError.at(where, subject, str(error), hint) from error
 
 
 def rebuild_module(record: Any, where: Where) -> nn.Module:
@@ -179,9 +179,7 @@ def rebuild_module(record: Any, where: Where) -> nn.Module:
     cls = _import(path, where(KEY, "module", "class"), f"module class '{path}'")
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         message = "is not an nn.Module subclass"
-        raise ConfigError(
-            [Problem(where(KEY, "module", "class"), f"module class '{path}'", message)]
-        )
+        raise ConfigError.at(where(KEY, "module", "class"), f"module class '{path}'", message)
     try:
         inspect.signature(cls).bind(**arguments)
     except TypeError as error:
@@ -199,11 +197,11 @@ def rebuild_dataset(record: Any, section: str, where: Where) -> Any:
     if not isinstance(entry, Mapping):
         recorded = ", ".join(data) if isinstance(data, Mapping) and data else "none"
         message = f"the run was given no {section} data (it has: {recorded})"
-        raise ConfigError([Problem(where(KEY, "data"), subject, message, hint)])
+        raise ConfigError.at(where(KEY, "data"), subject, message, hint)
     if "factory" not in entry:
         why = entry.get("unavailable") or "no factory is recorded"
         message = f"cannot be rebuilt: {why}"
-        raise ConfigError([Problem(where(KEY, "data", section), subject, message, hint)])
+        raise ConfigError.at(where(KEY, "data", section), subject, message, hint)
     path = str(entry["factory"])
     place = where(KEY, "data", section, "factory")
     factory = _import_factory(path, place, f"{subject} factory '{path}'")

@@ -35,15 +35,11 @@ def _lookup(module: Any, base: type, name: str, key: Key, where: Where) -> type:
     ]
     cls = getattr(module, name, None)
     if not (inspect.isclass(cls) and issubclass(cls, base)):
-        raise ConfigError(
-            [
-                Problem(
-                    where(*key),
-                    f"{dotted(key)} '{name}'",
-                    f"is not a {module.__name__} class",
-                    did_you_mean(name, candidates),
-                )
-            ]
+        raise ConfigError.at(
+            where(*key),
+            f"{dotted(key)} '{name}'",
+            f"is not a {module.__name__} class",
+            did_you_mean(name, candidates),
         )
     return cls
 
@@ -134,15 +130,11 @@ def build_optimizer(
     grouped: set[str] = set()
     for name, settings in group_settings.items():
         if name not in pipeline.components:
-            raise ConfigError(
-                [
-                    Problem(
-                        where("training", "optimizer", "param_groups"),
-                        f"param_groups '{name}'",
-                        "names no component",
-                        did_you_mean(name, pipeline.components),
-                    )
-                ]
+            raise ConfigError.at(
+                where("training", "optimizer", "param_groups"),
+                f"param_groups '{name}'",
+                "names no component",
+                did_you_mean(name, pipeline.components),
             )
         group_key = ("training", "optimizer", "param_groups", name)
         _check_kwargs(cls, settings, 1, group_key, where)
@@ -205,7 +197,7 @@ def build_scheduler(
     try:
         return cls(optimizer, **options)
     except (TypeError, ValueError) as error:
-        raise ConfigError([Problem(where(*key), dotted(key), str(error))]) from error
+        raise ConfigError.at(where(*key), dotted(key), str(error)) from error
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.run_folder import create_run_folder, write_artifacts
 from torchloom.engine.step import Precision, WeightedLoss
-from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.errors import ConfigError, did_you_mean
 from torchloom.statistics.csv_log import CsvLog
 
 
@@ -46,15 +46,11 @@ def _checkpoint_path(run_dir: Path | None, checkpoint: str | None) -> Path | Non
             path = run_dir / "checkpoints" / "last.pt"  # a run with no validation has no best
         return path
     if checkpoint in ("best", "last"):
-        raise ConfigError(
-            [
-                Problem(
-                    "command line",
-                    f"--checkpoint {checkpoint}",
-                    "needs a run folder, not a config",
-                    "give a checkpoint file path",
-                )
-            ]
+        raise ConfigError.at(
+            "command line",
+            f"--checkpoint {checkpoint}",
+            "needs a run folder, not a config",
+            "give a checkpoint file path",
         )
     return Path(checkpoint).expanduser() if checkpoint else None
 
@@ -94,16 +90,12 @@ def process(
         seed_everything(int(training.get("seed") or 0))
         pipeline = build_checked(loaded, disable)
     if section not in pipeline.tasks:
-        raise ConfigError(
-            [
-                Problem(
-                    loaded.where(),
-                    f"--section {section}",
-                    "the config has no task for this section",
-                    did_you_mean(section, pipeline.tasks)
-                    or f"sections: {', '.join(pipeline.tasks) or 'none'}",
-                )
-            ]
+        raise ConfigError.at(
+            loaded.where(),
+            f"--section {section}",
+            "the config has no task for this section",
+            did_you_mean(section, pipeline.tasks)
+            or f"sections: {', '.join(pipeline.tasks) or 'none'}",
         )
     weights = _checkpoint_path(run_dir, checkpoint)
     loaded_weights = None
@@ -184,8 +176,8 @@ def _is_code_first(loaded: LoadedConfig, module: Any, data: Any, disable: Sequen
     code_first = CODE_FIRST in loaded.data or str(pipeline).startswith(BUILT_IN_PYTHON)
     if (module is not None or data is not None) and not code_first:
         message = "module= and data= are for runs of torchloom.Trainer(...).fit(...)"
-        raise ConfigError([Problem(loaded.where(), "process(module=, data=)", message)])
+        raise ConfigError.at(loaded.where(), "process(module=, data=)", message)
     if code_first and disable:
         message = "a code-first run has no pipeline components to disable"
-        raise ConfigError([Problem("command line", "--disable", message)])
+        raise ConfigError.at("command line", "--disable", message)
     return code_first

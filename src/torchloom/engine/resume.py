@@ -84,16 +84,12 @@ def check_resumed_config(started_text: str, resumed_text: str, where: str, subje
     resumed = parse_config_text(resumed_text, "the resumed config").data
     unsafe = [c for c in config_changes(started, resumed) if c[0] not in SAFE_RESUME_KEYS]
     if unsafe:
-        raise ConfigError(
-            [
-                Problem(
-                    where,
-                    subject,
-                    f"would change {_shown(unsafe)}, which changes what the resumed steps compute",
-                    f"a resumed run may change only {', '.join(SAFE_RESUME_KEYS)}; "
-                    "start a new run for anything else",
-                )
-            ]
+        raise ConfigError.at(
+            where,
+            subject,
+            f"would change {_shown(unsafe)}, which changes what the resumed steps compute",
+            f"a resumed run may change only {', '.join(SAFE_RESUME_KEYS)}; "
+            "start a new run for anything else",
         )
 
 

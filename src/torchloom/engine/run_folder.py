@@ -32,7 +32,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from torchloom.data.atomic_files import write_text_atomic
-from torchloom.errors import ConfigError, Problem
+from torchloom.errors import ConfigError
 from torchloom.run_names import folder_part, run_name_problem, run_tag_problem, shown
 
 __all__ = [
@@ -56,14 +56,14 @@ def check_run_name(pipeline_name: str) -> None:
     problem = run_name_problem(pipeline_name)
     if problem:
         subject = f"name {shown(pipeline_name)}"
-        raise ConfigError([Problem("", subject, f"names the run folders, and {problem}")])
+        raise ConfigError.at("", subject, f"names the run folders, and {problem}")
 
 
 def check_run_tag(tag: str) -> None:
     """A ConfigError when `tag` (`loom train --tag`) cannot end a run folder's name."""
     problem = run_tag_problem(tag)
     if problem:
-        raise ConfigError([Problem("", f"--tag {shown(tag)}", problem, "use a shorter tag")])
+        raise ConfigError.at("", f"--tag {shown(tag)}", problem, "use a shorter tag")
 
 
 def create_run_folder(
@@ -78,9 +78,7 @@ def create_run_folder(
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise ConfigError(
-            [Problem("", f"--expdir '{expdir}'", f"cannot create it: {error}")]
-        ) from error
+        raise ConfigError.at("", f"--expdir '{expdir}'", f"cannot create it: {error}") from error
     for attempt in range(1, 1000):
         folder = parent / (base if attempt == 1 else f"{base}-{attempt}")
         try:
@@ -88,7 +86,7 @@ def create_run_folder(
         except FileExistsError:
             continue
         return folder
-    raise ConfigError([Problem("", f"run folder '{parent / base}'", "too many runs in one second")])
+    raise ConfigError.at("", f"run folder '{parent / base}'", "too many runs in one second")
 
 
 def write_artifacts(folder: Path, components: Mapping[str, Component]) -> None:
@@ -127,8 +125,8 @@ class RunLock:
         try:
             handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
         except OSError as error:
-            raise ConfigError(
-                [Problem("", f"run folder '{self.path.parent}'", _os_reason(error))]
+            raise ConfigError.at(
+                "", f"run folder '{self.path.parent}'", _os_reason(error)
             ) from error
         # A reader probing the lock (`loom runs`) holds it for microseconds: try a few times.
         for attempt in range(20):
@@ -139,17 +137,13 @@ class RunLock:
                 if attempt == 19:
                     handle.close()
                     holder = read_lock_record(self.path)
-                    raise ConfigError(
-                        [
-                            Problem(
-                                "",
-                                f"run folder '{self.path.parent}'",
-                                f"is in use by process {holder.get('pid', '?')} on "
-                                f"{holder.get('host', '?')} (started "
-                                f"{_clock(holder.get('started'))})",
-                                "wait for it to end, or stop it (Ctrl-C saves last.pt)",
-                            )
-                        ]
+                    raise ConfigError.at(
+                        "",
+                        f"run folder '{self.path.parent}'",
+                        f"is in use by process {holder.get('pid', '?')} on "
+                        f"{holder.get('host', '?')} (started "
+                        f"{_clock(holder.get('started'))})",
+                        "wait for it to end, or stop it (Ctrl-C saves last.pt)",
                     ) from None
                 time.sleep(0.05)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}

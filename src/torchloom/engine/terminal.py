@@ -12,7 +12,7 @@ from typing import Any
 
 from torchloom.config.schema import TerminalConditions
 from torchloom.engine.run_folder import Status
-from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.errors import ConfigError, did_you_mean
 
 
 class Monitor:
@@ -36,16 +36,12 @@ class Monitor:
     def update(self, statistics: dict[str, float], epoch: int) -> bool:
         """Record one evaluation; returns whether it is the best so far."""
         if self.name not in statistics:
-            raise ConfigError(
-                [
-                    Problem(
-                        "",
-                        f"monitor '{self.name}'",
-                        "is not a statistic of this run",
-                        did_you_mean(self.name, statistics)
-                        or f"statistics: {', '.join(sorted(statistics))}",
-                    )
-                ]
+            raise ConfigError.at(
+                "",
+                f"monitor '{self.name}'",
+                "is not a statistic of this run",
+                did_you_mean(self.name, statistics)
+                or f"statistics: {', '.join(sorted(statistics))}",
             )
         value = statistics[self.name]
         if self.is_better(value):
@@ -73,15 +69,11 @@ class Monitor:
 def check_monitor(monitor: Monitor, names: set[str], where: str) -> None:
     """Fail before training, not after the first epoch, when the monitor names no statistic."""
     if names and monitor.name not in names:
-        raise ConfigError(
-            [
-                Problem(
-                    where,
-                    f"monitor '{monitor.name}'",
-                    "is not a statistic of this pipeline",
-                    did_you_mean(monitor.name, names) or f"statistics: {', '.join(sorted(names))}",
-                )
-            ]
+        raise ConfigError.at(
+            where,
+            f"monitor '{monitor.name}'",
+            "is not a statistic of this pipeline",
+            did_you_mean(monitor.name, names) or f"statistics: {', '.join(sorted(names))}",
         )
 
 

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
 from torchloom.core.streams import FLOATING, StreamSpec
-from torchloom.errors import ComponentError, Problem
+from torchloom.errors import ComponentError
 
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 
@@ -105,16 +105,12 @@ class AccuracyByGroupStatistics(Statistic):
                 else f"is {names!r}, not a list of names"
             )
             if problem:
-                raise ComponentError(
-                    [
-                        Problem(
-                            self.where("globals"),
-                            self.label,
-                            f"the global group_names {problem}",
-                            "map `group_names` to a global holding a list of names, or set "
-                            "the group_names parameter",
-                        )
-                    ]
+                raise ComponentError.at(
+                    self.where("globals"),
+                    self.label,
+                    f"the global group_names {problem}",
+                    "map `group_names` to a global holding a list of names, or set "
+                    "the group_names parameter",
                 )
         self.group_names: list[str] = list(names)
         groups = len(self.group_names)

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator
 
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
 from torchloom.core.streams import DimLike, StreamSpec
-from torchloom.errors import ComponentError, Problem
+from torchloom.errors import ComponentError
 
 BATCH_DIM = -1
 
@@ -62,16 +62,12 @@ class ReshapeTensor(Component):
         input_count = math.prod(params.input_dims[1:])
         output_count = math.prod(params.output_dims[1:])
         if input_count != output_count:
-            raise ComponentError(
-                [
-                    Problem(
-                        context.where(),
-                        self.label,
-                        f"input_dims {params.input_dims} hold {input_count} elements per sample "
-                        f"but output_dims {params.output_dims} hold {output_count}",
-                        "make the products of the sizes after -1 equal",
-                    )
-                ]
+            raise ComponentError.at(
+                context.where(),
+                self.label,
+                f"input_dims {params.input_dims} hold {input_count} elements per sample "
+                f"but output_dims {params.output_dims} hold {output_count}",
+                "make the products of the sizes after -1 equal",
             )
         self.publish_global("output_size", output_count)
 

@@ -9,7 +9,7 @@ from torch import nn
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
 from torchloom.core.streams import FLOATING, StreamSpec
-from torchloom.errors import ComponentError, Problem
+from torchloom.errors import ComponentError
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
@@ -137,16 +137,12 @@ class ConvNetEncoder(Model):
         return new_height, new_width
 
     def _collapsed(self, index: int, step: str, height: int, width: int) -> NoReturn:
-        raise ComponentError(
-            [
-                Problem(
-                    self._context.where("layers"),
-                    self.label,
-                    f"layers[{index}] receives maps of {height}x{width}, too small for {step}: "
-                    f"its output would be less than one pixel",
-                    "use larger images, padding, smaller kernels or less pooling, or fewer layers",
-                )
-            ]
+        raise ComponentError.at(
+            self._context.where("layers"),
+            self.label,
+            f"layers[{index}] receives maps of {height}x{width}, too small for {step}: "
+            f"its output would be less than one pixel",
+            "use larger images, padding, smaller kernels or less pooling, or fewer layers",
         )
 
     def input_specs(self) -> dict[str, StreamSpec]:

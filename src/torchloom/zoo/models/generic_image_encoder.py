@@ -164,16 +164,12 @@ class GenericImageEncoder(Model):
             try:
                 return torchvision.models.get_model(model_type, weights="DEFAULT")
             except Exception as error:  # offline, a blocked proxy, a full disk: say so plainly
-                raise WeightsError(
-                    [
-                        Problem(
-                            self._context.where("pretrained"),
-                            self.label,
-                            f"cannot get torchvision's DEFAULT weights for {model_type} (they "
-                            f"are downloaded once into TORCH_HOME): {error}".splitlines()[0],
-                            "download the weights file elsewhere and set pretrained to its path",
-                        )
-                    ]
+                raise WeightsError.at(
+                    self._context.where("pretrained"),
+                    self.label,
+                    f"cannot get torchvision's DEFAULT weights for {model_type} (they "
+                    f"are downloaded once into TORCH_HOME): {error}".splitlines()[0],
+                    "download the weights file elsewhere and set pretrained to its path",
                 ) from error
         network = torchvision.models.get_model(model_type, weights=None)
         if pretrained != "none":
@@ -211,16 +207,12 @@ class GenericImageEncoder(Model):
                 f"has {len(mismatched)} weights of other shapes, e.g. {'; '.join(mismatched[:3])}"
             )
         if problems:
-            raise WeightsError(
-                [
-                    Problem(
-                        where,
-                        self.label,
-                        f"weights file '{path}' does not fit {self.params.model_type}: "
-                        + "; ".join(problems),
-                        f"give a state dict of torchvision's {self.params.model_type}",
-                    )
-                ]
+            raise WeightsError.at(
+                where,
+                self.label,
+                f"weights file '{path}' does not fit {self.params.model_type}: "
+                + "; ".join(problems),
+                f"give a state dict of torchvision's {self.params.model_type}",
             )
         backbone_state = {key: value for key, value in state.items() if key in backbone_keys}
         network.load_state_dict(backbone_state, strict=False)

@@ -8,7 +8,7 @@ from torch import nn
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
 from torchloom.core.streams import FLOATING, Dim, StreamSpec
-from torchloom.errors import ComponentError, Problem
+from torchloom.errors import ComponentError
 
 _KERNEL = 5
 _POOL = 2
@@ -87,16 +87,12 @@ class LeNet5(Model):
         feature_width = _size_after_features(self.input_width, params.padding)
         if feature_height < 1 or feature_width < 1:
             minimum = _minimum_input_size(params.padding)
-            raise ComponentError(
-                [
-                    Problem(
-                        context.where("globals"),
-                        self.label,
-                        f"received images of {self.input_height}x{self.input_width} pixels, "
-                        f"but needs at least {minimum}x{minimum} with padding {params.padding}",
-                        "resize the images (e.g. MNIST `resize: [32, 32]`) or raise `padding`",
-                    )
-                ]
+            raise ComponentError.at(
+                context.where("globals"),
+                self.label,
+                f"received images of {self.input_height}x{self.input_width} pixels, "
+                f"but needs at least {minimum}x{minimum} with padding {params.padding}",
+                "resize the images (e.g. MNIST `resize: [32, 32]`) or raise `padding`",
             )
         self.features = nn.Sequential(
             nn.Conv2d(self.input_depth, 6, _KERNEL, padding=params.padding),

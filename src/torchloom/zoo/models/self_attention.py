@@ -11,7 +11,7 @@ from torch import nn
 
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams, Model
 from torchloom.core.streams import FLOATING, StreamSpec
-from torchloom.errors import ComponentError, Problem
+from torchloom.errors import ComponentError
 from torchloom.zoo.models.recurrent import checked_lengths, length_mask
 
 Pooling = Literal["none", "mean", "attention"]
@@ -45,17 +45,13 @@ class SequencePooling(nn.Module):
 
 def check_heads(component: Component, width: int, heads: int) -> None:
     if width % heads:
-        raise ComponentError(
-            [
-                Problem(
-                    component.where("num_heads"),
-                    component.label,
-                    f"num_heads {heads} does not divide the input width {width} "
-                    "(every head attends over width / num_heads features)",
-                    "choose num_heads among "
-                    + ", ".join(str(h) for h in range(1, min(width, 16) + 1) if width % h == 0),
-                )
-            ]
+        raise ComponentError.at(
+            component.where("num_heads"),
+            component.label,
+            f"num_heads {heads} does not divide the input width {width} "
+            "(every head attends over width / num_heads features)",
+            "choose num_heads among "
+            + ", ".join(str(h) for h in range(1, min(width, 16) + 1) if width % h == 0),
         )
 
 

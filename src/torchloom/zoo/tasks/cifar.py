@@ -11,7 +11,7 @@ from torchloom.core.component import BuildContext
 from torchloom.data import cifar_files
 from torchloom.data.cifar_files import CifarRelease, locate_batches, read_batches, read_label_names
 from torchloom.data.sources import Origins
-from torchloom.errors import DataError, Problem
+from torchloom.errors import DataError
 from torchloom.zoo.image_transforms import Normalization
 from torchloom.zoo.tasks.image_classification import (
     FixedSplitImageClassification,
@@ -212,15 +212,11 @@ class _CIFARTask(FixedSplitImageClassification):
         label_key, names_key = self._label_keys()
         meta = folder / release.meta_file
         if read_label_names(meta, names_key) != list(self.class_names):
-            raise DataError(
-                [
-                    Problem(
-                        str(meta),
-                        f"{release.name} meta file",
-                        f"its {names_key!r} are not the {len(self.class_names)} {release.name} "
-                        f"classes ({', '.join(self.class_names[:3])}, ...)",
-                    )
-                ]
+            raise DataError.at(
+                str(meta),
+                f"{release.name} meta file",
+                f"its {names_key!r} are not the {len(self.class_names)} {release.name} "
+                f"classes ({', '.join(self.class_names[:3])}, ...)",
             )
         split = self.params.split
         names = release.test_files if split == "test" else release.train_files

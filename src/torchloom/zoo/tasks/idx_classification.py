@@ -19,7 +19,7 @@ from torchloom.core.component import BuildContext
 from torchloom.data.gzipped_files import GzippedFile, ensure_gzipped_files
 from torchloom.data.idx import read_idx_images, read_idx_labels
 from torchloom.data.sources import Origins, packaged_copy
-from torchloom.errors import DataError, Problem
+from torchloom.errors import DataError
 from torchloom.zoo.image_transforms import Normalization
 from torchloom.zoo.tasks.image_classification import (
     FixedSplitImageClassification,
@@ -150,4 +150,4 @@ class IdxImageClassification(FixedSplitImageClassification):
         return images[split].unsqueeze(1), labels[split].tolist()
 
     def _malformed(self, path: Path, message: str) -> NoReturn:
-        raise DataError([Problem(str(path), f"{self.DATASET.name} file", message)])
+        raise DataError.at(str(path), f"{self.DATASET.name} file", message)

@@ -236,16 +236,11 @@ class FixedSplitImageClassification(ImageClassificationTask):
         validation_size leaves no training images), whose end is the validation split."""
         split, validation_size = self.params.split, self.params.validation_size
         if split != "test" and validation_size >= file_size:
-            raise DataError(
-                [
-                    Problem(
-                        source,
-                        "training images",
-                        f"validation_size {validation_size} leaves no training images out of "
-                        f"{file_size}",
-                        f"set validation_size below {file_size}",
-                    )
-                ]
+            raise DataError.at(
+                source,
+                "training images",
+                f"validation_size {validation_size} leaves no training images out of {file_size}",
+                f"set validation_size below {file_size}",
             )
         start, stop = 0, file_size
         if split == "train":

@@ -19,7 +19,7 @@ from torchloom.data.text_sources import (
     read_text,
     split_positions,
 )
-from torchloom.errors import DataError, Problem
+from torchloom.errors import DataError
 from torchloom.zoo.tasks.labelled_text import LabelledTextTask, SplitParams
 
 LOGGER = logging.getLogger("torchloom.data")
@@ -164,22 +164,18 @@ class LanguageIdentification(LabelledTextTask):
         else:
             packaged = packaged_copy(*CHATTERBOT_PACKAGED)
             if packaged is None:
-                raise DataError(
-                    [
-                        Problem(
-                            self.where("data_folder"),
-                            self.label,
-                            "no data_folder is given and the chatterbot_corpus package is "
-                            f"not installed; the folder should hold {CHATTERBOT_LAYOUT}",
-                            "`pip install --no-deps chatterbot-corpus`, or set data_folder",
-                        )
-                    ]
+                raise DataError.at(
+                    self.where("data_folder"),
+                    self.label,
+                    "no data_folder is given and the chatterbot_corpus package is "
+                    f"not installed; the folder should hold {CHATTERBOT_LAYOUT}",
+                    "`pip install --no-deps chatterbot-corpus`, or set data_folder",
                 )
             folder = packaged
         if not folder.is_dir():
             layout = WILI_LAYOUT if p.format == "wili" else CHATTERBOT_LAYOUT
-            raise DataError(
-                [Problem(str(folder), "data folder", f"does not exist; it should hold {layout}")]
+            raise DataError.at(
+                str(folder), "data folder", f"does not exist; it should hold {layout}"
             )
         return folder
 
@@ -202,16 +198,12 @@ class LanguageIdentification(LabelledTextTask):
         labels = self._wili_labels(part)
         if len(texts) != len(labels):
             folder = self.folder()
-            raise DataError(
-                [
-                    Problem(
-                        str(folder / f"x_{part}.txt"),
-                        "WiLI-2018 file",
-                        f"has {len(texts)} lines but y_{part}.txt has {len(labels)}; "
-                        "they must pair line by line",
-                        f"get both files again; the folder should hold {WILI_LAYOUT}",
-                    )
-                ]
+            raise DataError.at(
+                str(folder / f"x_{part}.txt"),
+                "WiLI-2018 file",
+                f"has {len(texts)} lines but y_{part}.txt has {len(labels)}; "
+                "they must pair line by line",
+                f"get both files again; the folder should hold {WILI_LAYOUT}",
             )
         return list(zip(texts, labels, strict=True))
 
@@ -228,15 +220,11 @@ class LanguageIdentification(LabelledTextTask):
                     for path in folder.iterdir()
                     if path.is_dir() and any(path.glob("*.yml"))
                 )
-                raise DataError(
-                    [
-                        Problem(
-                            str(language_folder),
-                            f"language '{language}'",
-                            f"has no YAML files; expected {CHATTERBOT_LAYOUT}",
-                            f"languages found there: {', '.join(available) or 'none'}",
-                        )
-                    ]
+                raise DataError.at(
+                    str(language_folder),
+                    f"language '{language}'",
+                    f"has no YAML files; expected {CHATTERBOT_LAYOUT}",
+                    f"languages found there: {', '.join(available) or 'none'}",
                 )
             for path in files:
                 pairs += [(line, language) for line in self._conversation_lines(path)]
@@ -251,20 +239,15 @@ class LanguageIdentification(LabelledTextTask):
             # The safe loader, in C when libyaml is there: ten times faster on the corpus.
             document = yaml.load(text, Loader=SAFE_LOADER)
         except yaml.YAMLError as error:
-            raise DataError(
-                [Problem(str(path), "chatterbot-corpus file", f"cannot be read: {error}")]
+            raise DataError.at(
+                str(path), "chatterbot-corpus file", f"cannot be read: {error}"
             ) from error
         conversations = document.get("conversations") if isinstance(document, dict) else None
         if not isinstance(conversations, list):
-            raise DataError(
-                [
-                    Problem(
-                        str(path),
-                        "chatterbot-corpus file",
-                        "has no `conversations:` list (a list of conversations, each a list "
-                        "of lines)",
-                    )
-                ]
+            raise DataError.at(
+                str(path),
+                "chatterbot-corpus file",
+                "has no `conversations:` list (a list of conversations, each a list of lines)",
             )
         lines = []
         for conversation in conversations:
@@ -320,26 +303,18 @@ class LanguageIdentification(LabelledTextTask):
         missing = sorted(set(range(len(self.class_names))) - set(targets))
         if missing:
             names = [self.class_names[i] for i in missing]
-            raise DataError(
-                [
-                    Problem(
-                        str(self.folder()),
-                        "data folder",
-                        f"holds no sentences of the languages {names}",
-                        "check the `languages` names against the data",
-                    )
-                ]
+            raise DataError.at(
+                str(self.folder()),
+                "data folder",
+                f"holds no sentences of the languages {names}",
+                "check the `languages` names against the data",
             )
         chosen = split_positions(targets, split, validation_fraction, test_fraction, p.split_seed)
         if not chosen:
-            raise DataError(
-                [
-                    Problem(
-                        str(self.folder()),
-                        "data folder",
-                        f"split '{p.split}' holds no sentences: every language is too small "
-                        "for its fraction",
-                    )
-                ]
+            raise DataError.at(
+                str(self.folder()),
+                "data folder",
+                f"split '{p.split}' holds no sentences: every language is too small "
+                "for its fraction",
             )
         return [texts[i] for i in chosen], [targets[i] for i in chosen]

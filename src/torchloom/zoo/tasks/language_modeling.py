@@ -20,7 +20,7 @@ from torchloom.data.text_sources import (
     read_text,
     split_positions,
 )
-from torchloom.errors import ComponentError, DataError, Problem
+from torchloom.errors import ComponentError, DataError
 from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, FallbackEncodingParams
 from torchloom.zoo.tasks.text_classification import BBC_PACKAGED, BBC_SOURCE
 
@@ -147,15 +147,11 @@ class LanguageModeling(Task):
     def __init__(self, params: LanguageModelingParams, context: BuildContext) -> None:
         super().__init__(params, context)
         if params.format == "wikitext" and params.packaged:
-            raise ComponentError(
-                [
-                    Problem(
-                        self.where("packaged"),
-                        self.label,
-                        "packaged applies to format text only (there is no packaged WikiText)",
-                        "set format: text, or remove packaged",
-                    )
-                ]
+            raise ComponentError.at(
+                self.where("packaged"),
+                self.label,
+                "packaged applies to format text only (there is no packaged WikiText)",
+                "set format: text, or remove packaged",
             )
         self._words: list[str] = []
         self._loaded = False
@@ -208,14 +204,10 @@ class LanguageModeling(Task):
         source = locate_folder(p.data_folder, BBC_PACKAGED, p.packaged)
         if source is None:
             hint = f"; {BBC_SOURCE}, or set packaged: true" if not p.packaged else f"; {BBC_SOURCE}"
-            raise DataError(
-                [
-                    Problem(
-                        str(Path(p.data_folder).expanduser()),
-                        "corpus",
-                        f"does not exist; it should be {layout}{hint}",
-                    )
-                ]
+            raise DataError.at(
+                str(Path(p.data_folder).expanduser()),
+                "corpus",
+                f"does not exist; it should be {layout}{hint}",
             )
         if source.is_file():
             return source, [line for line in self._read(source, layout).split("\n") if line.strip()]
@@ -226,9 +218,7 @@ class LanguageModeling(Task):
             and not any(part.startswith(".") for part in path.relative_to(source).parts)
         )
         if not files:
-            raise DataError(
-                [Problem(str(source), "corpus", f"holds no .txt files; expected {layout}")]
-            )
+            raise DataError.at(str(source), "corpus", f"holds no .txt files; expected {layout}")
         return source, [self._read(path, layout) for path in files]
 
     def _split_words(self, split: SplitName) -> list[str]:
@@ -248,15 +238,11 @@ class LanguageModeling(Task):
             [0] * len(documents), split, p.validation_fraction, p.test_fraction, p.split_seed
         )
         if not chosen:
-            raise DataError(
-                [
-                    Problem(
-                        str(source),
-                        "corpus",
-                        f"split '{split}' holds no documents of the {len(documents)}",
-                        "raise the split's fraction or use a larger corpus",
-                    )
-                ]
+            raise DataError.at(
+                str(source),
+                "corpus",
+                f"split '{split}' holds no documents of the {len(documents)}",
+                "raise the split's fraction or use a larger corpus",
             )
         words: list[str] = []
         for position in chosen:
@@ -279,15 +265,11 @@ class LanguageModeling(Task):
             return
         words = self._load_words()
         if len(words) <= self.window:
-            raise DataError(
-                [
-                    Problem(
-                        str(Path(self.params.data_folder).expanduser()),
-                        "corpus",
-                        f"split '{self.params.split}' has {len(words)} words, too few for one "
-                        f"sample of {self.window} input words and a target",
-                    )
-                ]
+            raise DataError.at(
+                str(Path(self.params.data_folder).expanduser()),
+                "corpus",
+                f"split '{self.params.split}' has {len(words)} words, too few for one "
+                f"sample of {self.window} input words and a target",
             )
         self._words = words
         self._loaded = True

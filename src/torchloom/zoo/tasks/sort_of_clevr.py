@@ -30,7 +30,7 @@ from torchloom.data.sort_of_clevr_scenes import (
     load_cache,
     save_atomic,
 )
-from torchloom.errors import ComponentError, DataError, Problem
+from torchloom.errors import ComponentError, DataError
 
 LOGGER = logging.getLogger("torchloom.data")
 
@@ -120,16 +120,12 @@ class SortOfCLEVR(Task):
         super().__init__(params, context)
         # Six boxes of 2 * object_size + 1 pixels fit in a row of four with room to spare.
         if 4 * (2 * params.object_size + 1) > params.image_size:
-            raise ComponentError(
-                [
-                    Problem(
-                        context.where("object_size"),
-                        self.label,
-                        f"object_size {params.object_size} is too large for images of "
-                        f"{params.image_size} pixels: six objects may not fit",
-                        f"use object_size <= {(params.image_size // 4 - 1) // 2} or larger images",
-                    )
-                ]
+            raise ComponentError.at(
+                context.where("object_size"),
+                self.label,
+                f"object_size {params.object_size} is too large for images of "
+                f"{params.image_size} pixels: six objects may not fit",
+                f"use object_size <= {(params.image_size // 4 - 1) // 2} or larger images",
             )
         self.data_folder = Path(params.data_folder).expanduser()
         self.per_image = 2 * params.questions_per_type
@@ -212,15 +208,11 @@ class SortOfCLEVR(Task):
                 self.data_folder.mkdir(parents=True, exist_ok=True)
                 save_atomic(path, arrays)
             except OSError as error:
-                raise DataError(
-                    [
-                        Problem(
-                            str(path),
-                            "Sort-of-CLEVR cache",
-                            f"cannot be written: {error}",
-                            "set data_folder to a writable folder",
-                        )
-                    ]
+                raise DataError.at(
+                    str(path),
+                    "Sort-of-CLEVR cache",
+                    f"cannot be written: {error}",
+                    "set data_folder to a writable folder",
                 ) from error
         self._arrays = arrays
         self._images = torch.from_numpy(arrays["images"])

@@ -19,7 +19,7 @@ from torchloom.data.text_sources import (
     read_text,
     split_positions,
 )
-from torchloom.errors import DataError, Problem
+from torchloom.errors import DataError
 from torchloom.zoo.tasks.labelled_text import LabelledTextTask, SplitParams
 
 LOGGER = logging.getLogger("torchloom.data")
@@ -135,15 +135,11 @@ class TextClassification(LabelledTextTask):
             found = locate_folder(p.data_folder, BBC_PACKAGED, p.packaged and p.file is None)
             if found is None:
                 wanted = f"{p.file}, a delimited file" if p.file else FOLDER_LAYOUT
-                raise DataError(
-                    [
-                        Problem(
-                            str(Path(p.data_folder).expanduser()),
-                            "data folder",
-                            f"does not exist; it should hold {wanted}",
-                            BBC_SOURCE if p.file is None else "",
-                        )
-                    ]
+                raise DataError.at(
+                    str(Path(p.data_folder).expanduser()),
+                    "data folder",
+                    f"does not exist; it should hold {wanted}",
+                    BBC_SOURCE if p.file is None else "",
                 )
             self._folder = found
         return self._folder
@@ -158,21 +154,15 @@ class TextClassification(LabelledTextTask):
             return sorted(set(label for _, label in self._read_rows()))
         folder = self.folder()
         if not folder.is_dir():
-            raise DataError([Problem(str(folder), "data folder", f"should hold {FOLDER_LAYOUT}")])
+            raise DataError.at(str(folder), "data folder", f"should hold {FOLDER_LAYOUT}")
         names = sorted(
             path.name
             for path in folder.iterdir()
             if path.is_dir() and not path.name.startswith((".", "__"))
         )
         if not names:
-            raise DataError(
-                [
-                    Problem(
-                        str(folder),
-                        "data folder",
-                        f"has no class folders; expected {FOLDER_LAYOUT}",
-                    )
-                ]
+            raise DataError.at(
+                str(folder), "data folder", f"has no class folders; expected {FOLDER_LAYOUT}"
             )
         return names
 
@@ -185,12 +175,8 @@ class TextClassification(LabelledTextTask):
     def _documents_of(self, name: str) -> list[Path]:
         folder = self.folder() / name
         if not folder.is_dir():
-            raise DataError(
-                [
-                    Problem(
-                        str(folder), f"class '{name}'", f"has no folder; expected {FOLDER_LAYOUT}"
-                    )
-                ]
+            raise DataError.at(
+                str(folder), f"class '{name}'", f"has no folder; expected {FOLDER_LAYOUT}"
             )
         extensions = tuple(extension.lower() for extension in self.params.extensions)
         files = sorted(
@@ -201,15 +187,11 @@ class TextClassification(LabelledTextTask):
             and path.is_file()
         )
         if not files:
-            raise DataError(
-                [
-                    Problem(
-                        str(folder),
-                        f"class '{name}'",
-                        f"has no documents (looked for {', '.join(extensions)})",
-                        "add documents, or list the classes to read in `classes`",
-                    )
-                ]
+            raise DataError.at(
+                str(folder),
+                f"class '{name}'",
+                f"has no documents (looked for {', '.join(extensions)})",
+                "add documents, or list the classes to read in `classes`",
             )
         return files
 
@@ -250,15 +232,11 @@ class TextClassification(LabelledTextTask):
                 texts.append(text)
                 targets.append(index_of[label])
             if unknown:
-                raise DataError(
-                    [
-                        Problem(
-                            str(self._file_path()),
-                            "data file",
-                            f"has labels that are not among the classes: {sorted(unknown)}",
-                            "add them to `classes`, or leave `classes` out to use every label",
-                        )
-                    ]
+                raise DataError.at(
+                    str(self._file_path()),
+                    "data file",
+                    f"has labels that are not among the classes: {sorted(unknown)}",
+                    "add them to `classes`, or leave `classes` out to use every label",
                 )
         else:
             empty = 0
@@ -278,15 +256,10 @@ class TextClassification(LabelledTextTask):
             targets, p.split, p.validation_fraction, p.test_fraction, p.split_seed
         )
         if not chosen:
-            raise DataError(
-                [
-                    Problem(
-                        str(self._file_path() if p.file is not None else self.folder()),
-                        "data",
-                        f"split '{p.split}' holds no documents: every class is too small for "
-                        "its fraction",
-                        "raise the fraction or add documents",
-                    )
-                ]
+            raise DataError.at(
+                str(self._file_path() if p.file is not None else self.folder()),
+                "data",
+                f"split '{p.split}' holds no documents: every class is too small for its fraction",
+                "raise the fraction or add documents",
             )
         return [texts[i] for i in chosen], [targets[i] for i in chosen]

@@ -19,7 +19,7 @@ from torchloom.data.text_sources import (
     read_lines,
     split_positions,
 )
-from torchloom.errors import DataError, Problem
+from torchloom.errors import DataError
 from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, TextEncodingParams
 from torchloom.zoo.tasks.language_modeling import WORD_PATTERN
 
@@ -170,15 +170,10 @@ class TranslationPairs(Task):
                 continue
             fields = line.split("\t")
             if len(fields) < 2 or not fields[0].strip() or not fields[1].strip():
-                raise DataError(
-                    [
-                        Problem(
-                            f"{self.path}:{number}",
-                            "pairs file",
-                            f"line is not a tab-separated sentence pair: {line[:80]!r}; "
-                            f"expected {LAYOUT}",
-                        )
-                    ]
+                raise DataError.at(
+                    f"{self.path}:{number}",
+                    "pairs file",
+                    f"line is not a tab-separated sentence pair: {line[:80]!r}; expected {LAYOUT}",
                 )
             source, target = self._normalize(fields[0]), self._normalize(fields[1])
             if p.reverse:
@@ -186,16 +181,11 @@ class TranslationPairs(Task):
             if self._keeps(source, target):
                 pairs.append((source, target))
         if not pairs:
-            raise DataError(
-                [
-                    Problem(
-                        str(self.path),
-                        "pairs file",
-                        f"no pair is left of {len(lines)} lines after the max_length and "
-                        "prefix filters",
-                        "loosen the filters",
-                    )
-                ]
+            raise DataError.at(
+                str(self.path),
+                "pairs file",
+                f"no pair is left of {len(lines)} lines after the max_length and prefix filters",
+                "loosen the filters",
             )
         return pairs
 
@@ -214,15 +204,11 @@ class TranslationPairs(Task):
         )
         positions = [position for group in chosen for position in members[group]]
         if not positions:
-            raise DataError(
-                [
-                    Problem(
-                        str(self.path),
-                        "pairs file",
-                        f"split '{p.split}' holds no pairs of the {len(pairs)}",
-                        "raise the split's fraction or use more pairs",
-                    )
-                ]
+            raise DataError.at(
+                str(self.path),
+                "pairs file",
+                f"split '{p.split}' holds no pairs of the {len(pairs)}",
+                "raise the split's fraction or use more pairs",
             )
         if p.subset is not None:
             positions = positions[: p.subset]

@@ -190,15 +190,11 @@ class VQATask(Task):
         assert size is not None, "a reader without a native size defaults `resize`"
         self.height, self.width = int(size[0]), int(size[1])
         if params.normalize is not None and len(params.normalize.mean) not in (1, 3):
-            raise ComponentError(
-                [
-                    Problem(
-                        self.where("normalize"),
-                        self.label,
-                        f"normalize has {len(params.normalize.mean)} means and stds for RGB images",
-                        "give 1 or 3",
-                    )
-                ]
+            raise ComponentError.at(
+                self.where("normalize"),
+                self.label,
+                f"normalize has {len(params.normalize.mean)} means and stds for RGB images",
+                "give 1 or 3",
             )
         # Filled by prepare(); building the task must not touch the disk.
         self._records: list[QARecord] = []

@@ -21,7 +21,7 @@ from torchloom.data.word_vectors import (
     read_word_vectors,
     vectors_dimension,
 )
-from torchloom.errors import ComponentError, Problem
+from torchloom.errors import ComponentError
 from torchloom.zoo.text.vocabulary import SPECIALS
 
 _PAD_INDEX = 0  # the SentenceIndexer's <PAD>: its vector is zero and never trained
@@ -149,17 +149,12 @@ class SentenceEmbeddings(IndexEmbeddings):
         path = self._vector_file()
         dimension = vectors_dimension(path, params.pretrained_member, size)
         if dimension != size:
-            raise ComponentError(
-                [
-                    Problem(
-                        self.where("embeddings_size"),
-                        self.label,
-                        f"'{path}' holds {dimension}-dimensional vectors but embeddings_size "
-                        f"is {size}",
-                        f"set embeddings_size: {dimension}, or choose a file of {size} "
-                        "dimensions (pretrained_file / pretrained_member)",
-                    )
-                ]
+            raise ComponentError.at(
+                self.where("embeddings_size"),
+                self.label,
+                f"'{path}' holds {dimension}-dimensional vectors but embeddings_size is {size}",
+                f"set embeddings_size: {dimension}, or choose a file of {size} "
+                "dimensions (pretrained_file / pretrained_member)",
             )
         words = [w for w in mappings if w not in SPECIALS]
         wanted = set(words) | {w.lower() for w in words}
@@ -183,18 +178,14 @@ class SentenceEmbeddings(IndexEmbeddings):
         if self.params.download and path.name in KNOWN_DOWNLOADS:
             return fetch_vectors(path, allow_download=True)
         known = " or ".join(KNOWN_DOWNLOADS)
-        raise ComponentError(
-            [
-                Problem(
-                    self.where("pretrained_file"),
-                    self.label,
-                    f"word-vector file '{path}' does not exist",
-                    f"set `download: true` for {known}, or get a GloVe / word2vec text file"
-                    if path.name in KNOWN_DOWNLOADS
-                    else "give a GloVe or word2vec text file (e.g. glove.6B.zip from "
-                    "https://nlp.stanford.edu/projects/glove/)",
-                )
-            ]
+        raise ComponentError.at(
+            self.where("pretrained_file"),
+            self.label,
+            f"word-vector file '{path}' does not exist",
+            f"set `download: true` for {known}, or get a GloVe / word2vec text file"
+            if path.name in KNOWN_DOWNLOADS
+            else "give a GloVe or word2vec text file (e.g. glove.6B.zip from "
+            "https://nlp.stanford.edu/projects/glove/)",
         )
 
     def _initial_weights(

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
 from torchloom.core.streams import FLOATING, INTEGER, StreamSpec
-from torchloom.errors import ComponentError, Problem
+from torchloom.errors import ComponentError
 from torchloom.zoo.text.vocabulary import EOS, PAD
 
 _PAD_INDEX = 0  # the SentenceIndexer's <PAD> is always index 0
@@ -159,15 +159,10 @@ class WordDecoder(Component):
         if not isinstance(mappings, Mapping) or sorted(mappings.values()) != list(
             range(len(mappings))
         ):
-            raise ComponentError(
-                [
-                    Problem(
-                        self.where("globals"),
-                        self.label,
-                        "global 'word_mappings' is not a word -> index mapping with the "
-                        "indices 0..n-1",
-                    )
-                ]
+            raise ComponentError.at(
+                self.where("globals"),
+                self.label,
+                "global 'word_mappings' is not a word -> index mapping with the indices 0..n-1",
             )
         self.words = [str(w) for w, _ in sorted(mappings.items(), key=lambda item: item[1])]
         # Ends of a sequence: <EOS> and <PAD>, where the vocabulary has them.

@@ -259,8 +259,8 @@ class SentenceIndexer(Component):
                 self.vocabulary.encode(tokens, self.params.add_eos) for tokens in inputs["tokens"]
             ]
         except VocabularyError as error:
-            raise DataError(
-                [Problem(self.where(), self.label, error.message, f"add {UNK} to `specials`")]
+            raise DataError.at(
+                self.where(), self.label, error.message, f"add {UNK} to `specials`"
             ) from error
         limit = self.params.sequence_length
         if limit is not None:

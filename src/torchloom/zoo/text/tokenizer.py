@@ -18,7 +18,7 @@ from pydantic import Field, field_validator
 
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
 from torchloom.core.streams import StreamSpec
-from torchloom.errors import ComponentError, Problem
+from torchloom.errors import ComponentError
 from torchloom.zoo.text.vocabulary import EOS, PAD
 
 # Tokens that attach to the word before them / after them when words are joined back.
@@ -175,15 +175,11 @@ class SentenceTokenizer(Component):
     def __init__(self, params: SentenceTokenizerParams, context: BuildContext) -> None:
         super().__init__(params, context)
         if params.detokenize and params.mode == "char_ngrams":
-            raise ComponentError(
-                [
-                    Problem(
-                        self.where("detokenize"),
-                        self.label,
-                        "character n-grams overlap, so they cannot be joined back into a text",
-                        "use mode words or characters to detokenize",
-                    )
-                ]
+            raise ComponentError.at(
+                self.where("detokenize"),
+                self.label,
+                "character n-grams overlap, so they cannot be joined back into a text",
+                "use mode words or characters to detokenize",
             )
         self.tokenizer = Tokenizer(params)
 
