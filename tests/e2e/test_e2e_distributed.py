@@ -30,9 +30,11 @@ ENV = {
 }
 
 
-def toy_config(folder: Path, epochs: int = 2, size: int = 44, **extra: Any) -> Path:
+def toy_config(
+    folder: Path, epochs: int = 2, size: int = 44, strategy: str | None = None, **extra: Any
+) -> Path:
     """44 samples in global batches of 8: the last batch has 4, cut 2 + 2. No dropout, so one
-    process and two compute the same steps."""
+    process and two compute the same steps. `strategy`: training.distributed.strategy."""
     config: dict[str, Any] = {
         "name": "toy",
         "training": {
@@ -56,6 +58,8 @@ def toy_config(folder: Path, epochs: int = 2, size: int = 44, **extra: Any) -> P
             **extra,
         },
     }
+    if strategy is not None:
+        config["training"]["distributed"] = {"strategy": strategy}
     path = folder / "toy.yml"
     path.write_text(dump_config(config), encoding="utf-8")
     return path
@@ -273,3 +277,67 @@ def test_what_cannot_start_is_a_clear_error(tmp_path: Path, one_process: Path) -
     assert f"is in use by process {os.getpid()}" in taken_run.stderr
     assert "Traceback" not in taken_run.stderr
     assert spawned_workers() - before == set(), "a worker outlived its command"
+
+
+# ---- FSDP2 and sharded checkpoints -----------------------------------------------------------
+def shard_folders(run: Path) -> set[str]:
+    return {f"shards/{p.name}" for p in (run / "checkpoints" / "shards").iterdir()}
+
+
+def named_shards(run: Path) -> set[str]:
+    """The shard folders last.pt and last.prev.pt name (their `sharded` records)."""
+    named = set()
+    for name in ("last.pt", "last.prev.pt"):
+        path = run / "checkpoints" / name
+        if path.exists():
+            named.add(torch.load(path, weights_only=True)["sharded"]["folder"])
+    return named
+
+
+def test_fsdp_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) -> None:
+    expdir = tmp_path / "runs"
+    done = loom(
+        "train",
+        str(toy_config(tmp_path, strategy="fsdp")),
+        "--expdir",
+        str(expdir),
+        "--quiet",
+        "--nproc",
+        "2",
+    )
+    assert done.returncode == 0, done.stderr
+    run = only_run(expdir)
+    assert "FSDP2 fully_shard: model" in (run / "run.log").read_text()
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert last["components"] is None and last["optimizer"] is None  # in the shards
+    assert shard_folders(run) == named_shards(run)  # older shard folders are removed
+    assert_close(weights(one_process), weights(run))  # read from the shards by one process
+    two, one = summary(run)["final"], summary(one_process)["final"]
+    for section in ("validation", "test"):
+        assert two[section]["accuracy"] == one[section]["accuracy"]
+        assert two[section]["loss"] == pytest.approx(one[section]["loss"], abs=1e-6)
+    best = load_checkpoint(run / "checkpoints" / "best.pt")["components"]["model"]
+    assert best["linear.weight"].shape == weights(one_process)["linear.weight"].shape  # whole
+    processed = loom(
+        "process", str(run), "--checkpoint", "last", "--expdir", str(tmp_path / "processed")
+    )
+    assert processed.returncode == 0, processed.stderr
+
+
+def test_fsdp_resumes_with_another_number_of_processes(tmp_path: Path, one_process: Path) -> None:
+    """2 -> 1 and 1 -> 2 processes: the shards are read at another world size, and the run
+    ends with the weights of an uninterrupted one."""
+    for first, then in (("2", "1"), ("1", "2")):
+        folder = tmp_path / f"{first}to{then}"
+        folder.mkdir()
+        config, expdir = str(toy_config(folder, strategy="fsdp")), str(folder / "runs")
+        limit = "training.terminal_conditions.epoch_limit"
+        started = loom(
+            "train", config, "--expdir", expdir, "--quiet", "--nproc", first, f"{limit}=1"
+        )
+        assert started.returncode == 0, started.stderr
+        run = only_run(folder / "runs")
+        resumed = loom("train", "--resume", str(run), "--quiet", "--nproc", then, f"{limit}=2")
+        assert resumed.returncode == 0, resumed.stderr
+        assert summary(run)["episodes"] == 12
+        assert_close(weights(one_process), weights(run))

@@ -373,9 +373,17 @@ def _setup(
             parts.compile_options or "(defaults)",
             ", ".join(compiled) or "no model with weights",
         )
+    optimizer, scheduler = parts.optimizer, parts.scheduler
+    strategy = training.distributed.strategy
     if dist.active:
-        wrapped = wrap_models(pipeline, device)
-        log.info("%d processes train (DistributedDataParallel: %s)", dist.world, ", ".join(wrapped))
+        wrapped = wrap_models(pipeline, device, strategy)
+        kind = "FSDP2 fully_shard" if strategy == "fsdp" else "DistributedDataParallel"
+        log.info("%d processes train (%s: %s)", dist.world, kind, ", ".join(wrapped))
+        if strategy == "fsdp":  # the parameters are DTensors now: the optimizer must see them
+            optimizer = build_optimizer(training.optimizer.model_dump(), pipeline, where)
+            scheduler = build_scheduler(
+                training.scheduler.model_dump() if training.scheduler else None, optimizer, where
+            )
     validation = sections.get("validation")
     running = resume.checkpoint if resume is not None else None
     return RunSetup(
@@ -390,8 +398,8 @@ def _setup(
         train_data=train_data,
         validation_data=loaders["validation"],
         test_data=loaders["test"],
-        optimizer=parts.optimizer,
-        scheduler=parts.scheduler,
+        optimizer=optimizer,
+        scheduler=scheduler,
         precision=Precision(training.precision, device),
         loss=parts.loss,
         guard=DivergenceGuard(device, parts.loss.streams),

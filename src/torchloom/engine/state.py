@@ -118,6 +118,11 @@ class RunSetup:
         return [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
 
     @property
+    def sharded(self) -> bool:
+        """Whether last.pt's weights and optimizer states are saved as shards (FSDP)."""
+        return self.config.distributed.strategy == "fsdp"
+
+    @property
     def accumulation(self) -> int:
         return self.config.gradient_accumulation
 
