@@ -341,3 +341,28 @@ def test_fsdp_resumes_with_another_number_of_processes(tmp_path: Path, one_proce
         assert resumed.returncode == 0, resumed.stderr
         assert summary(run)["episodes"] == 12
         assert_close(weights(one_process), weights(run))
+
+
+def test_a_damaged_shard_falls_back_to_last_prev(tmp_path: Path, one_process: Path) -> None:
+    """One process with strategy fsdp saves shards too (no process group: DCP in-process);
+    a flipped byte in a shard of last.pt makes resume read last.prev.pt and its shards."""
+    config = toy_config(tmp_path, strategy="fsdp")
+    config.write_text(
+        config.read_text().replace("  seed: 3\n", "  seed: 3\n  checkpoint_interval: 4\n")
+    )
+    limit = "training.terminal_conditions.epoch_limit"
+    expdir = str(tmp_path / "runs")
+    started = loom("train", str(config), "--expdir", expdir, "--quiet", f"{limit}=1")
+    assert started.returncode == 0, started.stderr
+    run = only_run(tmp_path / "runs")
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["sharded"]
+    shard = run / "checkpoints" / last["folder"] / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    resumed = loom("train", "--resume", str(run), "--quiet", f"{limit}=2")
+    assert resumed.returncode == 0, resumed.stderr
+    log = (run / "run.log").read_text()
+    assert "does not match its SHA-256 digest" in log and "resuming from last.prev.pt" in log
+    assert "resumed from episode 4" in log
+    assert_close(weights(one_process), weights(run))

@@ -171,6 +171,33 @@ def check_shardable(train_data: Any, pipeline: Any, dist: Distributed, where: An
         raise ConfigError(problems)
 
 
+# Analysis items that run on rank 0 alone but touch a model's weights: under FSDP a model's
+# forward and its gradients' norms are collectives, which rank 0 alone would wait on forever.
+NOT_UNDER_FSDP = {
+    "model_summary": "runs a side forward pass on rank 0 alone",
+    "layer_statistics": "reads per-layer gradients, which FSDP shards among the processes",
+}
+
+
+def check_strategy_hooks(hooks: Any, strategy: str, dist: Distributed, where: Any) -> None:
+    """What FSDP with several processes cannot run, refused before anything is written."""
+    if strategy != "fsdp" or not dist.active:
+        return
+    problems = [
+        Problem(
+            where("analysis", hook.name),
+            f"analysis.{hook.name}",
+            f"{NOT_UNDER_FSDP[hook.name]}, so it cannot run under "
+            "training.distributed.strategy: fsdp with several processes",
+            f"disable analysis.{hook.name}, train with strategy: ddp, or with one process",
+        )
+        for hook in hooks
+        if getattr(hook, "name", None) in NOT_UNDER_FSDP
+    ]
+    if problems:
+        raise ConfigError(problems)
+
+
 def wrap_models(pipeline: Any, device: torch.device, strategy: str = "ddp") -> list[str]:
     """Every model with trainable weights wrapped for several processes: `ddp`,
     DistributedDataParallel around it (frozen parameters are left out by DDP itself; the

@@ -31,7 +31,13 @@ from torchloom.engine.assemble import (
     resolve_device,
 )
 from torchloom.engine.checkpoint import load_resume_checkpoint, seed_everything, set_deterministic
-from torchloom.engine.distributed import check_shardable, current, process_device, wrap_models
+from torchloom.engine.distributed import (
+    check_shardable,
+    check_strategy_hooks,
+    current,
+    process_device,
+    wrap_models,
+)
 from torchloom.engine.evaluation import statistic_names
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.optim import build_optimizer, build_scheduler
@@ -335,6 +341,7 @@ def _setup(
     assert train_data is not None, "a training run has a training task"
     if dist.active:
         check_shardable(train_data, pipeline, dist, where)
+        check_strategy_hooks(options.hooks, training.distributed.strategy, dist, where)
     # Everything is checked: only now is anything written (by rank 0 alone, of several).
     lock: RunLock | NoLock = NoLock()
     if resume is not None:
