@@ -314,6 +314,7 @@ def _section_loader(
         pin_memory=device.type == "cuda",
         rank=dist.rank,
         world=dist.world,
+        reservoir=section == "training",
     )
 
 

@@ -456,6 +456,7 @@ class TrainingLoop:
         """Close the run's files and release its folder (run() does it; a loop that was set
         up and is not run must be closed)."""
         self.setup.hooks.release()
+        self.setup.train_data.close()  # a reservoir's workers
         self.setup.reporter.close()
         close_logger(self.setup.log)
         self.setup.lock.release()
