@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import queue
 import random
 import signal
@@ -52,6 +53,26 @@ def _sample_seed(seed: int, sequence: int) -> int:
     return (seed * 1_000_003 + sequence) % 2**63
 
 
+def _compact(value: Any) -> Any:
+    """A sample as it travels to the main process: a tensor that views a larger storage (a
+    row of a data set held in one tensor) would be pickled with the whole storage."""
+    if isinstance(value, torch.Tensor):
+        whole = value.untyped_storage().nbytes()
+        return value.clone() if whole > value.numel() * value.element_size() else value
+    if isinstance(value, dict):
+        return {key: _compact(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_compact(item) for item in value)
+    return value
+
+
+def _packed(sample: Any) -> bytes:
+    """A sample as bytes, tensors by value. Not through torch's shared-memory pickling: each
+    tensor would cost a round trip to a helper thread of this worker, which waits for the
+    GIL while the worker augments (milliseconds a tensor, on the training's side)."""
+    return pickle.dumps(_compact(sample), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
     """A worker: fetch samples for jobs until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
@@ -72,7 +93,7 @@ def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None
             torch.manual_seed(value)
             random.seed(value)
             np.random.seed(value % 2**32)
-            results.put((sequence, index, dataset[index], None))
+            results.put((sequence, index, _packed(dataset[index]), None))
         except Exception:
             results.put((sequence, index, None, traceback.format_exc()))
 
@@ -162,7 +183,7 @@ class AsyncReservoir:
         return bool(self.processes) and self._finalizer is not None and self._finalizer.alive
 
     def _issue(self) -> None:
-        while self.issued - self.taken - len(self.waiting) < self.prefetch:
+        while self.issued - self.taken < self.prefetch:  # in workers or arrived, not taken
             if self.position == len(self.current):
                 self.virtual_epoch += 1
                 self.current, self.position = list(self.order(self.virtual_epoch)), 0
@@ -184,7 +205,7 @@ class AsyncReservoir:
             return False
         if failure is not None:
             raise ReservoirError(f"a reservoir worker failed on sample {index}:\n{failure}")
-        self.waiting[sequence] = (index, sample)
+        self.waiting[sequence] = (index, pickle.loads(sample))
         return True
 
     # ---- the reservoir ---------------------------------------------------------------------
