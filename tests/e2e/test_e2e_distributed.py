@@ -31,10 +31,16 @@ ENV = {
 
 
 def toy_config(
-    folder: Path, epochs: int = 2, size: int = 44, strategy: str | None = None, **extra: Any
+    folder: Path,
+    epochs: int = 2,
+    size: int = 44,
+    strategy: str | None = None,
+    training: dict[str, Any] | None = None,
+    **extra: Any,
 ) -> Path:
     """44 samples in global batches of 8: the last batch has 4, cut 2 + 2. No dropout, so one
-    process and two compute the same steps. `strategy`: training.distributed.strategy."""
+    process and two compute the same steps. `strategy`: training.distributed.strategy;
+    `training`: more training keys; `extra`: more pipeline components."""
     config: dict[str, Any] = {
         "name": "toy",
         "training": {
@@ -60,6 +66,7 @@ def toy_config(
     }
     if strategy is not None:
         config["training"]["distributed"] = {"strategy": strategy}
+    config["training"].update(training or {})
     path = folder / "toy.yml"
     path.write_text(dump_config(config), encoding="utf-8")
     return path
@@ -324,23 +331,49 @@ def test_fsdp_two_processes_train_what_one_trains(tmp_path: Path, one_process: P
     assert processed.returncode == 0, processed.stderr
 
 
-def test_fsdp_resumes_with_another_number_of_processes(tmp_path: Path, one_process: Path) -> None:
-    """2 -> 1 and 1 -> 2 processes: the shards are read at another world size, and the run
-    ends with the weights of an uninterrupted one."""
+# Adam (sharded states), clipping over sharded gradients, and gradient accumulation, so that
+# a save after episode 3 is mid-window: its gradients are in the shards too.
+HARDER = {
+    "optimizer": {"type": "Adam", "lr": 0.01},
+    "gradient_clipping": {"norm": 0.05},
+    "gradient_accumulation": 2,
+}
+
+
+def harder_config(folder: Path, strategy: str) -> Path:
+    return toy_config(folder, strategy=strategy, training=HARDER)
+
+
+def test_fsdp_resumes_with_another_number_of_processes(tmp_path: Path) -> None:
+    """2 -> 1 and 1 -> 2 processes, from a save in the middle of an accumulation window: the
+    shards (weights, Adam's states, the window's gradients) are read at another world size,
+    and the run ends with the weights of an uninterrupted one-process DDP-strategy run."""
+    (tmp_path / "reference").mkdir()
+    reference = loom(
+        "train",
+        str(harder_config(tmp_path / "reference", "ddp")),
+        "--expdir",
+        str(tmp_path / "reference" / "runs"),
+        "--quiet",
+    )
+    assert reference.returncode == 0, reference.stderr
+    expected = weights(only_run(tmp_path / "reference" / "runs"))
+    limit = "training.terminal_conditions.episode_limit"
     for first, then in (("2", "1"), ("1", "2")):
         folder = tmp_path / f"{first}to{then}"
         folder.mkdir()
-        config, expdir = str(toy_config(folder, strategy="fsdp")), str(folder / "runs")
-        limit = "training.terminal_conditions.epoch_limit"
+        config, expdir = str(harder_config(folder, "fsdp")), str(folder / "runs")
         started = loom(
-            "train", config, "--expdir", expdir, "--quiet", "--nproc", first, f"{limit}=1"
+            "train", config, "--expdir", expdir, "--quiet", "--nproc", first, f"+{limit}=3"
         )
         assert started.returncode == 0, started.stderr
         run = only_run(folder / "runs")
-        resumed = loom("train", "--resume", str(run), "--quiet", "--nproc", then, f"{limit}=2")
+        saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["sharded"]
+        assert saved["optimizer"] and saved["gradients"]  # Adam's states, a window's gradients
+        resumed = loom("train", "--resume", str(run), "--quiet", "--nproc", then, f"{limit}=12")
         assert resumed.returncode == 0, resumed.stderr
         assert summary(run)["episodes"] == 12
-        assert_close(weights(one_process), weights(run))
+        assert_close(expected, weights(run))
 
 
 def test_a_damaged_shard_falls_back_to_last_prev(tmp_path: Path, one_process: Path) -> None:

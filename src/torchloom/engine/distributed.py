@@ -171,10 +171,10 @@ def check_shardable(train_data: Any, pipeline: Any, dist: Distributed, where: An
         raise ConfigError(problems)
 
 
-# Analysis items that run on rank 0 alone but touch a model's weights: under FSDP a model's
-# forward and its gradients' norms are collectives, which rank 0 alone would wait on forever.
+# Analysis items that run on rank 0 alone but need a model's whole weights or gradients:
+# under FSDP they are sharded, and gathering them is a collective rank 0 alone would wait on
+# forever. (model_summary skips its side forward pass instead: RunView.sharded_models.)
 NOT_UNDER_FSDP = {
-    "model_summary": "runs a side forward pass on rank 0 alone",
     "layer_statistics": "reads per-layer gradients, which FSDP shards among the processes",
 }
 
