@@ -89,6 +89,7 @@ def save_shards(
         state: dict[str, Any] = {"model": model, "optim": optim}
     else:
         state = {"model": get_model_state_dict(root)}
+    extra = _split_extra(state["model"])
     if gradients:
         state["gradients"] = {n: p.grad for n, p in root.named_parameters() if p.grad is not None}
     if dist.main:
@@ -107,6 +108,7 @@ def save_shards(
         "files": file_digests(final),
         "optimizer": with_optimizer,
         "gradients": sorted(state.get("gradients", {})),
+        "extra_states": extra,
     }
 
 
@@ -132,11 +134,13 @@ def load_shards(
         state: dict[str, Any] = {"model": model, "optim": optim}
     else:
         state = {"model": get_model_state_dict(root)}
+    _split_extra(state["model"])
     parameters = dict(root.named_parameters())
     if record["gradients"]:
         state["gradients"] = {n: torch.zeros_like(parameters[n]) for n in record["gradients"]}
     with _quietly():
         _dcp().load(state, checkpoint_id=folder, no_dist=not dist.active)
+    state["model"].update(record["extra_states"])
     if record["optimizer"]:
         set_state_dict(
             root, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -145,6 +149,14 @@ def load_shards(
         set_model_state_dict(root, state["model"])
     for name, gradient in state.get("gradients", {}).items():
         parameters[name].grad = gradient
+
+
+def _split_extra(model: dict[str, Any]) -> dict[str, Any]:
+    """Take the modules' extra states (`get_extra_state`: vocabularies, plain values) out of
+    a model state dict: DCP would flatten a dict into keys and load back only the keys the
+    receiving module already has. They are small and the same on every process, so last.pt
+    keeps them whole."""
+    return {key: model.pop(key) for key in [k for k in model if k.endswith("_extra_state")]}
 
 
 def damage(checkpoints: Path, record: dict[str, Any]) -> str | None:
@@ -177,10 +189,9 @@ def _model_entries(folder: Path) -> dict[str, Any]:
     entries = {}
     for key, item in metadata.state_dict_metadata.items():
         if key.startswith("model."):
-            entries[key[len("model.") :]] = (
-                item if isinstance(item, TensorStorageMetadata) else None
-            )
-    return entries
+            entries[key[len("model.") :]] = item
+    # Tensors only: extra states are kept in last.pt (_split_extra).
+    return {k: v for k, v in entries.items() if isinstance(v, TensorStorageMetadata)}
 
 
 def shape_components(checkpoints: Path, record: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -191,8 +202,8 @@ def shape_components(checkpoints: Path, record: dict[str, Any]) -> dict[str, dic
         {
             key: torch.empty(item.size, dtype=item.properties.dtype, device="meta")
             for key, item in entries.items()
-            if item is not None
         }
+        | record["extra_states"]
     )
 
 
@@ -201,12 +212,11 @@ def whole_components(checkpoints: Path, record: dict[str, Any]) -> dict[str, dic
     folder = checkpoints / record["folder"]
     entries = _model_entries(folder)
     model: dict[str, Any] = {
-        key: torch.empty(item.size, dtype=item.properties.dtype) if item is not None else None
-        for key, item in entries.items()
+        key: torch.empty(item.size, dtype=item.properties.dtype) for key, item in entries.items()
     }
     with _quietly():
         _dcp().load({"model": model}, checkpoint_id=folder, no_dist=True)
-    return _component_states(model)
+    return _component_states({**model, **record["extra_states"]})
 
 
 def prune_shards(checkpoints: Path, keep: set[str]) -> None:
