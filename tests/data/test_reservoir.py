@@ -87,7 +87,7 @@ def test_training_draws_without_waiting_and_still_sees_every_sample() -> None:
         while source.virtual_epoch < 2:  # keep drawing until a second pass was handed out
             source.next_batch(8, collate)
             time.sleep(0.01)
-        while 0 in source.epoch_of.values() or source.fresh:
+        while any(e == 0 for e, _ in source.job_of.values()) or source.fresh:
             source.next_batch(8, collate)  # pass 0's samples not yet taken in or delivered
         deliveries = source.deliveries
         assert deliveries is not None
@@ -107,3 +107,25 @@ def test_a_failing_sample_is_an_error_with_its_traceback_and_workers_stop() -> N
     source.close()
     source.close()  # idempotent
     assert not any(alive(pid) for pid in pids)
+
+
+def test_the_deterministic_mode_continues_exactly_from_its_state() -> None:
+    whole = reservoir(Augmented(50), deterministic=True)
+    try:
+        expected = [whole.next_batch(8, collate) for _ in range(12)]
+    finally:
+        whole.close()
+    first = reservoir(Augmented(50), deterministic=True)
+    try:
+        got = [first.next_batch(8, collate) for _ in range(5)]
+        state = first.state_dict()
+    finally:
+        first.close()
+    second = reservoir(Augmented(50), deterministic=True)
+    try:
+        second.load_state_dict(state)
+        got += [second.next_batch(8, collate) for _ in range(7)]
+    finally:
+        second.close()
+    for a, b in zip(expected, got, strict=True):
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["noise"], b["noise"])

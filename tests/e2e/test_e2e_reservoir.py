@@ -88,25 +88,45 @@ def watched(args: list[str], stop_when: Any = None) -> tuple[int, str, set[int]]
     return process.returncode, stderr, seen
 
 
-def test_a_deterministic_reservoir_run_repeats_itself_and_leaves_no_worker(
+def test_a_deterministic_reservoir_run_resumes_exactly_and_leaves_no_worker(
     tmp_path: Path,
 ) -> None:
-    weights = []
-    for attempt in range(2):
-        folder = tmp_path / str(attempt)
+    """Left alone, and stopped after 5 of 12 episodes and resumed: bit-identical weights (the
+    reservoir's slots, draws and next job are in last.pt, its samples made again)."""
+    runs = []
+    for name, limit in (
+        ("whole", []),
+        ("resumed", ["+training.terminal_conditions.episode_limit=5"]),
+    ):
+        folder = tmp_path / name
         folder.mkdir()
         config = reservoir_config(folder, deterministic=True)
         code, stderr, seen = watched(
-            ["train", str(config), "--expdir", str(folder / "runs"), "--quiet"]
+            ["train", str(config), "--expdir", str(folder / "runs"), "--quiet", *limit]
         )
         assert code == 0, stderr
         assert len(seen) >= 2  # the reservoir's two workers ran
         assert not any(alive(pid) for pid in seen), "a reservoir worker outlived the run"
-        run = only_run(folder / "runs")
-        assert summary(run)["episodes"] == 12  # 6 batches an epoch, as the sampler's
-        weights.append(load_checkpoint(run / "checkpoints" / "last.pt")["components"]["model"])
-    for key, tensor in weights[0].items():
-        assert torch.equal(tensor, weights[1][key]), key
+        runs.append(only_run(folder / "runs"))
+    whole, resumed = runs
+    assert summary(resumed)["episodes"] == 5
+    code, stderr, seen = watched(
+        [
+            "train",
+            "--resume",
+            str(resumed),
+            "--quiet",
+            "training.terminal_conditions.episode_limit=12",
+        ]
+    )
+    assert code == 0, stderr
+    assert not any(alive(pid) for pid in seen)
+    assert summary(whole)["episodes"] == summary(resumed)["episodes"] == 12
+    expected, got = (
+        load_checkpoint(run / "checkpoints" / "last.pt")["components"]["model"] for run in runs
+    )
+    for key, tensor in expected.items():
+        assert torch.equal(tensor, got[key]), key
 
 
 def test_ctrl_c_stops_a_reservoir_run_and_its_workers(tmp_path: Path) -> None:

@@ -144,7 +144,9 @@ class AsyncReservoir:
         self.fresh: deque[int] = deque()  # slots not yet delivered, oldest first
         self.stale: list[int] = []  # slots delivered at least once (replaceable)
         self.waiting: dict[int, tuple[int, Sample]] = {}  # arrived, not yet taken in
-        self.epoch_of: dict[int, int] = {}  # virtual epoch of each job handed out
+        self.sequences: list[int] = []  # each slot's sequence number (its augmentation seed)
+        self.job_of: dict[int, tuple[int, int]] = {}  # (virtual epoch, position) of jobs out
+        self.refill: dict[int, int] = {}  # after load_state_dict: sequence -> slot to remake
         self.issued = 0  # jobs handed out
         self.taken = 0  # samples taken into the reservoir (deterministic: in order)
         self.virtual_epoch, self.position, self.current = 0, 0, list(order(0))
@@ -190,7 +192,7 @@ class AsyncReservoir:
                 if not self.current:
                     raise ReservoirError("the sampler's order for a virtual epoch is empty")
             self.jobs.put((self.issued, self.current[self.position]))
-            self.epoch_of[self.issued] = self.virtual_epoch
+            self.job_of[self.issued] = (self.virtual_epoch, self.position)
             self.issued, self.position = self.issued + 1, self.position + 1
 
     def _receive(self, block: bool) -> bool:
@@ -239,14 +241,15 @@ class AsyncReservoir:
         if len(self.slots) < self.size:
             self.slots.append(sample)
             self.origins.append((0, 0))
+            self.sequences.append(sequence)
             slot = len(self.slots) - 1
         else:
             pick = int(torch.randint(len(self.stale), (1,), generator=self.generator))
             slot = self.stale[pick]
             self.stale[pick] = self.stale[-1]
             self.stale.pop()
-            self.slots[slot] = sample
-        self.origins[slot] = (self.epoch_of.pop(sequence), index)
+            self.slots[slot], self.sequences[slot] = sample, sequence
+        self.origins[slot] = (self.job_of.pop(sequence)[0], index)
         self.fresh.append(slot)
 
     def next_batch(self, batch_size: int, collate: Callable[[list[Sample]], Any]) -> Any:
@@ -256,6 +259,8 @@ class AsyncReservoir:
         if batch_size > self.size:
             raise ValueError(f"a batch of {batch_size} exceeds the reservoir's {self.size}")
         self.start()
+        if self.refill:
+            self._remake()
         if len(self.slots) < self.size:
             self._take(self.size - len(self.slots), block=True)
         else:
@@ -270,3 +275,45 @@ class AsyncReservoir:
         if self.deliveries is not None:
             self.deliveries.extend(self.origins[slot] for slot in chosen)
         return collate([self.slots[slot] for slot in chosen])
+
+    # ---- exact resume (deterministic mode) --------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the reservoir stands: which sample (sequence number, index) each slot holds,
+        which are not yet delivered, the draws' generator and the next job. Samples are not
+        saved: they are made again from (seed, sequence number), so this is exact only in
+        the deterministic mode, where what arrives when does not matter."""
+        following = self.job_of.get(self.taken, (self.virtual_epoch, self.position))
+        return {
+            "taken": self.taken,
+            "next": list(following),
+            "sequences": list(self.sequences),
+            "origins": [list(origin) for origin in self.origins],
+            "fresh": list(self.fresh),
+            "stale": list(self.stale),
+            "generator": self.generator.get_state(),
+            "steps": self.steps,
+            "fresh_delivered": self.fresh_delivered,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()`; the slots' samples are made again by the workers at
+        the next batch."""
+        self.taken = self.issued = state["taken"]
+        self.virtual_epoch, self.position = state["next"]
+        self.current = list(self.order(self.virtual_epoch))
+        self.sequences = list(state["sequences"])
+        self.origins = [(int(e), int(i)) for e, i in state["origins"]]
+        self.slots = [None] * len(self.sequences)
+        self.fresh, self.stale = deque(state["fresh"]), list(state["stale"])
+        self.generator.set_state(state["generator"])
+        self.steps, self.fresh_delivered = state["steps"], state["fresh_delivered"]
+        self.job_of, self.waiting = {}, {}
+        self.refill = {sequence: slot for slot, sequence in enumerate(self.sequences)}
+
+    def _remake(self) -> None:
+        for sequence, slot in self.refill.items():
+            self.jobs.put((sequence, self.origins[slot][1]))
+        while self.refill:
+            self._receive(block=True)
+            for sequence in [s for s in self.waiting if s in self.refill]:
+                self.slots[self.refill.pop(sequence)] = self.waiting.pop(sequence)[1]

@@ -193,6 +193,27 @@ class SectionLoader:
     def _collate_samples(self, samples: list[Any]) -> Batch:
         return self.collate(self.task.collate(samples))
 
+    def reservoir_state(self) -> dict[str, Any] | None:
+        """The reservoir's state for a checkpoint: only a deterministic one resumes exactly
+        (engine/resume), so only its state is kept; None otherwise."""
+        reservoir = self.reservoir
+        if reservoir is None or not reservoir.deterministic:
+            return None
+        return reservoir.state_dict()
+
+    def load_reservoir_state(self, state: dict[str, Any] | None) -> str | None:
+        """Continue the reservoir from a checkpoint's state; a note for the run's log when a
+        reservoir starts afresh instead (the resumed run is then not bit-identical)."""
+        if self.reservoir is None:
+            return None
+        if state is None or not self.reservoir.deterministic:
+            return (
+                "the reservoir starts afresh: a run resumed with a non-deterministic reservoir "
+                "is not bit-identical to one left alone (reservoir.deterministic: true is)"
+            )
+        self.reservoir.load_state_dict(state)
+        return None
+
     def close(self) -> None:
         """Stop the reservoir's workers, if any (DataLoader workers stop by themselves)."""
         if self.reservoir is not None:

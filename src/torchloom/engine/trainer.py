@@ -337,6 +337,7 @@ class TrainingLoop:
                 **self.train_statistics.state_dict(),
                 "latest": self.latest,
                 "csv_rows": setup.reporter.row_counts(),
+                "reservoir": setup.train_data.reservoir_state(),
                 # Gradients summed so far in an unfinished accumulation window (a save between
                 # two optimizer steps): without them a resumed run would step on fewer batches.
                 "gradients": [p.grad for p in setup.parameters]
@@ -376,6 +377,9 @@ class TrainingLoop:
             for parameter, gradient in zip(setup.parameters, running["gradients"], strict=True):
                 parameter.grad = None if gradient is None else gradient.to(parameter.device)
         self.latest = running["latest"]
+        note = setup.train_data.load_reservoir_state(running.get("reservoir"))
+        if note is not None:
+            setup.log.warning("%s", note)
         setup.hooks.load_state_dict(checkpoint.get("hooks", {}))
         dist, ranks = setup.distributed, checkpoint.get("rng_ranks")
         if ranks is not None and len(ranks) == dist.world:
