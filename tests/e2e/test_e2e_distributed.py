@@ -399,3 +399,13 @@ def test_a_damaged_shard_falls_back_to_last_prev(tmp_path: Path, one_process: Pa
     assert "does not match its SHA-256 digest" in log and "resuming from last.prev.pt" in log
     assert "resumed from episode 4" in log
     assert_close(weights(one_process), weights(run))
+
+
+def test_fsdp_refuses_analysis_that_would_wait_on_rank_0_alone(tmp_path: Path) -> None:
+    config = toy_config(tmp_path, strategy="fsdp")
+    config.write_text(config.read_text() + "analysis:\n  layer_statistics: true\n")
+    expdir = tmp_path / "runs"
+    done = loom("train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2")
+    assert done.returncode == 2, done.stderr
+    assert "analysis.layer_statistics" in done.stderr and "FSDP shards" in done.stderr
+    assert "Traceback" not in done.stderr and not expdir.exists()
