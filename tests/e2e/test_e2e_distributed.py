@@ -311,9 +311,12 @@ def test_fsdp_two_processes_train_what_one_trains(tmp_path: Path, one_process: P
         "--quiet",
         "--nproc",
         "2",
+        "--tensorboard",
+        "2",  # histograms gather the sharded weights and gradients: every process takes part
     )
     assert done.returncode == 0, done.stderr
     run = only_run(expdir)
+    assert any((run / "tensorboard").iterdir())
     assert "FSDP2 fully_shard: model" in (run / "run.log").read_text()
     last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
     assert last["components"] is None and last["optimizer"] is None  # in the shards
