@@ -71,17 +71,22 @@ def alive(pid: int) -> bool:
 
 
 def watched(args: list[str], stop_when: Any = None) -> tuple[int, str, set[int]]:
-    """Run `loom` noting its child processes; with `stop_when(expdir)`, send it Ctrl-C (SIGINT)
-    once that is true."""
+    """Run `loom` noting its child processes; with `stop_when()`, press Ctrl-C (SIGINT to its
+    whole process group, as a terminal does) once that is true."""
     process = subprocess.Popen(
-        [*LOOM, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+        [*LOOM, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
     )
     seen: set[int] = set()
     deadline = time.monotonic() + 180
     while process.poll() is None and time.monotonic() < deadline:
         seen |= children(process.pid)
         if stop_when is not None and stop_when() and len(seen) >= 2:
-            process.send_signal(signal.SIGINT)
+            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C reaches the workers too
             stop_when = None
         time.sleep(0.02)
     _, stderr = process.communicate(timeout=60)
@@ -143,3 +148,14 @@ def test_ctrl_c_stops_a_reservoir_run_and_its_workers(tmp_path: Path) -> None:
     run = only_run(expdir)
     assert summary(run)["status"] == "interrupted"
     assert (run / "checkpoints" / "last.pt").exists()
+
+
+def test_an_exception_in_training_ends_the_run_and_its_workers(tmp_path: Path) -> None:
+    config = reservoir_config(tmp_path)
+    config.write_text(
+        config.read_text() + "  boom:\n    type: trust_components:FailsAtStep\n    at: 4\n"
+    )
+    code, stderr, seen = watched(["train", str(config), "--expdir", str(tmp_path / "runs")])
+    assert code == 1 and "boom at step 4" in stderr
+    assert len(seen) >= 2 and not any(alive(pid) for pid in seen)
+    assert summary(only_run(tmp_path / "runs"))["status"] == "failed"

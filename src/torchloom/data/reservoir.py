@@ -76,6 +76,9 @@ def _packed(sample: Any) -> bytes:
 def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
     """A worker: fetch samples for jobs until told to stop or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    # A forked worker inherits the run's SIGTERM handler (a graceful stop of the training):
+    # here SIGTERM, which close() sends after its grace period, must end the worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch.set_num_threads(1)
     results.cancel_join_thread()  # exit at once even when nobody reads what is queued
     while True:
