@@ -86,7 +86,6 @@ def where(*keys: str) -> str:
     ("section_name", "size", "world", "message"),
     [
         ("validation", 8, 1, "is for training only"),
-        ("training", 3, 1, "3 is smaller than the batch size 4"),
         ("training", 8, 2, "cannot be used by 2 processes"),
     ],
 )
@@ -98,3 +97,11 @@ def test_a_reservoir_that_cannot_work_is_a_config_error(
     with pytest.raises(ConfigError, match=message) as error:
         SectionLoader(section_name, task, config, 3, where, world=world, reservoir=True)
     assert "dataloader.reservoir" in str(error.value)
+
+
+def test_a_reservoir_smaller_than_a_batch_is_refused_by_the_schema() -> None:
+    from torchloom.config.schema import validate_sections
+
+    training = {"task": {}, "dataloader": {"batch_size": 4, "reservoir": {"size": 3}}}
+    with pytest.raises(ConfigError, match=r"reservoir\.size 3 is smaller than batch_size 4"):
+        validate_sections({"training": training}, where)

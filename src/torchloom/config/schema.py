@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from torchloom.config.sampler_schema import SamplerConfig
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean
@@ -52,6 +52,15 @@ class DataLoaderConfig(_Strict):
     reservoir: ReservoirConfig | None = Field(
         None, description="training only: draw batches from an asynchronous reservoir"
     )
+
+    @model_validator(mode="after")
+    def _reservoir_holds_a_batch(self) -> DataLoaderConfig:
+        if self.reservoir is not None and self.reservoir.size < self.batch_size:
+            raise ValueError(
+                f"reservoir.size {self.reservoir.size} is smaller than batch_size "
+                f"{self.batch_size}: the reservoir must hold a batch (a few is usual)"
+            )
+        return self
 
 
 class OptimizerConfig(BaseModel):

@@ -125,13 +125,6 @@ class SectionLoader:
                 "share of the data)",
                 "train with one process, or remove the reservoir",
             )
-        if settings.size < self.config.batch_size:
-            raise ConfigError.at(
-                where(self.section, "dataloader", "reservoir", "size"),
-                f"{shown}.size",
-                f"{settings.size} is smaller than the batch size {self.config.batch_size}",
-                f"use a size of at least {self.config.batch_size} (a few batches is usual)",
-            )
         order_sampler = build_sampler(
             config.sampler,
             len(self.task),
