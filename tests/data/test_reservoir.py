@@ -74,7 +74,7 @@ def test_the_deterministic_mode_repeats_itself_and_delivers_every_sample() -> No
 
 
 def test_training_draws_without_waiting_and_still_sees_every_sample() -> None:
-    source = reservoir(Augmented(40, delay=0.02), replacement_rate=0.5)
+    source = reservoir(Augmented(40, delay=0.05), replacement_rate=0.5)
     processes = []
     try:
         source.next_batch(8, collate)  # the first batch waits for a full reservoir
@@ -82,7 +82,8 @@ def test_training_draws_without_waiting_and_still_sees_every_sample() -> None:
         started = time.perf_counter()
         for _ in range(10):
             source.next_batch(8, collate)
-        assert time.perf_counter() - started < 0.1  # 10 batches, no sample waited for
+        # Waiting for the 8 new samples a step allows would take 10 * 8 * 0.05 / 2 = 2 s.
+        assert time.perf_counter() - started < 0.5
         assert source.taken < 16 + 10 * 8  # replacing at most 8 a step; fewer arrived
         while source.virtual_epoch < 2:  # keep drawing until a second pass was handed out
             source.next_batch(8, collate)
@@ -98,7 +99,7 @@ def test_training_draws_without_waiting_and_still_sees_every_sample() -> None:
 
 
 def test_a_failing_sample_is_an_error_with_its_traceback_and_workers_stop() -> None:
-    source = reservoir(Augmented(30, fail_at=13))
+    source = reservoir(Augmented(30, fail_at=13), deterministic=True)  # waits for sample 13
     with pytest.raises(ReservoirError, match="failed on sample 13") as error:
         for _ in range(20):
             source.next_batch(8, collate)
