@@ -29,7 +29,7 @@ import torch
 
 from torchloom.data.atomic_files import atomic_file, sync_folder
 from torchloom.engine import sharded
-from torchloom.errors import DataError, Problem, StorageError
+from torchloom.errors import DataError, StorageError
 
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)  # format 1: before digests (still resumable)
@@ -140,15 +140,11 @@ def load_checkpoint(path: Path, whole: bool = True) -> dict[str, Any]:
     if record is not None:
         problem = sharded.damage(path.parent, record)
         if problem is not None:
-            raise DataError(
-                [
-                    Problem(
-                        "",
-                        f"checkpoint '{path}'",
-                        f"is damaged: {problem}",
-                        f"resume falls back to {previous_path(path).name} when it exists",
-                    )
-                ]
+            raise DataError.at(
+                "",
+                f"checkpoint '{path}'",
+                f"is damaged: {problem}",
+                f"resume falls back to {previous_path(path).name} when it exists",
             )
         read = sharded.whole_components if whole else sharded.shape_components
         state["components"] = read(path.parent, record)
