@@ -38,7 +38,7 @@ class ProcessResult:
     weights: dict[str, Any] | None = None  # what the checkpoint loaded (WeightsMatch.report)
 
 
-def _checkpoint_path(run_dir: Path | None, checkpoint: str | None) -> Path | None:
+def checkpoint_path(run_dir: Path | None, checkpoint: str | None) -> Path | None:
     if checkpoint in (None, "best", "last") and run_dir is not None:
         chosen = checkpoint or "best"
         path = run_dir / "checkpoints" / f"{chosen}.pt"
@@ -105,7 +105,7 @@ def process(
                 )
             ]
         )
-    weights = _checkpoint_path(run_dir, checkpoint)
+    weights = checkpoint_path(run_dir, checkpoint)
     loaded_weights = None
     if weights is not None:
         state = load_checkpoint(weights)
@@ -115,11 +115,11 @@ def process(
         loaded_weights = match.report()
     torch_device = resolve_device(device)
     pipeline.to(torch_device)
-    section_config: Any = _section_config(loaded.data, section, loaded.where)
+    settings: Any = section_config(loaded.data, section, loaded.where)
     loader = SectionLoader(
         section,
         pipeline.tasks[section],
-        section_config,
+        settings,
         0,
         loaded.where,
         pin_memory=torch_device.type == "cuda",
@@ -167,7 +167,7 @@ def process(
     return ProcessResult(folder, values, loaded_weights)
 
 
-def _section_config(data: dict[str, Any], section: str, where: Any) -> Any:
+def section_config(data: dict[str, Any], section: str, where: Any) -> Any:
     from torchloom.config.schema import SectionConfig
 
     # A code-first run given a section's data in code may have no such section recorded.

@@ -1,0 +1,124 @@
+"""`loom predict EXPORT_DIR INPUT...`: labels for raw inputs from an ONNX export, in ONNX
+Runtime. Only numpy, Pillow and onnxruntime are used (no torch, no torchloom model code): what
+a deployment does with `model.onnx` and `sidecar.json`, which this doubles as an example of.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from torchloom.errors import DeployError, Problem
+
+
+@dataclass
+class Prediction:
+    source: str
+    top: list[tuple[str, float]]  # (label, probability), most probable first
+
+
+def read_sidecar(export_dir: Path) -> dict[str, Any]:
+    model, path = export_dir / "model.onnx", export_dir / "sidecar.json"
+    if not model.is_file() or not path.is_file():
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    f"'{export_dir}'",
+                    "is not an ONNX export of `loom export` (it needs model.onnx and sidecar.json)",
+                    "give RUN_DIR/exports/onnx",
+                )
+            ]
+        )
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DeployError([Problem("", f"'{path}'", f"cannot be read: {error}")]) from error
+    if not isinstance(record, dict) or "preprocessing" not in record:
+        raise DeployError([Problem("", f"'{path}'", "is not a sidecar of `loom export`")])
+    return record
+
+
+def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
+    """One image file as the graph's input [1, depth, height, width], float32, the task's way:
+    pixels / 255, resized (bilinear), standardised."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as opened:
+            image = opened.convert("L" if recipe["depth"] == 1 else "RGB")
+    except (OSError, UnidentifiedImageError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise DeployError(
+            [Problem("", f"input '{path}'", f"cannot be read as an image: {reason}")]
+        ) from error
+    size = (recipe["width"], recipe["height"])
+    if image.size != size:
+        image = image.resize(size, Image.Resampling.BILINEAR)
+    pixels = np.asarray(image, dtype=np.float32) * np.float32(recipe["scale"])
+    pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+    normalize = recipe.get("normalize")
+    if normalize:
+        mean = np.asarray(normalize["mean"], dtype=np.float32)[:, None, None]
+        std = np.asarray(normalize["std"], dtype=np.float32)[:, None, None]
+        pixels = (pixels - mean) / std
+    return pixels[None].astype(np.float32)
+
+
+def _probabilities(values: np.ndarray) -> np.ndarray:
+    shifted = values - values.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return np.asarray(exp / exp.sum(axis=-1, keepdims=True))
+
+
+def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Prediction]:
+    import onnxruntime
+
+    folder = Path(export_dir).expanduser()
+    record = read_sidecar(folder)
+    recipe = record["preprocessing"]
+    if recipe.get("kind") != "image":
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    f"'{folder / 'sidecar.json'}'",
+                    f"the export's task ({record.get('task')}) has no raw-input recipe "
+                    "`loom predict` can apply (image tasks only)",
+                    "feed the graph's input tensors from your own code (see sidecar.json)",
+                )
+            ]
+        )
+    if top < 1:
+        raise DeployError([Problem("command line", "--top", "must be at least 1")])
+    tensors = []
+    for name in inputs:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise DeployError([Problem("", f"input '{path}'", "does not exist")])
+        tensors.append(image_tensor(path, recipe))
+    session = onnxruntime.InferenceSession(
+        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    input_name = record["inputs"][0]["name"]
+    output = record["outputs"][0]["name"]
+    labels = record.get("labels")
+    results = []
+    for name, tensor in zip(inputs, tensors, strict=True):
+        (values,) = session.run([output], {input_name: tensor})
+        probabilities = _probabilities(np.asarray(values, dtype=np.float64))[0]
+        order = np.argsort(-probabilities)[:top]
+        results.append(
+            Prediction(
+                name,
+                [
+                    (labels[i] if labels and i < len(labels) else str(i), float(probabilities[i]))
+                    for i in order
+                ],
+            )
+        )
+    return results
