@@ -137,8 +137,11 @@ def test_pt2_export_reloads_with_torch_export(lenet_run: Path) -> None:
 def test_safetensors_export_holds_every_weight(lenet_run: Path) -> None:
     from safetensors.torch import load_file
 
-    assert main(["export", str(lenet_run), "--format", "safetensors"]) == 0
-    saved = load_file(str(lenet_run / "exports" / "safetensors" / "model.safetensors"))
+    import torchloom
+
+    result = torchloom.export(lenet_run, "safetensors")
+    assert result.folder == lenet_run / "exports" / "safetensors"
+    saved = load_file(str(result.folder / "model.safetensors"))
     run = load_trained_run(lenet_run)
     own = run.pipeline.components["image_classifier"].state_dict()
     for key, value in own.items():

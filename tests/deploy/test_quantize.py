@@ -119,7 +119,7 @@ def test_a_second_quantization_needs_force_and_keeps_the_first_until_then(
         (["--mode", "statc"], "did you mean 'static'?"),
         (["--backend", "arm"], "is not a quantization backend"),
         (["--skip", "image_classifier.features.9"], "is not a layer with weights"),
-        (["--mode", "qat"], "quantization-aware training is not implemented yet"),
+        (["--mode", "qat", "--qat-epochs", "0"], "must be at least 1"),
         (["--checkpoint", "nowhere.pt"], "has no checkpoint"),
         (["--calibration-batches", "0"], "must be at least 1"),
     ],
@@ -147,3 +147,55 @@ def test_a_folder_that_is_not_a_trained_run(
     (tmp_path / "config.yaml").write_text("pipeline: {}\n", encoding="utf-8")
     assert quantize(tmp_path) == 2
     assert "has no checkpoint" in capsys.readouterr().err
+
+
+def test_loom_process_runs_a_quantized_folder_like_any_run(
+    static_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["process", str(static_folder), "--section", "test"]) == 0
+    out = capsys.readouterr().out
+    written = Path(out.split("written to: ")[1].strip())
+    assert written.parent == static_folder / "process"
+    summary = json.loads((written / "test_summary.json").read_text(encoding="utf-8"))
+    int8 = report_of(static_folder)["statistics"]["test"]["int8"]
+    assert summary["statistics"]["accuracy"] == int8["accuracy"]
+    assert main(["process", str(static_folder), "--checkpoint", "last"]) == 2
+    assert "does not apply to a quantized folder" in capsys.readouterr().err
+
+
+def test_python_api_quantizes_like_the_command(ffn_run: Path, tmp_path: Path) -> None:
+    import torchloom
+
+    run = tmp_path / "run"
+    shutil.copytree(ffn_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    result = torchloom.quantize(run, "static", repeats=3, calibration_batches=2)
+    assert result.folder == run / "quantized" / "static"
+    assert result.report["mode"] == "static"
+    # A feed-forward network's Linear+ReLU pairs are fused; every Linear is int8.
+    assert all(layer["quantized"] for layer in result.report["layers"])
+
+
+def test_quantization_aware_training_fine_tunes_through_the_engine(
+    lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert quantize(run, "--mode", "qat", "--qat-epochs", "1", "--qat-lr", "0.0002") == 0
+    folder = run / "quantized" / "qat"
+    report = report_of(folder)
+    assert report["route"].startswith("torch.ao eager quantization-aware training")
+    training = Path(report["qat"]["training_run"])
+    assert training.parent.parent == run / "quantized" / "qat_training"
+    summary = json.loads((training / "summary.json").read_text(encoding="utf-8"))
+    assert summary["epochs"] == 1
+    config = (training / "config.yaml").read_text(encoding="utf-8")
+    assert "# override: training.optimizer.lr=0.0002" in config
+    assert all(layer["quantized"] for layer in report["layers"])
+    test = report["statistics"]["test"]
+    assert abs(test["float"]["accuracy"] - test["int8"]["accuracy"]) <= 0.05
+    # The converted QAT model reloads (loom process) and gives the reported accuracy.
+    capsys.readouterr()
+    assert main(["process", str(folder)]) == 0
+    written = Path(capsys.readouterr().out.split("written to: ")[1].strip())
+    processed = json.loads((written / "test_summary.json").read_text(encoding="utf-8"))
+    assert processed["statistics"]["accuracy"] == test["int8"]["accuracy"]

@@ -218,6 +218,14 @@ def _quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None, metavar="best|last|PATH")
     p.add_argument("--force", action="store_true", help="replace an earlier result of the mode")
     p.add_argument("--repeats", type=int, default=30, help="timed runs per latency figure")
+    p.add_argument("--qat-epochs", type=int, default=1, metavar="E", help="qat: fine-tuning epochs")
+    p.add_argument(
+        "--qat-lr",
+        type=float,
+        default=None,
+        metavar="LR",
+        help="qat: fine-tuning rate (default: the run's rate x 0.1)",
+    )
 
 
 def _export(p: argparse.ArgumentParser) -> None:

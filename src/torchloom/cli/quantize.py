@@ -19,9 +19,13 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
         force=args.force,
         repeats=args.repeats,
+        qat_epochs=args.qat_epochs,
+        qat_lr=args.qat_lr,
     )
     report = result.report
     print(f"route: {report['route']}")
+    if report["qat"]:
+        print(f"fine-tuned {report['qat']['epochs']} epoch(s) in: {report['qat']['training_run']}")
     size = report["size_bytes"]
     print(f"weights: {size['float']:,} -> {size['int8']:,} bytes ({report['size_ratio']:.3f}x)")
     for batch, entry in report["latency_ms"].items():

@@ -27,14 +27,14 @@ from torch import nn
 
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.deploy.graph import InferenceGraph, task_batch
-from torchloom.deploy.measure import machine, median_latency_ms, ratio
+from torchloom.deploy.measure import machine, paired_latency_ms, ratio
 from torchloom.deploy.onnx_export import (
     FLOAT_TOLERANCE,
     batch_dimensions,
     export_onnx,
     exporter_reason,
     max_difference,
-    onnx_latency_ms,
+    onnx_call,
     onnx_session,
 )
 from torchloom.deploy.output_folder import refuse_existing, staged_folder
@@ -149,8 +149,14 @@ def _onnx(
     sizes = (1, BATCH) if dynamic else (1,)
     for size in sizes:
         inputs = tuple(t[:size] for t in batches[0])
-        eager = median_latency_ms(functools.partial(graph, *inputs), repeats)
-        runtime = onnx_latency_ms(graph, session, inputs, repeats)
+        medians = paired_latency_ms(
+            {
+                "eager": functools.partial(graph, *inputs),
+                "onnxruntime": onnx_call(graph, session, inputs),
+            },
+            repeats,
+        )
+        eager, runtime = medians["eager"], medians["onnxruntime"]
         latency[str(size)] = {
             "torch_eager": round(eager, 4),
             "onnxruntime": round(runtime, 4),

@@ -61,3 +61,22 @@ def machine() -> str:
 
 def ratio(before: float, after: float) -> float:
     return round(before / after, 3) if after else float("inf")
+
+
+def paired_latency_ms(
+    calls: Mapping[str, Callable[[], Any]], repeats: int = 30, warmup: int = 3
+) -> dict[str, float]:
+    """Median wall time (ms, one thread) of each call, the calls taking turns within every
+    repeat: a machine whose load changes during the measurement slows them alike, so their
+    ratio holds where two measurements one after the other would not."""
+    timings: dict[str, list[float]] = {name: [] for name in calls}
+    with threads(1), torch.no_grad():
+        for call in calls.values():
+            for _ in range(warmup):
+                call()
+        for _ in range(repeats):
+            for name, call in calls.items():
+                started = time.perf_counter()
+                call()
+                timings[name].append((time.perf_counter() - started) * 1000.0)
+    return {name: statistics.median(values) for name, values in timings.items()}

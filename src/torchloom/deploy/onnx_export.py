@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from torchloom.deploy.graph import InferenceGraph
-from torchloom.deploy.measure import median_latency_ms
 from torchloom.errors import DeployError, Problem
 
 # Float exports must match eager outputs to this (max absolute difference): float32 kernels
@@ -128,9 +127,10 @@ def max_difference(
     return worst
 
 
-def onnx_latency_ms(
-    graph: InferenceGraph, session: Any, inputs: Sequence[torch.Tensor], repeats: int
-) -> float:
+def onnx_call(
+    graph: InferenceGraph, session: Any, inputs: Sequence[torch.Tensor]
+) -> Callable[[], Any]:
+    """One ONNX Runtime run of the graph on `inputs` (converted once, outside the timing)."""
     feed = _feed(graph, inputs)
     names = list(graph.output_names)
-    return median_latency_ms(lambda: session.run(names, feed), repeats)
+    return lambda: session.run(names, feed)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -29,8 +30,9 @@ from torchloom.core.component import Model
 from torchloom.core.pipeline import Pipeline
 from torchloom.data.atomic_files import atomic_file, write_text_atomic
 from torchloom.deploy.graph import InferenceGraph, replaced, task_batch
-from torchloom.deploy.measure import machine, median_latency_ms, ratio, serialized_bytes
+from torchloom.deploy.measure import machine, paired_latency_ms, ratio, serialized_bytes
 from torchloom.deploy.output_folder import refuse_existing, staged_folder
+from torchloom.deploy.qat import fine_tune
 from torchloom.deploy.quantizer import (
     Plan,
     QuantizeOptions,
@@ -73,21 +75,14 @@ def quantize(
     repeats: int = 30,
     max_eval_batches: int | None = None,
     sensitivity: bool = True,
+    qat_epochs: int = 1,
+    qat_lr: float | None = None,
 ) -> QuantizeResult:
     """Quantize a run folder's model components; see the module docstring."""
     options = QuantizeOptions(mode, backend, per_channel, tuple(skip))
     quantizer = choose_quantizer(options)  # a wrong mode or backend, before anything is read
-    if mode == "qat":
-        raise DeployError(
-            [
-                Problem(
-                    "command line",
-                    "--mode qat",
-                    "quantization-aware training is not implemented yet",
-                    "use --mode static (post-training) or --mode dynamic",
-                )
-            ]
-        )
+    if qat_epochs < 1:
+        raise DeployError([Problem("command line", "--qat-epochs", "must be at least 1")])
     if calibration_batches < 1:
         raise DeployError([Problem("command line", "--calibration-batches", "must be at least 1")])
     run = load_trained_run(run_dir, checkpoint)
@@ -100,17 +95,19 @@ def quantize(
     graph = InferenceGraph(pipeline, section)
     samples = graph.example_inputs(task_batch(pipeline, section, SENSITIVITY_SAMPLES))
     with quantized_engine(backend), accepted_deprecations():
-        before = _measure(run, graph, samples, repeats, max_eval_batches)
+        before = _measure(run, max_eval_batches)
         float_models = {m.name: copy.deepcopy(m) for m in models}
         plan = Plan()
         for model in models:
             quantizer.prepare(model, plan)
-        calibration: list[tuple[torch.Tensor, ...]] = []
-        if quantizer.needs_calibration:
-            calibration = _calibrate(run, graph, calibration_batches)
+        training_run = None
+        if mode == "qat":
+            training_run = fine_tune(run, qat_epochs, qat_lr)
+        calibration = _calibrate(run, graph, calibration_batches, observe=mode == "static")
         for model in models:
             quantizer.convert(model)
-        after = _measure(run, graph, samples, repeats, max_eval_batches)
+        after = _measure(run, max_eval_batches)
+        latency = _latency(graph, float_models, samples, repeats)
         layers = (
             _sensitivity(graph, float_models, options, plan, calibration, samples)
             if sensitivity
@@ -122,7 +119,10 @@ def quantize(
         "mode": mode,
         "route": quantizer.route,
         "options": options.record(),
-        "calibration_batches": calibration_batches if quantizer.needs_calibration else 0,
+        "calibration_batches": calibration_batches if mode == "static" else 0,
+        "qat": None
+        if training_run is None
+        else {"epochs": qat_epochs, "training_run": str(training_run)},
         "machine": machine(),
         "torch": torch.__version__,
         "threads": 1,
@@ -132,9 +132,9 @@ def quantize(
         "size_ratio": round(after["size"] / before["size"], 3),
         "latency_ms": {
             str(b): {
-                "float": before["latency"][b],
-                "int8": after["latency"][b],
-                "speedup": ratio(before["latency"][b], after["latency"][b]),
+                "float": latency[b]["float"],
+                "int8": latency[b]["int8"],
+                "speedup": ratio(latency[b]["float"], latency[b]["int8"]),
             }
             for b in LATENCY_BATCHES
         },
@@ -174,13 +174,7 @@ def _loader(run: TrainedRun, section: str) -> SectionLoader:
     return SectionLoader(section, run.pipeline.tasks[section], settings, 0, run.config.where)
 
 
-def _measure(
-    run: TrainedRun,
-    graph: InferenceGraph,
-    samples: tuple[torch.Tensor, ...],
-    repeats: int,
-    max_batches: int | None,
-) -> dict[str, Any]:
+def _measure(run: TrainedRun, max_batches: int | None) -> dict[str, Any]:
     pipeline = run.pipeline
     training = run.config.data.get("training") or {}
     loss = (
@@ -202,29 +196,48 @@ def _measure(
             cpu,
             max_batches=max_batches,
         )
-    latency = {}
+    weights = {m.name: m.state_dict() for m in pipeline.models}
+    return {"statistics": values, "size": serialized_bytes(weights)}
+
+
+def _latency(
+    graph: InferenceGraph,
+    float_models: dict[str, Model],
+    samples: tuple[torch.Tensor, ...],
+    repeats: int,
+) -> dict[int, dict[str, float]]:
+    """Float and int8 graphs timed in turns (measure.paired_latency_ms), per batch size."""
+    float_graph = replaced(graph, dict(float_models))
+    found = {}
     for size in LATENCY_BATCHES:
         inputs = tuple(t[:size] for t in samples)
-        latency[size] = round(median_latency_ms(functools.partial(graph, *inputs), repeats), 4)
-    weights = {m.name: m.state_dict() for m in pipeline.models}
-    return {"statistics": values, "latency": latency, "size": serialized_bytes(weights)}
+        medians = paired_latency_ms(
+            {
+                "float": functools.partial(float_graph, *inputs),
+                "int8": functools.partial(graph, *inputs),
+            },
+            repeats,
+        )
+        found[size] = {name: round(value, 4) for name, value in medians.items()}
+    return found
 
 
 def _calibrate(
-    run: TrainedRun, graph: InferenceGraph, batches: int
+    run: TrainedRun, graph: InferenceGraph, batches: int, observe: bool
 ) -> list[tuple[torch.Tensor, ...]]:
-    """Run `batches` training batches (else validation) through the prepared pipeline; returns
-    the graph inputs of the first few, for the sensitivity trials."""
+    """With `observe`, run `batches` training batches (else validation) through the prepared
+    pipeline; returns the graph inputs of the first few, for the sensitivity trials."""
     pipeline = run.pipeline
     section = "training" if "training" in pipeline.tasks else _measured_section(pipeline)
     kept = []
     with torch.no_grad():
         for index, batch in enumerate(_loader(run, section).epoch(0)):
-            if index >= batches:
+            if index >= (batches if observe else 4):
                 break
             if index < 4:
                 kept.append(graph.example_inputs(batch))
-            pipeline(batch)
+            if observe:
+                pipeline(batch)
     return kept
 
 
@@ -243,7 +256,10 @@ def _sensitivity(
     samples: tuple[torch.Tensor, ...],
 ) -> dict[str, float]:
     """SQNR (dB) of the graph's first output with only one layer quantized, per quantized
-    layer: the lower, the more that layer alone costs (a candidate for --skip)."""
+    layer: the lower, the more that layer alone costs (a candidate for --skip). QAT layers
+    are tried as post-training static ones (what they cost before fine-tuning)."""
+    if options.mode == "qat":
+        options = replace(options, mode="static")
     reference_graph = replaced(graph, {n: copy.deepcopy(m) for n, m in float_models.items()})
     with torch.no_grad():
         reference = reference_graph(*samples)[0].float()
@@ -266,10 +282,24 @@ def _sensitivity(
     return found
 
 
-def load_quantized(folder: str | Path) -> Pipeline:
+def is_quantized_folder(folder: str | Path) -> bool:
+    """Whether `folder` is a result folder of `loom quantize`."""
+    folder = Path(folder).expanduser()
+    return (folder / "model.pt").is_file() and (folder / "quantization_report.json").is_file()
+
+
+def quantized_backend(folder: str | Path) -> str:
+    """The quantized engine a `loom quantize` result runs on (its int8 weights are packed for
+    it): what `quantized_engine(...)` must be set to around every call."""
+    report = json.loads((Path(folder).expanduser() / "quantization_report.json").read_text())
+    return str(report["options"]["backend"])
+
+
+def load_quantized(folder: str | Path, overrides: Sequence[str] = ()) -> Pipeline:
     """The pipeline of a `loom quantize` result folder, int8 models included, in eval mode:
     rebuilt from its config.yaml, its models prepared and converted as when they were
-    quantized, then given the saved state (read with `weights_only=True`)."""
+    quantized, then given the saved state (read with `weights_only=True`). `overrides` as
+    for `loom process` (a test subset, say); the models' structure must stay as saved."""
     from torchloom.config import load_config
     from torchloom.engine.assemble import build_checked
 
@@ -294,7 +324,7 @@ def load_quantized(folder: str | Path) -> Pipeline:
         raise DeployError([Problem("", f"'{path}'", f"is not a {FORMAT} file")])
     options = QuantizeOptions(**{**saved["options"], "skip": tuple(saved["options"]["skip"])})
     quantizer = choose_quantizer(options)
-    loaded = load_config(folder / "config.yaml")
+    loaded = load_config(folder / "config.yaml", overrides)
     pipeline = build_checked(loaded)
     with quantized_engine(options.backend), accepted_deprecations():
         for model in pipeline.models:

@@ -46,6 +46,13 @@ def quantization_markdown(report: dict[str, Any]) -> str:
         f"- measured on: {report['machine']}, torch {report['torch']}, "
         f"{report['threads']} thread, median of {report['latency_repeats']} runs "
         f"(warm-up excluded), inputs from the {report['latency_section']} set",
+    ]
+    if report.get("qat"):
+        lines.append(
+            f"- quantization-aware fine-tuning: {report['qat']['epochs']} epoch(s), run folder "
+            f"`{report['qat']['training_run']}`"
+        )
+    lines += [
         "",
         "## Size and latency (float vs int8)",
         "",
