@@ -1,6 +1,6 @@
-"""Trained run folders for the deployment tests: a LeNet-5 and a feed-forward network on a
-thousand real MNIST images (the packaged offline copy), two short epochs each, made once per
-test session."""
+"""Trained run folders for the deployment tests: a LeNet-5 and a feed-forward network on 768
+real MNIST images (the packaged offline copy), one short epoch each, made once per test
+session."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ def small_run(folder: Path, data: Path, base: str) -> Path:
         f"""\
 default_configs: [{base}]
 training:
-  task: {{data_folder: {data}, subset: 1024}}
+  task: {{data_folder: {data}, subset: 768}}
   dataloader: {{batch_size: 32}}
   seed: 7
   logging_interval: 8
-  terminal_conditions: {{epoch_limit: 2}}
+  terminal_conditions: {{epoch_limit: 1}}
 validation:
   task: {{subset: 256}}
 test:

@@ -25,7 +25,7 @@ def report_of(folder: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def onnx_folder(lenet_run: Path) -> Path:
-    assert main(["export", str(lenet_run), "--format", "onnx"]) == 0
+    assert main(["export", str(lenet_run), "--format", "onnx", "--repeats", "5"]) == 0
     return lenet_run / "exports" / "onnx"
 
 

@@ -192,7 +192,8 @@ def test_quantization_aware_training_fine_tunes_through_the_engine(
     assert "# override: training.optimizer.lr=0.0002" in config
     assert all(layer["quantized"] for layer in report["layers"])
     test = report["statistics"]["test"]
-    assert abs(test["float"]["accuracy"] - test["int8"]["accuracy"]) <= 0.05
+    # Fine-tuning may gain on an under-trained run; it must not lose much.
+    assert test["int8"]["accuracy"] >= test["float"]["accuracy"] - 0.05
     # The converted QAT model reloads (loom process) and gives the reported accuracy.
     capsys.readouterr()
     assert main(["process", str(folder)]) == 0

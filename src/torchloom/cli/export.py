@@ -13,6 +13,8 @@ def run(args: argparse.Namespace) -> int:
         args.run_dir,
         args.format,
         outputs=[name.strip() for name in args.outputs.split(",") if name.strip()],
+        inputs=[name.strip() for name in args.inputs.split(",") if name.strip()],
+        repeats=args.repeats,
         opset=args.opset,
         dynamic_batch=args.dynamic_batch,
         checkpoint=args.checkpoint,

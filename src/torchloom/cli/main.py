@@ -232,6 +232,13 @@ def _export(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `loom train`")
     p.add_argument("--format", default="onnx", help="onnx, pt2 or safetensors (default: onnx)")
     p.add_argument("--outputs", default="", metavar="STREAM,...", help="streams to output")
+    p.add_argument(
+        "--inputs",
+        default="",
+        metavar="STREAM,...",
+        help="streams to start from (default: the task's), after python-side components",
+    )
+    p.add_argument("--repeats", type=int, default=30, help="timed runs per latency figure")
     p.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument(

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from torchloom.data.atomic_files import write_text_atomic
-from torchloom.deploy.graph import InferenceGraph, task_batch
+from torchloom.deploy.graph import InferenceGraph, task_batch, upstream_components
 from torchloom.deploy.measure import machine, paired_latency_ms, ratio
 from torchloom.deploy.onnx_export import (
     FLOAT_TOLERANCE,
@@ -59,6 +59,7 @@ def export(
     format: str = "onnx",
     *,
     outputs: Sequence[str] = (),
+    inputs: Sequence[str] = (),
     opset: int | None = None,
     dynamic_batch: bool = True,
     checkpoint: str | None = None,
@@ -84,8 +85,12 @@ def export(
     section = next((s for s in ("test", "validation", "training") if s in pipeline.tasks), None)
     if section is None:
         raise DeployError([Problem("", "pipeline", "has no section with a task")])
-    graph = InferenceGraph(pipeline, section, list(outputs) or None).eval()
-    full = graph.example_inputs(task_batch(pipeline, section, BATCH * CHECK_BATCHES))
+    graph = InferenceGraph(pipeline, section, list(outputs) or None, list(inputs) or None).eval()
+    batch = task_batch(pipeline, section, BATCH * CHECK_BATCHES)
+    if inputs:  # the graph starts at streams of components: run them
+        with torch.no_grad():
+            pipeline(batch)
+    full = graph.example_inputs(batch)
     batches = [
         tuple(t[i : i + BATCH] for t in full)
         for i in range(0, int(full[0].shape[0]) if full else 0, BATCH)
@@ -115,6 +120,9 @@ def export(
         else:
             report.update(_safetensors(pipeline.components, folder))
         write_json(folder / "sidecar.json", sidecar(pipeline, section, graph))
+        for component in upstream_components(pipeline, section, graph):
+            for name, text in component.artifacts().items():
+                write_text_atomic(folder / "artifacts" / component.name / name, text)
         write_json(folder / "export_report.json", report)
         write_text_atomic(folder / "export_report.md", export_markdown(report))
     return ExportResult(target, report)

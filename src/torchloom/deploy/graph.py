@@ -55,43 +55,67 @@ class InferenceGraph(nn.Module):
     """Positional tensors in (`input_names`), a tuple of tensors out (`output_names`)."""
 
     def __init__(
-        self, pipeline: Pipeline, section: str, outputs: Sequence[str] | None = None
+        self,
+        pipeline: Pipeline,
+        section: str,
+        outputs: Sequence[str] | None = None,
+        inputs: Sequence[str] | None = None,
     ) -> None:
+        """`inputs`: streams the graph starts from instead of the task's (the output of a
+        tokenizer's bag of words, say), so that python-side components before them stay out."""
         super().__init__()
         task = pipeline.tasks[section]
         task_specs = {task.stream_name(k): s for k, s in task.output_specs().items()}
         producers = _producers(pipeline)
+        specs = {
+            component.stream_name(key): spec
+            for component in producers.values()
+            for key, spec in component.output_specs().items()
+        }
+        specs.update(task_specs)
         wanted = list(outputs) if outputs else default_outputs(pipeline)
-        for name in wanted:
-            if name not in producers and name not in task_specs:
-                known = [*producers, *task_specs]
-                raise DeployError(
-                    [
-                        Problem(
-                            "command line",
-                            f"--outputs {name}",
-                            "no component of the pipeline (but losses and statistics) "
-                            "produces this stream",
-                            did_you_mean(name, known) or f"streams: {', '.join(known)}",
-                        )
-                    ]
-                )
-        # Walk back from the outputs: the components whose outputs are needed, in order.
+        starts = list(inputs or ())
+        for flag, names in (("--outputs", wanted), ("--inputs", starts)):
+            for name in names:
+                if name not in specs:
+                    raise DeployError(
+                        [
+                            Problem(
+                                "command line",
+                                f"{flag} {name}",
+                                "no task or component of the pipeline (but losses and "
+                                "statistics) produces this stream",
+                                did_you_mean(name, specs) or f"streams: {', '.join(specs)}",
+                            )
+                        ]
+                    )
+        # Walk back from the outputs to the inputs: the components needed, in order.
         needed = set(wanted)
         chosen: list[Component] = []
         for component in reversed(list(pipeline.components.values())):
             if isinstance(component, (Loss, Statistic)):
                 continue
-            names = {component.stream_name(key) for key in component.output_specs()}
-            if names & needed:
+            produced = {component.stream_name(key) for key in component.output_specs()}
+            if produced & (needed - set(starts)):
                 chosen.append(component)
                 needed |= {component.stream_name(k) for k in component.input_specs()}
         chosen.reverse()
-        self.input_names = [name for name in task_specs if name in needed]
+        self.input_names = starts or [name for name in task_specs if name in needed]
+        unused = [name for name in starts if name not in needed]
+        if unused:
+            raise DeployError(
+                [Problem("command line", f"--inputs {unused[0]}", "no chosen output needs it")]
+            )
         self.output_names = wanted
-        self.input_specs = {name: task_specs[name] for name in self.input_names}
+        self.input_specs = {name: specs[name] for name in self.input_names}
+        tensor_streams = [n for n, s in specs.items() if is_tensor_spec(s) and n in needed]
+        for name in starts:
+            if not is_tensor_spec(specs[name]):
+                raise DeployError(
+                    [Problem("command line", f"--inputs {name}", "is not a tensor stream")]
+                )
         for component in chosen:
-            _check_tensor_streams(component, task_specs)
+            _check_tensor_streams(component, tensor_streams)
         for name in wanted:
             if name in task_specs and not is_tensor_spec(task_specs[name]):
                 raise DeployError(
@@ -138,7 +162,7 @@ def _spec_record(spec: StreamSpec) -> dict[str, Any]:
     }
 
 
-def _check_tensor_streams(component: Component, task_specs: dict[str, StreamSpec]) -> None:
+def _check_tensor_streams(component: Component, tensor_streams: list[str]) -> None:
     for direction, specs in (
         ("reads", component.input_specs()),
         ("writes", component.output_specs()),
@@ -153,9 +177,9 @@ def _check_tensor_streams(component: Component, task_specs: dict[str, StreamSpec
                             component.label,
                             f"{direction} '{component.stream_name(key)}' ({kinds}, not tensors): "
                             "a graph of tensors cannot hold it",
-                            "export the part after it with --outputs and reproduce this step "
-                            "in the deployment's own code (the sidecar JSON records its "
-                            "settings where torchloom knows them)",
+                            "start the graph after it with --inputs, naming tensor streams "
+                            f"it leads to ({', '.join(tensor_streams) or 'none'}), and "
+                            "reproduce this step in the deployment's own code",
                         )
                     ]
                 )
@@ -184,3 +208,19 @@ def task_batch(pipeline: Pipeline, section: str, size: int) -> Batch:
     if count == 0:
         raise DeployError([Problem("", f"section '{section}'", "its task has no samples")])
     return pipeline.rename_task_outputs(section, task.fetch(list(range(count))))
+
+
+def upstream_components(pipeline: Pipeline, section: str, graph: InferenceGraph) -> list[Component]:
+    """The components, in order, that turn the task's streams into the graph's inputs when the
+    graph starts after the task (`--inputs`): what a deployment must reproduce itself."""
+    task = pipeline.tasks[section]
+    task_streams = {task.stream_name(k) for k in task.output_specs()}
+    needed = set(graph.input_names) - task_streams
+    found: list[Component] = []
+    for component in reversed(list(pipeline.components.values())):
+        if isinstance(component, (Loss, Statistic)) or component in graph.chosen:
+            continue
+        if {component.stream_name(k) for k in component.output_specs()} & needed:
+            found.append(component)
+            needed |= {component.stream_name(k) for k in component.input_specs()}
+    return found[::-1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,12 @@ def export_onnx(
     dynamic: bool,
 ) -> None:
     try:
-        with _quiet():
+        with _quiet(), warnings.catch_warnings():
+            # Several inputs share the batch dimension: the exporter notes that it names the
+            # axis once. Nothing is wrong; that note, and only it, is accepted.
+            warnings.filterwarnings(
+                "ignore", message=r"# The axis name: .* will not be used", category=UserWarning
+            )
             program = torch.onnx.export(
                 graph,
                 tuple(example),

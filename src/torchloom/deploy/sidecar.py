@@ -10,7 +10,7 @@ from typing import Any
 
 from torchloom.core.component import Task
 from torchloom.core.pipeline import Pipeline
-from torchloom.deploy.graph import InferenceGraph
+from torchloom.deploy.graph import InferenceGraph, upstream_components
 
 SIDECAR_VERSION = 1
 
@@ -61,12 +61,25 @@ def sidecar(pipeline: Pipeline, section: str, graph: InferenceGraph) -> dict[str
             else ("logits" if "logit" in description else "values")
         )
         outputs.append({"name": name, "description": description, "kind": kind})
-    preprocessing = _image_preprocessing(task)
+    task_streams = {task.stream_name(k) for k in task.output_specs()}
+    preprocessing = _image_preprocessing(task) if set(graph.input_names) <= task_streams else None
+    upstream = upstream_components(pipeline, section, graph)
     return {
         "version": SIDECAR_VERSION,
         "task": type(task).__name__,
         "inputs": [{"name": name, **record} for name, record in graph.describe()["inputs"].items()],
         "preprocessing": preprocessing or {"kind": "tensors", "note": "no raw-input recipe"},
+        # Components before the graph (tokenizers, vocabularies): their settings, and the
+        # files they were built with, copied to artifacts/<name>/ next to this file.
+        "before_graph": [
+            {
+                "name": c.name,
+                "type": type(c).__name__,
+                "params": c.params.model_dump(mode="json"),
+                "artifacts": [f"artifacts/{c.name}/{f}" for f in c.artifacts()],
+            }
+            for c in upstream
+        ],
         "outputs": outputs,
         "labels": list(class_names) if class_names else None,
         "components": graph.describe()["components"],
