@@ -25,7 +25,7 @@ def report_of(folder: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def onnx_folder(lenet_run: Path) -> Path:
-    assert main(["export", str(lenet_run), "--format", "onnx", "--repeats", "5"]) == 0
+    assert main(["export", str(lenet_run), "--format", "onnx", "--int8", "--repeats", "5"]) == 0
     return lenet_run / "exports" / "onnx"
 
 
@@ -43,6 +43,16 @@ def test_onnx_export_matches_torch_in_onnx_runtime(onnx_folder: Path) -> None:
     assert sidecar["labels"] == [str(d) for d in range(10)]
     assert sidecar["preprocessing"]["normalize"] == {"mean": [0.1307], "std": [0.3081]}
     assert sidecar["outputs"][0]["kind"] == "log-probabilities"
+
+
+def test_int8_onnx_is_smaller_and_agrees_with_float(onnx_folder: Path) -> None:
+    int8 = report_of(onnx_folder)["int8"]
+    assert (onnx_folder / "model_int8.onnx").stat().st_size == int8["bytes"]
+    assert int8["bytes"] < 0.4 * int8["float_bytes"]
+    assert int8["calibration_samples"] == 256
+    assert int8["top1_agreement_with_float"] >= 0.9
+    assert set(int8["latency_ms"]) == {"1", "32"}
+    assert "## int8 ONNX" in (onnx_folder / "export_report.md").read_text(encoding="utf-8")
 
 
 STANDALONE = """
@@ -96,7 +106,8 @@ def test_predict_labels_png_files_as_the_model_does(
         path = tmp_path / f"digit{index}.png"
         Image.fromarray(pixels[0].numpy()).save(path)
         files.append(str(path))
-    assert main(["predict", str(onnx_folder), *files, "--top", "2", "--json"]) == 0
+    # The run folder stands for its ONNX export.
+    assert main(["predict", str(lenet_run), *files, "--top", "2", "--json"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     graph = InferenceGraph(run.pipeline, "test")
     (inputs,) = graph.example_inputs(task_batch(run.pipeline, "test", 6))
@@ -155,6 +166,8 @@ def test_safetensors_export_holds_every_weight(lenet_run: Path) -> None:
         (["--outputs", "prediction"], "did you mean 'predictions'?"),
         (["--outputs", "labels"], "is not a tensor stream"),
         (["--checkpoint", "nowhere.pt"], "has no checkpoint"),
+        (["--format", "pt2", "--int8"], "applies to --format onnx only"),
+        (["--inputs", "targets"], "no chosen output needs it"),
     ],
 )
 def test_bad_export_input_is_a_plain_error_and_writes_nothing(

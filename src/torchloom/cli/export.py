@@ -15,6 +15,7 @@ def run(args: argparse.Namespace) -> int:
         outputs=[name.strip() for name in args.outputs.split(",") if name.strip()],
         inputs=[name.strip() for name in args.inputs.split(",") if name.strip()],
         repeats=args.repeats,
+        int8=args.int8,
         opset=args.opset,
         dynamic_batch=args.dynamic_batch,
         checkpoint=args.checkpoint,
@@ -33,5 +34,16 @@ def run(args: argparse.Namespace) -> int:
             f"latency batch {batch}: torch {entry['torch_eager']:.3f} ms, ONNX Runtime "
             f"{entry['onnxruntime']:.3f} ms ({entry['speedup']:.2f}x, 1 thread)"
         )
+    int8 = report.get("int8")
+    if int8:
+        print(
+            f"int8 ONNX: {int8['file']} ({int8['bytes']:,} bytes), top-1 agreement with float "
+            f"{int8['top1_agreement_with_float']:.4f}"
+        )
+        for batch, entry in int8["latency_ms"].items():
+            print(
+                f"int8 latency batch {batch}: ONNX Runtime float {entry['float']:.3f} ms, int8 "
+                f"{entry['int8']:.3f} ms ({entry['speedup']:.2f}x, 1 thread)"
+            )
     print(f"written to: {result.folder}")
     return 0

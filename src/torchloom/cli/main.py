@@ -240,6 +240,9 @@ def _export(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--repeats", type=int, default=30, help="timed runs per latency figure")
     p.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version")
+    p.add_argument(
+        "--int8", action="store_true", help="onnx: also model_int8.onnx (ONNX Runtime QDQ)"
+    )
     batch = p.add_mutually_exclusive_group()
     batch.add_argument(
         "--dynamic-batch",
@@ -259,7 +262,9 @@ def _export(p: argparse.ArgumentParser) -> None:
 
 
 def _predict(p: argparse.ArgumentParser) -> None:
-    p.add_argument("export_dir", metavar="EXPORT_DIR", help="RUN_DIR/exports/onnx")
+    p.add_argument(
+        "export_dir", metavar="EXPORT_DIR", help="RUN_DIR/exports/onnx, or RUN_DIR itself"
+    )
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files (PNG, JPEG)")
     p.add_argument("--top", type=int, default=1, metavar="K", help="labels shown per input")
     p.add_argument("--json", action="store_true", help="print JSON lines")

@@ -30,12 +30,14 @@ from torchloom.deploy.graph import InferenceGraph, task_batch, upstream_componen
 from torchloom.deploy.measure import machine, paired_latency_ms, ratio
 from torchloom.deploy.onnx_export import (
     FLOAT_TOLERANCE,
+    agreement,
     batch_dimensions,
     export_onnx,
     exporter_reason,
     max_difference,
     onnx_call,
     onnx_session,
+    quantize_onnx,
 )
 from torchloom.deploy.output_folder import refuse_existing, staged_folder
 from torchloom.deploy.report import export_markdown, write_json
@@ -45,6 +47,7 @@ from torchloom.errors import DeployError, Problem, did_you_mean
 
 FORMATS = ("onnx", "pt2", "safetensors")
 CHECK_BATCHES = 4
+CALIBRATION_SAMPLES = 256
 BATCH = 32
 
 
@@ -65,6 +68,7 @@ def export(
     checkpoint: str | None = None,
     force: bool = False,
     repeats: int = 30,
+    int8: bool = False,
 ) -> ExportResult:
     """Export a run folder's tensor graph; see the module docstring."""
     if format not in FORMATS:
@@ -75,6 +79,17 @@ def export(
                     f"--format {format}",
                     "is not an export format",
                     did_you_mean(format, FORMATS) or f"formats: {', '.join(FORMATS)}",
+                )
+            ]
+        )
+    if int8 and format != "onnx":
+        raise DeployError(
+            [
+                Problem(
+                    "command line",
+                    "--int8",
+                    f"applies to --format onnx only, not {format}",
+                    "`loom quantize` makes int8 torch models",
                 )
             ]
         )
@@ -115,6 +130,9 @@ def export(
     with staged_folder(target, force, "loom export") as folder:
         if format == "onnx":
             report.update(_onnx(graph, example, batches, folder, opset, dynamic_batch, repeats))
+            if int8:
+                calibration = _calibration_batches(pipeline, graph, bool(inputs))
+                report["int8"] = _onnx_int8(graph, batches, calibration, folder, repeats)
         elif format == "pt2":
             report.update(_pt2(graph, example, batches, folder, dynamic_batch))
         else:
@@ -241,4 +259,56 @@ def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str,
         "tensors": len(saved),
         "load": "safetensors.torch.load_model(pipeline.registered, path) "
         "(keys: <component>.<weight>)",
+    }
+
+
+def _calibration_batches(
+    pipeline: Any, graph: InferenceGraph, run_components: bool
+) -> list[tuple[torch.Tensor, ...]]:
+    """Graph inputs of the training set's first CALIBRATION_SAMPLES samples (else the test
+    set's), in batches of BATCH."""
+    section = "training" if "training" in pipeline.tasks else next(iter(pipeline.tasks))
+    batch = task_batch(pipeline, section, CALIBRATION_SAMPLES)
+    if run_components:
+        with torch.no_grad():
+            pipeline(batch)
+    full = graph.example_inputs(batch)
+    return [tuple(t[i : i + BATCH] for t in full) for i in range(0, int(full[0].shape[0]), BATCH)]
+
+
+def _onnx_int8(
+    graph: InferenceGraph,
+    batches: list[tuple[torch.Tensor, ...]],
+    calibration: list[tuple[torch.Tensor, ...]],
+    folder: Path,
+    repeats: int,
+) -> dict[str, Any]:
+    """model_int8.onnx (ONNX Runtime static QDQ), measured against model.onnx."""
+    path = folder / "model_int8.onnx"
+    quantize_onnx(folder / "model.onnx", path, graph, calibration)
+    float_session = onnx_session(folder / "model.onnx", threads=1)
+    session = onnx_session(path, threads=1)
+    latency = {}
+    for size in (1, BATCH):
+        inputs = tuple(t[:size] for t in batches[0])
+        medians = paired_latency_ms(
+            {
+                "float": onnx_call(graph, float_session, inputs),
+                "int8": onnx_call(graph, session, inputs),
+            },
+            repeats,
+        )
+        latency[str(size)] = {
+            "float": round(medians["float"], 4),
+            "int8": round(medians["int8"], 4),
+            "speedup": ratio(medians["float"], medians["int8"]),
+        }
+    return {
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        "float_bytes": (folder / "model.onnx").stat().st_size,
+        "calibration_samples": sum(int(b[0].shape[0]) for b in calibration),
+        "top1_agreement_with_float": round(agreement(graph, session, batches), 4),
+        "max_abs_difference_to_torch": max_difference(graph, session, batches),
+        "latency_ms": latency,
     }

@@ -21,6 +21,12 @@ class Prediction:
     top: list[tuple[str, float]]  # (label, probability), most probable first
 
 
+def export_folder(given: Path) -> Path:
+    """The ONNX export folder: `given` itself, or a run folder's exports/onnx."""
+    inside = given / "exports" / "onnx"
+    return inside if not (given / "model.onnx").exists() and inside.is_dir() else given
+
+
 def read_sidecar(export_dir: Path) -> dict[str, Any]:
     model, path = export_dir / "model.onnx", export_dir / "sidecar.json"
     if not model.is_file() or not path.is_file():
@@ -30,7 +36,8 @@ def read_sidecar(export_dir: Path) -> dict[str, Any]:
                     "",
                     f"'{export_dir}'",
                     "is not an ONNX export of `loom export` (it needs model.onnx and sidecar.json)",
-                    "give RUN_DIR/exports/onnx",
+                    "run `loom export RUN_DIR --format onnx` first, then give RUN_DIR or "
+                    "RUN_DIR/exports/onnx",
                 )
             ]
         )
@@ -78,7 +85,7 @@ def _probabilities(values: np.ndarray) -> np.ndarray:
 def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Prediction]:
     import onnxruntime
 
-    folder = Path(export_dir).expanduser()
+    folder = export_folder(Path(export_dir).expanduser())
     record = read_sidecar(folder)
     recipe = record["preprocessing"]
     if recipe.get("kind") != "image":

@@ -138,4 +138,25 @@ def export_markdown(report: dict[str, Any]) -> str:
                 for batch, e in report["latency_ms"].items()
             ],
         )
+    int8 = report.get("int8")
+    if int8:
+        lines += [
+            "",
+            "## int8 ONNX (ONNX Runtime static QDQ quantization)",
+            "",
+            f"- file: `{int8['file']}` ({int8['bytes']:,} bytes, "
+            f"{int8['bytes'] / int8['float_bytes']:.3f}x the float file)",
+            f"- calibration: {int8['calibration_samples']} training samples (MinMax)",
+            f"- top-1 agreement with torch float on the check batches: "
+            f"{int8['top1_agreement_with_float']:.4f}; max abs difference "
+            f"{int8['max_abs_difference_to_torch']:.3g}",
+            "",
+        ]
+        lines += _table(
+            ["batch", "ONNX Runtime float", "ONNX Runtime int8", "speedup"],
+            [
+                [batch, e["float"], e["int8"], f"{e['speedup']:.2f}x"]
+                for batch, e in int8["latency_ms"].items()
+            ],
+        )
     return "\n".join(lines) + "\n"
