@@ -46,7 +46,7 @@ def train(config: str, epochs: int, data: str, expdir: str) -> Path:
 def reused(expdir: str, name: str) -> Path | None:
     """The latest finished run of `name` already in `expdir` (a second benchmark run on the
     same --expdir measures again without training again), or None."""
-    runs = sorted(p.parent for p in Path(expdir).glob(f"{name}/*/checkpoints/best.pt"))
+    runs = sorted(p.parent.parent for p in Path(expdir).glob(f"{name}/*/checkpoints/best.pt"))
     return runs[-1] if runs else None
 
 
@@ -78,10 +78,7 @@ def main() -> None:
         started = time.perf_counter()
         lenet = reused(expdir, "lenet5") or train("lenet5.yml", args.epochs, args.data, expdir)
         ffn = reused(expdir, "ffn") or train("ffn.yml", args.epochs, args.data, expdir)
-        print(
-            f"trained LeNet-5 and FFN for {args.epochs} epochs in "
-            f"{time.perf_counter() - started:.0f} s"
-        )
+        print(f"runs: {lenet}, {ffn} ({time.perf_counter() - started:.0f} s to train or find)")
         static = quantize(lenet, "static", repeats=args.repeats, force=True).report
         print(quantized_line("LeNet-5", static))
         dynamic = quantize(ffn, "dynamic", repeats=args.repeats, force=True).report

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from torchloom.data.atomic_files import write_text_atomic
-from torchloom.deploy.graph import InferenceGraph, task_batch, upstream_components
+from torchloom.deploy.graph import InferenceGraph, graph_batch, upstream_components
 from torchloom.deploy.measure import machine, paired_latency_ms, ratio
 from torchloom.deploy.onnx_export import (
     FLOAT_TOLERANCE,
@@ -101,11 +101,7 @@ def export(
     if section is None:
         raise DeployError([Problem("", "pipeline", "has no section with a task")])
     graph = InferenceGraph(pipeline, section, list(outputs) or None, list(inputs) or None).eval()
-    batch = task_batch(pipeline, section, BATCH * CHECK_BATCHES)
-    if inputs:  # the graph starts at streams of components: run them
-        with torch.no_grad():
-            pipeline(batch)
-    full = graph.example_inputs(batch)
+    full = graph.example_inputs(graph_batch(pipeline, section, graph, BATCH * CHECK_BATCHES))
     batches = [
         tuple(t[i : i + BATCH] for t in full)
         for i in range(0, int(full[0].shape[0]) if full else 0, BATCH)
@@ -131,7 +127,7 @@ def export(
         if format == "onnx":
             report.update(_onnx(graph, example, batches, folder, opset, dynamic_batch, repeats))
             if int8:
-                calibration = _calibration_batches(pipeline, graph, bool(inputs))
+                calibration = _calibration_batches(pipeline, graph)
                 report["int8"] = _onnx_int8(graph, batches, calibration, folder, repeats)
         elif format == "pt2":
             report.update(_pt2(graph, example, batches, folder, dynamic_batch))
@@ -262,17 +258,11 @@ def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str,
     }
 
 
-def _calibration_batches(
-    pipeline: Any, graph: InferenceGraph, run_components: bool
-) -> list[tuple[torch.Tensor, ...]]:
+def _calibration_batches(pipeline: Any, graph: InferenceGraph) -> list[tuple[torch.Tensor, ...]]:
     """Graph inputs of the training set's first CALIBRATION_SAMPLES samples (else the test
     set's), in batches of BATCH."""
     section = "training" if "training" in pipeline.tasks else next(iter(pipeline.tasks))
-    batch = task_batch(pipeline, section, CALIBRATION_SAMPLES)
-    if run_components:
-        with torch.no_grad():
-            pipeline(batch)
-    full = graph.example_inputs(batch)
+    full = graph.example_inputs(graph_batch(pipeline, section, graph, CALIBRATION_SAMPLES))
     return [tuple(t[i : i + BATCH] for t in full) for i in range(0, int(full[0].shape[0]), BATCH)]
 
 

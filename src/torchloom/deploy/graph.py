@@ -224,3 +224,30 @@ def upstream_components(pipeline: Pipeline, section: str, graph: InferenceGraph)
             found.append(component)
             needed |= {component.stream_name(k) for k in component.input_specs()}
     return found[::-1]
+
+
+def model_graph(pipeline: Pipeline, section: str) -> InferenceGraph:
+    """The graph to time and compare models on: from the task's streams when the pipeline
+    is all tensors, else from the streams the models read (after a tokenizer, say)."""
+    try:
+        return InferenceGraph(pipeline, section)
+    except DeployError:
+        models = [c for c in pipeline.components.values() if isinstance(c, Model)]
+        from_models = {c.stream_name(k) for c in models for k in c.output_specs()}
+        starts = [
+            c.stream_name(k)
+            for c in models
+            for k in c.input_specs()
+            if c.stream_name(k) not in from_models
+        ]
+        return InferenceGraph(pipeline, section, inputs=list(dict.fromkeys(starts)))
+
+
+def graph_batch(pipeline: Pipeline, section: str, graph: InferenceGraph, size: int) -> Batch:
+    """A batch of the task with every stream the graph starts from (components before the
+    graph run on it when it does not start at the task)."""
+    batch = task_batch(pipeline, section, size)
+    if any(name not in batch for name in graph.input_names):
+        with torch.no_grad():
+            pipeline(batch)
+    return batch

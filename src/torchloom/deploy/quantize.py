@@ -29,7 +29,7 @@ import torch
 from torchloom.core.component import Model
 from torchloom.core.pipeline import Pipeline
 from torchloom.data.atomic_files import atomic_file, write_text_atomic
-from torchloom.deploy.graph import InferenceGraph, replaced, task_batch
+from torchloom.deploy.graph import InferenceGraph, graph_batch, model_graph, replaced
 from torchloom.deploy.measure import machine, paired_latency_ms, ratio, serialized_bytes
 from torchloom.deploy.output_folder import refuse_existing, staged_folder
 from torchloom.deploy.qat import fine_tune
@@ -92,8 +92,8 @@ def quantize(
     models = pipeline.models
     check_skip(options, models)
     section = _measured_section(pipeline)
-    graph = InferenceGraph(pipeline, section)
-    samples = graph.example_inputs(task_batch(pipeline, section, SENSITIVITY_SAMPLES))
+    graph = model_graph(pipeline, section)
+    samples = graph.example_inputs(graph_batch(pipeline, section, graph, SENSITIVITY_SAMPLES))
     with quantized_engine(backend), accepted_deprecations():
         before = _measure(run, max_eval_batches)
         float_models = {m.name: copy.deepcopy(m) for m in models}
@@ -128,6 +128,7 @@ def quantize(
         "threads": 1,
         "latency_repeats": repeats,
         "latency_section": section,
+        "graph": graph.describe(),
         "size_bytes": {"float": before["size"], "int8": after["size"]},
         "size_ratio": round(after["size"] / before["size"], 3),
         "latency_ms": {
@@ -234,10 +235,10 @@ def _calibrate(
         for index, batch in enumerate(_loader(run, section).epoch(0)):
             if index >= (batches if observe else 4):
                 break
+            if observe or any(name not in batch for name in graph.input_names):
+                pipeline(batch)
             if index < 4:
                 kept.append(graph.example_inputs(batch))
-            if observe:
-                pipeline(batch)
     return kept
 
 

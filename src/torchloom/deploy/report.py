@@ -46,6 +46,9 @@ def quantization_markdown(report: dict[str, Any]) -> str:
         f"- measured on: {report['machine']}, torch {report['torch']}, "
         f"{report['threads']} thread, median of {report['latency_repeats']} runs "
         f"(warm-up excluded), inputs from the {report['latency_section']} set",
+        f"- timed graph: {', '.join(report['graph']['inputs'])} -> "
+        f"{', '.join(report['graph']['outputs'])} through "
+        f"{', '.join(report['graph']['components'])}",
     ]
     if report.get("qat"):
         lines.append(
