@@ -70,6 +70,7 @@ class EagerStaticQuantizer(Quantizer):
     def __init__(self, options: Any, qat: bool = False) -> None:
         super().__init__(options)
         self.qat = qat
+        self._prepared: set[int] = set()  # components with something to convert
         if qat:
             self.route = "torch.ao eager quantization-aware training (fused, fake-quantized)"
 
@@ -88,14 +89,19 @@ class EagerStaticQuantizer(Quantizer):
         outcomes: dict[str, LayerOutcome] = {}
         with accepted_deprecations():
             self._bracket(component, component, "", qconfig, outcomes)
+            plan.layers += sorted(outcomes.values(), key=lambda o: o.name)
+            if not any(outcome.quantized for outcome in outcomes.values()):
+                return  # nothing to observe: the component stays as it is
+            self._prepared.add(id(component))
             component.train(self.qat)
             if self.qat:
                 tq.prepare_qat(component, inplace=True)
             else:
                 tq.prepare(component, inplace=True)
-        plan.layers += sorted(outcomes.values(), key=lambda o: o.name)
 
     def convert(self, component: Model) -> None:
+        if id(component) not in self._prepared:
+            return
         component.eval()
         with accepted_deprecations():
             tq.convert(component, inplace=True)
