@@ -137,12 +137,18 @@ def test_predict_refuses_what_it_cannot_read(
     assert "is not an ONNX export" in capsys.readouterr().err
 
 
-def test_pt2_export_reloads_with_torch_export(lenet_run: Path) -> None:
-    assert main(["export", str(lenet_run), "--format", "pt2"]) == 0
+def test_pt2_export_reloads_with_torch_export_and_as_an_aoti_package(lenet_run: Path) -> None:
+    args = ["export", str(lenet_run), "--format", "pt2", "--aoti", "--repeats", "3"]
+    assert main(args) == 0
     folder = lenet_run / "exports" / "pt2"
-    assert report_of(folder)["check"]["max_abs_difference"] <= 1e-6
+    report = report_of(folder)
+    assert report["check"]["max_abs_difference"] <= 1e-6
     module = torch.export.load(str(folder / "model.pt2")).module()
     assert module(torch.zeros(3, 1, 28, 28))[0].shape == (3, 10)
+    assert report["aoti"]["max_abs_difference"] <= 1e-4
+    assert set(report["aoti"]["latency_ms"]) == {"1", "32"}
+    package = torch._inductor.aoti_load_package(str(folder / "model_aoti.pt2"))
+    assert package(torch.zeros(5, 1, 28, 28))[0].shape == (5, 10)  # any batch size
 
 
 def test_safetensors_export_holds_every_weight(lenet_run: Path) -> None:
@@ -167,6 +173,7 @@ def test_safetensors_export_holds_every_weight(lenet_run: Path) -> None:
         (["--outputs", "labels"], "is not a tensor stream"),
         (["--checkpoint", "nowhere.pt"], "has no checkpoint"),
         (["--format", "pt2", "--int8"], "applies to --format onnx only"),
+        (["--format", "onnx", "--aoti"], "applies to --format pt2 only"),
         (["--inputs", "targets"], "no chosen output needs it"),
     ],
 )

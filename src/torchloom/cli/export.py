@@ -16,6 +16,7 @@ def run(args: argparse.Namespace) -> int:
         inputs=[name.strip() for name in args.inputs.split(",") if name.strip()],
         repeats=args.repeats,
         int8=args.int8,
+        aoti=args.aoti,
         opset=args.opset,
         dynamic_batch=args.dynamic_batch,
         checkpoint=args.checkpoint,
@@ -34,6 +35,14 @@ def run(args: argparse.Namespace) -> int:
             f"latency batch {batch}: torch {entry['torch_eager']:.3f} ms, ONNX Runtime "
             f"{entry['onnxruntime']:.3f} ms ({entry['speedup']:.2f}x, 1 thread)"
         )
+    aoti = report.get("aoti")
+    if aoti:
+        print(f"AOTInductor package: {aoti['file']} ({aoti['bytes']:,} bytes)")
+        for batch, entry in aoti["latency_ms"].items():
+            print(
+                f"AOTInductor latency batch {batch}: torch {entry['torch_eager']:.3f} ms, "
+                f"package {entry['aoti']:.3f} ms ({entry['speedup']:.2f}x, 1 thread)"
+            )
     int8 = report.get("int8")
     if int8:
         print(

@@ -243,6 +243,9 @@ def _export(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--int8", action="store_true", help="onnx: also model_int8.onnx (ONNX Runtime QDQ)"
     )
+    p.add_argument(
+        "--aoti", action="store_true", help="pt2: also an AOTInductor package (C++ compiler)"
+    )
     batch = p.add_mutually_exclusive_group()
     batch.add_argument(
         "--dynamic-batch",

@@ -4,7 +4,9 @@ to `RUN_DIR/exports/<format>/`, checked, and described:
 
     onnx:        model.onnx, checked in ONNX Runtime against eager outputs on real test
                  batches (max abs difference <= 1e-4, else an error), and timed in both
-    pt2:         model.pt2 (`torch.export.save`), reloaded and checked against eager
+    pt2:         model.pt2 (`torch.export.save`), reloaded and checked against eager; with
+                 --aoti also model_aoti.pt2, an AOTInductor package (compiled with the
+                 machine's C++ compiler), checked and timed against eager
     safetensors: model.safetensors, every component's weights (`safetensors.torch.save_model`,
                  which handles tied weights), reread and checked
     sidecar.json         pre- and post-processing a deployment needs (sidecar.py)
@@ -26,6 +28,7 @@ import torch
 from torch import nn
 
 from torchloom.data.atomic_files import write_text_atomic
+from torchloom.deploy.aoti import aoti_package
 from torchloom.deploy.graph import InferenceGraph, graph_batch, upstream_components
 from torchloom.deploy.measure import machine, paired_latency_ms, ratio
 from torchloom.deploy.onnx_export import (
@@ -69,6 +72,7 @@ def export(
     force: bool = False,
     repeats: int = 30,
     int8: bool = False,
+    aoti: bool = False,
 ) -> ExportResult:
     """Export a run folder's tensor graph; see the module docstring."""
     if format not in FORMATS:
@@ -92,6 +96,10 @@ def export(
                     "`loom quantize` makes int8 torch models",
                 )
             ]
+        )
+    if aoti and format != "pt2":
+        raise DeployError(
+            [Problem("command line", "--aoti", f"applies to --format pt2 only, not {format}")]
         )
     run = load_trained_run(run_dir, checkpoint)
     target = run.run_dir / "exports" / format
@@ -130,7 +138,7 @@ def export(
                 calibration = _calibration_batches(pipeline, graph)
                 report["int8"] = _onnx_int8(graph, batches, calibration, folder, repeats)
         elif format == "pt2":
-            report.update(_pt2(graph, example, batches, folder, dynamic_batch))
+            report.update(_pt2(graph, example, batches, folder, dynamic_batch, aoti, repeats))
         else:
             report.update(_safetensors(pipeline.components, folder))
         write_json(folder / "sidecar.json", sidecar(pipeline, section, graph))
@@ -204,6 +212,8 @@ def _pt2(
     batches: list[tuple[torch.Tensor, ...]],
     folder: Path,
     dynamic: bool,
+    aoti: bool,
+    repeats: int,
 ) -> dict[str, Any]:
     path = folder / "model.pt2"
     try:
@@ -228,12 +238,17 @@ def _pt2(
         for inputs in batches:
             for want, got in zip(graph(*inputs), reloaded(*inputs), strict=True):
                 worst = max(worst, float((want - got).abs().max()))
-    return {
+    found = {
         "file": path.name,
         "bytes": path.stat().st_size,
         "check": {"max_abs_difference": worst, "batches": len(batches)},
         "load": "torch.export.load(path).module()(*inputs)",
     }
+    if aoti:
+        sizes = (1, BATCH) if dynamic else (1,)
+        package = folder / "model_aoti.pt2"
+        found["aoti"] = aoti_package(program, graph, batches, package, repeats, sizes)
+    return found
 
 
 def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str, Any]:

@@ -141,6 +141,24 @@ def export_markdown(report: dict[str, Any]) -> str:
                 for batch, e in report["latency_ms"].items()
             ],
         )
+    aoti = report.get("aoti")
+    if aoti:
+        lines += [
+            "",
+            "## AOTInductor package",
+            "",
+            f"- file: `{aoti['file']}` ({aoti['bytes']:,} bytes); load with `{aoti['load']}`",
+            f"- max abs difference to eager torch: {aoti['max_abs_difference']:.3g} "
+            f"(tolerance {aoti['tolerance']:g})",
+            "",
+        ]
+        lines += _table(
+            ["batch", "torch eager", "AOTInductor", "speedup"],
+            [
+                [batch, e["torch_eager"], e["aoti"], f"{e['speedup']:.2f}x"]
+                for batch, e in aoti["latency_ms"].items()
+            ],
+        )
     int8 = report.get("int8")
     if int8:
         lines += [
