@@ -112,3 +112,31 @@ def test_dynamic_leaves_convolutions_in_float_and_says_why() -> None:
         "net.stem.0": "dynamic quantization has no int8 Conv2d",
         "net.left": "dynamic quantization has no int8 Conv2d",
     }
+
+
+class ReadsWeights(Model):
+    """A forward that uses a layer's weight itself (tied weights do this)."""
+
+    Params = ComponentParams
+
+    def __init__(self, params: ComponentParams, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, inputs: Batch) -> Batch:
+        return {"y": nn.functional.linear(self.fc(inputs["x"]), self.fc.weight)}
+
+
+def test_a_forward_eager_quantization_cannot_follow_is_a_plain_error() -> None:
+    from torchloom.deploy.quantize import _check_runs
+
+    model = ReadsWeights(ComponentParams(), BuildContext(name="tied")).eval()
+    plan = quantized(model, QuantizeOptions("dynamic"))
+
+    class Graph(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (model({"x": x})["y"],)
+
+    with pytest.raises(DeployError, match="fails on a batch after conversion") as caught:
+        _check_runs(Graph(), (torch.randn(3, 4),), plan)  # any module of tensors in and out
+    assert "--skip" in caught.value.format() and "tied.fc" in caught.value.format()

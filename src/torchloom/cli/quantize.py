@@ -34,10 +34,14 @@ def run(args: argparse.Namespace) -> int:
             f"({entry['speedup']:.2f}x faster, 1 thread)"
         )
     for section, values in report["statistics"].items():
+        before, after = values["float"], values["int8"]
         shown = [
-            f"{k} {values['float'][k]:.4f} -> {values['int8'][k]:.4f}"
-            for k in values["float"]
-            if k not in ("samples",) and not k.startswith("loss_")
+            f"{k} {before[k]:.4f} -> {after[k]:.4f}"
+            for k in before
+            if k != "samples"
+            and not k.startswith("loss_")
+            and isinstance(before[k], (int, float))
+            and isinstance(after.get(k), (int, float))
         ]
         print(f"{section}: {', '.join(shown)}")
     left = [layer for layer in report["layers"] if not layer["quantized"]]

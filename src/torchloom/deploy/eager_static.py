@@ -112,7 +112,7 @@ class EagerStaticQuantizer(Quantizer):
             return not self.skipped(component, path)
         if isinstance(module, PASS_THROUGH):
             return True
-        if isinstance(module, nn.Sequential) and len(module) > 0:
+        if type(module) is nn.Sequential and len(module) > 0:
             return all(
                 self._supported(component, _join(path, n), m) for n, m in module.named_children()
             )
@@ -127,7 +127,9 @@ class EagerStaticQuantizer(Quantizer):
         outcomes: dict[str, LayerOutcome],
     ) -> None:
         children = list(module.named_children())
-        if isinstance(module, nn.Sequential):
+        # Only a plain Sequential is known to run its children as a chain (a subclass may
+        # override forward).
+        if type(module) is nn.Sequential:
             runs = self._runs(component, path, children)
             covered = {name for run in runs for name, _ in run}
             for run in runs:

@@ -58,7 +58,7 @@ def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
     try:
         with Image.open(path) as opened:
             image = opened.convert("L" if recipe["depth"] == 1 else "RGB")
-    except (OSError, UnidentifiedImageError) as error:
+    except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise DeployError(
             [Problem("", f"input '{path}'", f"cannot be read as an image: {reason}")]

@@ -106,6 +106,7 @@ def quantize(
         calibration = _calibrate(run, graph, calibration_batches, observe=mode == "static")
         for model in models:
             quantizer.convert(model)
+        _check_runs(graph, samples, plan)
         after = _measure(run, max_eval_batches)
         latency = _latency(graph, float_models, samples, repeats)
         layers = (
@@ -161,6 +162,30 @@ def quantize(
         write_json(folder / "quantization_report.json", report)
         write_text_atomic(folder / "quantization_report.md", quantization_markdown(report))
     return QuantizeResult(target, report)
+
+
+def _check_runs(graph: InferenceGraph, samples: tuple[torch.Tensor, ...], plan: Plan) -> None:
+    """The converted graph runs on a batch. A model whose forward reads a layer's weights
+    itself (`F.linear(x, self.fc.weight)`) or does arithmetic eager quantization cannot see
+    fails here: a plain error naming the quantized layers, not a traceback mid-evaluation."""
+    try:
+        with torch.no_grad():
+            graph(*tuple(t[:2] for t in samples))
+    except Exception as error:
+        layers = ", ".join(layer.name for layer in plan.quantized[:8])
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    "int8 pipeline",
+                    f"fails on a batch after conversion: {type(error).__name__}: "
+                    f"{str(error).splitlines()[0][:300]}",
+                    f"a model uses a quantized layer in a way eager quantization cannot "
+                    f"follow; keep it in float with --skip (quantized: {layers}), or try "
+                    "another --mode",
+                )
+            ]
+        ) from error
 
 
 def _measured_section(pipeline: Pipeline) -> str:
