@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
     for batch, entry in report["latency_ms"].items():
         print(
             f"latency batch {batch}: {entry['float']:.3f} -> {entry['int8']:.3f} ms "
-            f"({entry['speedup']:.2f}x faster, 1 thread)"
+            f"(float/int8 time {entry['speedup']:.2f}x, 1 thread)"
         )
     for section, values in report["statistics"].items():
         before, after = values["float"], values["int8"]

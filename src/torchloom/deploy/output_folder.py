@@ -24,7 +24,7 @@ def refuse_existing(target: Path, force: bool, command: str) -> None:
                     "",
                     f"'{target}'",
                     f"already holds the results of an earlier `{command}`",
-                    "add --force to replace them (they are kept until the new ones are complete)",
+                    "add --force to replace them; they are kept until the new ones are complete",
                 )
             ]
         )

@@ -69,7 +69,7 @@ def quantization_markdown(report: dict[str, Any]) -> str:
                 f"latency, batch {batch} (ms)",
                 entry["float"],
                 entry["int8"],
-                f"{entry['speedup']:.2f}x faster",
+                f"{entry['speedup']:.2f}x (float/int8 time)",
             ]
         )
     lines += _table(["", "float", "int8", "ratio"], rows)
