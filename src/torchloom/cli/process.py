@@ -50,7 +50,9 @@ def _quantized(args: argparse.Namespace, disable: list[str]) -> int:
         )
     with quantized_engine(quantized_backend(args.source)):
         pipeline = load_quantized(args.source, args.overrides)
-        result = process(args.source, args.overrides, section=args.section, prebuilt=pipeline)
+        result = process(
+            args.source, args.overrides, section=args.section, device="cpu", prebuilt=pipeline
+        )
     return _print(args, result)
 
 
