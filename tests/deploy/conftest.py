@@ -46,3 +46,26 @@ def lenet_run(tmp_path_factory: pytest.TempPathFactory, mnist_data: Path) -> Pat
 @pytest.fixture(scope="session")
 def ffn_run(tmp_path_factory: pytest.TempPathFactory, mnist_data: Path) -> Path:
     return small_run(tmp_path_factory.mktemp("ffn"), mnist_data, "loom://mnist/ffn.yml")
+
+
+@pytest.fixture(scope="session")
+def bbc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The BBC News bag-of-words pipeline (a tokenizer, an indexer and an encoder before its
+    model) on 150 articles for one epoch: the packaged offline copy of the corpus."""
+    folder = tmp_path_factory.mktemp("bbc")
+    config = folder / "bbc.yml"
+    config.write_text(
+        """\
+default_configs: [loom://language/bbc_news_bow_ffn.yml]
+training:
+  task: {subset: 150}
+  terminal_conditions: {epoch_limit: 1}
+validation:
+  task: {subset: 40}
+test:
+  task: {subset: 40}
+""",
+        encoding="utf-8",
+    )
+    result = torchloom.train(config, expdir=str(folder / "runs"), analysis=False, tensorboard=0)
+    return Path(result.run_dir)

@@ -199,3 +199,43 @@ def test_a_second_export_needs_force(
     assert main(["export", str(lenet_run), "--format", "onnx"]) == 2
     assert "--force" in capsys.readouterr().err
     assert (onnx_folder / "model.onnx").read_bytes() == before
+
+
+def torch_prediction(run: Path, text: str) -> tuple[str, float]:
+    """The label the trained torch pipeline gives `text` (every component but the losses and
+    statistics, in order, as the pipeline routes them)."""
+    from torchloom.core.component import Loss, Statistic
+
+    pipeline = load_trained_run(run).pipeline
+    batch: dict = {"inputs": [text]}
+    with torch.no_grad():
+        for component in pipeline.components.values():
+            if isinstance(component, (Loss, Statistic)):
+                continue
+            inputs = {k: batch[component.stream_name(k)] for k in component.input_specs()}
+            for key, value in component(inputs).items():
+                batch[component.stream_name(key)] = value
+    probabilities = batch["predictions"].softmax(dim=1)[0]
+    best = int(probabilities.argmax())
+    return str(pipeline.tasks["test"].class_names[best]), float(probabilities[best])
+
+
+def test_text_export_after_the_tokenizer_predicts_raw_texts_as_torch_does(
+    bbc_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", str(bbc_run), "--inputs", "bow", "--repeats", "3"]) == 0
+    folder = bbc_run / "exports" / "onnx"
+    assert (folder / "artifacts" / "indexer" / "vocabulary.txt").is_file()
+    article = tmp_path / "article.txt"
+    article.write_text("Shares fell as the bank reported lower profits and sales.", "utf-8")
+    texts = [str(article), "The striker scored twice as the team won the cup final."]
+    capsys.readouterr()
+    assert main(["predict", str(folder), *texts, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected = [
+        torch_prediction(bbc_run, article.read_text("utf-8")),
+        torch_prediction(bbc_run, texts[1]),
+    ]
+    for line, (label, probability) in zip(lines, expected, strict=True):
+        assert line["top"][0]["label"] == label
+        assert abs(line["top"][0]["probability"] - probability) < 1e-5

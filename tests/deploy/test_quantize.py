@@ -203,26 +203,11 @@ def test_quantization_aware_training_fine_tunes_through_the_engine(
 
 
 def test_dynamic_quantization_of_a_text_pipeline_times_the_graph_after_its_tokenizer(
-    tmp_path: Path,
+    bbc_run: Path,
 ) -> None:
     import torchloom
 
-    config = tmp_path / "bbc.yml"
-    config.write_text(
-        """\
-default_configs: [loom://language/bbc_news_bow_ffn.yml]
-training:
-  task: {subset: 150}
-  terminal_conditions: {epoch_limit: 1}
-validation:
-  task: {subset: 40}
-test:
-  task: {subset: 40}
-""",
-        encoding="utf-8",
-    )
-    run = torchloom.train(config, expdir=str(tmp_path / "runs"), analysis=False, tensorboard=0)
-    report = torchloom.quantize(run.run_dir, "dynamic", repeats=3).report
+    report = torchloom.quantize(bbc_run, "dynamic", repeats=3).report
     assert list(report["graph"]["inputs"]) == ["bow"]
     assert report["graph"]["components"] == ["classifier (FeedForwardNetwork)"]
     assert [layer["quantized"] for layer in report["layers"]] == [True, True]

@@ -88,20 +88,10 @@ def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Pre
     folder = export_folder(Path(export_dir).expanduser())
     record = read_sidecar(folder)
     recipe = record["preprocessing"]
-    if recipe.get("kind") != "image":
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    f"'{folder / 'sidecar.json'}'",
-                    f"the export's task ({record.get('task')}) has no raw-input recipe "
-                    "`loom predict` can apply (image tasks only)",
-                    "feed the graph's input tensors from your own code (see sidecar.json)",
-                )
-            ]
-        )
     if top < 1:
         raise DeployError([Problem("command line", "--top", "must be at least 1")])
+    if recipe.get("kind") != "image":
+        return _predict_texts(folder, record, inputs, top)
     tensors = []
     for name in inputs:
         path = Path(name).expanduser()
@@ -112,20 +102,61 @@ def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Pre
         str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
     )
     input_name = record["inputs"][0]["name"]
+    return [
+        _top(record, session, name, {input_name: tensor}, top)
+        for name, tensor in zip(inputs, tensors, strict=True)
+    ]
+
+
+def _top(
+    record: dict[str, Any], session: Any, source: str, feed: dict[str, Any], top: int
+) -> Prediction:
     output = record["outputs"][0]["name"]
     labels = record.get("labels")
-    results = []
-    for name, tensor in zip(inputs, tensors, strict=True):
-        (values,) = session.run([output], {input_name: tensor})
-        probabilities = _probabilities(np.asarray(values, dtype=np.float64))[0]
-        order = np.argsort(-probabilities)[:top]
-        results.append(
-            Prediction(
-                name,
-                [
-                    (labels[i] if labels and i < len(labels) else str(i), float(probabilities[i]))
-                    for i in order
-                ],
-            )
+    (values,) = session.run([output], feed)
+    probabilities = _probabilities(np.asarray(values, dtype=np.float64))[0]
+    order = np.argsort(-probabilities)[:top]
+    return Prediction(
+        source,
+        [
+            (labels[i] if labels and i < len(labels) else str(i), float(probabilities[i]))
+            for i in order
+        ],
+    )
+
+
+def _predict_texts(
+    folder: Path, record: dict[str, Any], inputs: list[str], top: int
+) -> list[Prediction]:
+    """Each INPUT a text file (its whole text one input), or else a text itself."""
+    import onnxruntime
+
+    from torchloom.deploy.text_inputs import text_feed
+
+    if not record.get("before_graph"):
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    f"'{folder / 'sidecar.json'}'",
+                    f"the export's task ({record.get('task')}) has no raw-input recipe "
+                    "`loom predict` can apply",
+                    "feed the graph's input tensors from your own code (see sidecar.json)",
+                )
+            ]
         )
+    session = onnxruntime.InferenceSession(
+        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    results = []
+    for given in inputs:
+        path = Path(given).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8") if path.is_file() else given
+        except (OSError, UnicodeDecodeError) as error:
+            raise DeployError(
+                [Problem("", f"input '{path}'", f"cannot be read as UTF-8 text: {error}")]
+            ) from error
+        feed = text_feed(folder, record, [text])
+        results.append(_top(record, session, given, feed, top))
     return results

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchloom.core.component import Task
+from torchloom.core.component import Component, Task
 from torchloom.core.pipeline import Pipeline
 from torchloom.deploy.graph import InferenceGraph, upstream_components
 
@@ -77,6 +77,9 @@ def sidecar(pipeline: Pipeline, section: str, graph: InferenceGraph) -> dict[str
                 "type": type(c).__name__,
                 "params": c.params.model_dump(mode="json"),
                 "artifacts": [f"artifacts/{c.name}/{f}" for f in c.artifacts()],
+                # default stream name -> the pipeline's, and the globals it was built with
+                "streams": {k: c.stream_name(k) for k in [*c.input_specs(), *c.output_specs()]},
+                "globals": _plain_globals(c),
             }
             for c in upstream
         ],
@@ -84,3 +87,13 @@ def sidecar(pipeline: Pipeline, section: str, graph: InferenceGraph) -> dict[str
         "labels": list(class_names) if class_names else None,
         "components": graph.describe()["components"],
     }
+
+
+def _plain_globals(component: Component) -> dict[str, Any]:
+    """The needed globals whose values JSON holds as they are (sizes, names)."""
+    found = {}
+    for key in type(component).needed_globals(component.params):
+        value = component.global_value(key)
+        if isinstance(value, (int, float, str, bool)):
+            found[key] = value
+    return found
