@@ -37,7 +37,7 @@ SUBCOMMANDS = {
         "export",
         "a run's tensor graph as ONNX (checked in ONNX Runtime), pt2 or safetensors",
     ),
-    "predict": ("predict", "labels for image files from an ONNX export, in ONNX Runtime"),
+    "predict": ("predict", "labels for images or texts from an ONNX export, in ONNX Runtime"),
 }
 OVERRIDES_HELP = "Hydra-style overrides: a.b=v, +a.b=v (add), ++a.b=v, ~a.b (delete)"
 
@@ -268,7 +268,12 @@ def _predict(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "export_dir", metavar="EXPORT_DIR", help="RUN_DIR/exports/onnx, or RUN_DIR itself"
     )
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="image files (PNG, JPEG)")
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="image files (PNG, JPEG); for a text export, text files or texts",
+    )
     p.add_argument("--top", type=int, default=1, metavar="K", help="labels shown per input")
     p.add_argument("--json", action="store_true", help="print JSON lines")
 

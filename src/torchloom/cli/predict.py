@@ -1,5 +1,5 @@
 """`loom predict EXPORT_DIR INPUT... [--top K] [--json]`: predicted labels with probabilities,
-from an ONNX export in ONNX Runtime (see torchloom/deploy/predict.py)."""
+from an ONNX export in ONNX Runtime, for image files or texts (see torchloom/deploy/predict.py)."""
 
 from __future__ import annotations
 

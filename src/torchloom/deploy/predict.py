@@ -1,6 +1,9 @@
 """`loom predict EXPORT_DIR INPUT...`: labels for raw inputs from an ONNX export, in ONNX
-Runtime. Only numpy, Pillow and onnxruntime are used (no torch, no torchloom model code): what
-a deployment does with `model.onnx` and `sidecar.json`, which this doubles as an example of.
+Runtime. For images only numpy, Pillow and onnxruntime are used (no torch, no torchloom model
+code): what a deployment does with `model.onnx` and `sidecar.json`, which this doubles as an
+example of. For an export that starts after python-side components (a text pipeline's
+tokenizer and indexer, `loom export --inputs`), those components are rebuilt from the sidecar
+by torchloom (text_inputs.py); the model still runs in ONNX Runtime.
 """
 
 from __future__ import annotations
