@@ -17,10 +17,12 @@ _LAZY = {
     "ProcessResult": "torchloom.engine.processor",
     "Trainer": "torchloom.api",
     "outputs": "torchloom.core.outputs",
+    "quantize": "torchloom.api",
+    "export": "torchloom.api",
 }
 
 if TYPE_CHECKING:
-    from torchloom.api import Trainer, process, train
+    from torchloom.api import Trainer, export, process, quantize, train
     from torchloom.core import outputs
     from torchloom.engine.processor import ProcessResult
     from torchloom.engine.run_folder import RunResult
@@ -35,4 +37,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torchloom' has no attribute '{name}'")
 
 
-__all__ = ["ProcessResult", "RunResult", "Trainer", "__version__", "outputs", "process", "train"]
+__all__ = [
+    "ProcessResult",
+    "RunResult",
+    "Trainer",
+    "__version__",
+    "export",
+    "outputs",
+    "process",
+    "quantize",
+    "train",
+]

@@ -94,3 +94,23 @@ def process(
     code = {"module": module, "data": data, "checkpoint_strict": checkpoint_strict}
     source = source if isinstance(source, Mapping) else Path(source)
     return _process(source, overrides, section, checkpoint, expdir, device, disable, **code)
+
+
+def quantize(run_dir: str | os.PathLike[str], mode: str = "static", **options: Any) -> Any:
+    """`loom quantize`: a run's model components as int8 (mode dynamic or static), measured
+    against float, written to RUN_DIR/quantized/<mode>/. Options as the command's
+    (backend=, calibration_batches=, per_channel=, skip=, checkpoint=, force=, repeats=);
+    returns a QuantizeResult (folder, report). See torchloom/deploy/quantize.py."""
+    from torchloom.deploy.quantize import quantize as run_quantize
+
+    return run_quantize(Path(run_dir), mode, **options)
+
+
+def export(run_dir: str | os.PathLike[str], format: str = "onnx", **options: Any) -> Any:
+    """`loom export`: a run's tensor graph as ONNX (checked in ONNX Runtime), pt2 or
+    safetensors, written to RUN_DIR/exports/<format>/. Options as the command's (outputs=,
+    opset=, dynamic_batch=, checkpoint=, force=); returns an ExportResult (folder, report).
+    See torchloom/deploy/export.py."""
+    from torchloom.deploy.export import export as run_export
+
+    return run_export(Path(run_dir), format, **options)

@@ -197,3 +197,10 @@ class StorageError(LoomError):
         """The error for an OSError on `path`: the path, what failed and the OS's reason."""
         reason = error.strerror or str(error)
         return cls([Problem("", f"'{path}'", f"{doing}: {reason}")])
+
+
+class DeployError(LoomError):
+    """A run folder cannot be quantized, exported or predicted with as asked (no checkpoint, a
+    wrong mode or backend, a component the exported graph cannot hold, an unreadable input)."""
+
+    headline = "deploy error"

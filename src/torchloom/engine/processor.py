@@ -17,6 +17,7 @@ from typing import Any
 from torchloom.config import LoadedConfig, dump_config, load_config
 from torchloom.config.loading import ConfigSource
 from torchloom.config.schema import validate_sections
+from torchloom.core.pipeline import Pipeline
 from torchloom.core.weights import load_pipeline_weights
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.engine.assemble import build_checked, pipeline_name, resolve_device
@@ -38,7 +39,7 @@ class ProcessResult:
     weights: dict[str, Any] | None = None  # what the checkpoint loaded (WeightsMatch.report)
 
 
-def _checkpoint_path(run_dir: Path | None, checkpoint: str | None) -> Path | None:
+def checkpoint_path(run_dir: Path | None, checkpoint: str | None) -> Path | None:
     if checkpoint in (None, "best", "last") and run_dir is not None:
         chosen = checkpoint or "best"
         path = run_dir / "checkpoints" / f"{chosen}.pt"
@@ -67,12 +68,14 @@ def process(
     checkpoint_strict: bool = True,
     module: Any = None,
     data: Any = None,
+    prebuilt: Pipeline | None = None,
 ) -> ProcessResult:
     """One eval pass. The checkpoint's weights must fit the pipeline: none matching is an
     error, and so is a partial match unless `checkpoint_strict` is False (then the pass's
     summary lists what was loaded and what was not). `module`/`data`: a code-first run's
     module and section data given in code, in place of those its config.yaml records (see
-    engine/code_first_sources.py)."""
+    engine/code_first_sources.py). `prebuilt`: the run folder's pipeline with its weights
+    already in it (a `loom quantize` result, whose int8 models are no checkpoint)."""
     config: ConfigSource = source
     run_dir = None
     if not isinstance(source, Mapping):
@@ -81,7 +84,10 @@ def process(
         config = source / "config.yaml" if run_dir is not None else source
     loaded = load_config(config, overrides)
     training = loaded.data.get("training") or {}
-    if _is_code_first(loaded, module, data, disable):
+    if prebuilt is not None:
+        seed_everything(int(training.get("seed") or 0))
+        pipeline = prebuilt
+    elif _is_code_first(loaded, module, data, disable):
         seed_everything(int(training.get("seed") or 0))
         record = loaded.data.get(CODE_FIRST)
         pipeline = rebuild_pipeline(record, section, loaded.where, module, data)
@@ -97,7 +103,7 @@ def process(
             did_you_mean(section, pipeline.tasks)
             or f"sections: {', '.join(pipeline.tasks) or 'none'}",
         )
-    weights = _checkpoint_path(run_dir, checkpoint)
+    weights = checkpoint_path(run_dir, checkpoint) if prebuilt is None else None
     loaded_weights = None
     if weights is not None:
         state = load_checkpoint(weights)
@@ -107,11 +113,11 @@ def process(
         loaded_weights = match.report()
     torch_device = resolve_device(device)
     pipeline.to(torch_device)
-    section_config: Any = _section_config(loaded.data, section, loaded.where)
+    settings: Any = section_config(loaded.data, section, loaded.where)
     loader = SectionLoader(
         section,
         pipeline.tasks[section],
-        section_config,
+        settings,
         0,
         loaded.where,
         pin_memory=torch_device.type == "cuda",
@@ -159,7 +165,7 @@ def process(
     return ProcessResult(folder, values, loaded_weights)
 
 
-def _section_config(data: dict[str, Any], section: str, where: Any) -> Any:
+def section_config(data: dict[str, Any], section: str, where: Any) -> Any:
     from torchloom.config.schema import SectionConfig
 
     # A code-first run given a section's data in code may have no such section recorded.

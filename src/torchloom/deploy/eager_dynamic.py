@@ -1,0 +1,61 @@
+"""Dynamic int8 through `torch.ao.quantization.quantize_dynamic` (eager mode): int8 weights,
+activations quantized on the fly, for `nn.Linear`, `nn.LSTM` and `nn.GRU` children of a model
+component.
+
+Why this route: torchao's `quantize_` touches `nn.Linear` only and is slower than float on a
+CPU without `torch.compile`; dynamic LSTM/GRU quantization exists only here. PyTorch deprecates
+`torch.ao.quantization`: this module is the route to delete when it goes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.ao.quantization as tq
+from torch import nn
+
+from torchloom.core.component import Model
+from torchloom.deploy.quantizer import (
+    WEIGHTED,
+    LayerOutcome,
+    Plan,
+    Quantizer,
+    accepted_deprecations,
+)
+
+DYNAMIC_TYPES = (nn.Linear, nn.LSTM, nn.GRU)
+
+
+class EagerDynamicQuantizer(Quantizer):
+    route = "torch.ao eager quantize_dynamic (int8 weights, dynamic int8 activations)"
+
+    def prepare(self, component: Model, plan: Plan) -> None:
+        self._chosen: dict[str, object] = {}
+        linear_qconfig = (
+            tq.per_channel_dynamic_qconfig
+            if self.options.per_channel
+            else tq.default_dynamic_qconfig
+        )
+        for path, module in component.named_modules():
+            if not isinstance(module, WEIGHTED) or module is component:
+                continue
+            name = f"{component.name}.{path}"
+            kind = type(module).__name__
+            if self.skipped(component, path):
+                plan.layers.append(LayerOutcome(name, kind, False, "skipped (--skip)"))
+            elif not isinstance(module, DYNAMIC_TYPES):
+                plan.layers.append(
+                    LayerOutcome(name, kind, False, f"dynamic quantization has no int8 {kind}")
+                )
+            else:
+                # LSTM/GRU have per-tensor dynamic kernels only.
+                qconfig = (
+                    linear_qconfig if isinstance(module, nn.Linear) else tq.default_dynamic_qconfig
+                )
+                self._chosen[path] = qconfig
+                plan.layers.append(LayerOutcome(name, kind, True))
+
+    def convert(self, component: Model) -> None:
+        if not self._chosen:
+            return
+        with accepted_deprecations():
+            tq.quantize_dynamic(component, self._chosen, dtype=torch.qint8, inplace=True)

@@ -1,0 +1,252 @@
+"""Static int8 (and quantization-aware training) through `torch.ao.quantization`'s eager mode:
+module fusion (conv-bn-relu, linear-relu), quant/dequant stubs around chains of supported
+layers, observers, calibration by the caller, conversion.
+
+Eager mode sees modules, not the operations a `forward` does between them, so only what is
+known to run as a chain is quantized: runs of consecutive supported children of an
+`nn.Sequential` (fused, then bracketed by one quant and one dequant stub), and single
+supported layers called from other modules (bracketed alone). Everything else stays in float
+and the report says why. A component's own `forward` is never changed.
+
+Why this route: 1.5-2x faster than float for small CNNs on this CPU with nothing compiled;
+PT2E (torchao) needs `torch.compile` per batch shape to pay. PyTorch deprecates
+`torch.ao.quantization`: this module is the route to delete when it goes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.ao.quantization as tq
+from torch import nn
+
+from torchloom.core.component import Model
+from torchloom.deploy.quantizer import (
+    WEIGHTED,
+    LayerOutcome,
+    Plan,
+    Quantizer,
+    accepted_deprecations,
+)
+
+# Layers that run on int8 tensors in eager mode; the first four carry weights.
+WEIGHTED_SUPPORTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+PASS_THROUGH = (
+    nn.ReLU,
+    nn.ReLU6,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.MaxPool1d,
+    nn.MaxPool2d,
+    nn.AvgPool1d,
+    nn.AvgPool2d,
+    nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d,
+    nn.Flatten,
+    nn.Dropout,
+    nn.Identity,
+)
+# Consecutive layer types fused into one module (what fuse_modules accepts).
+FUSIONS: tuple[tuple[type[nn.Module], ...], ...] = (
+    (nn.Conv2d, nn.BatchNorm2d, nn.ReLU),
+    (nn.Conv1d, nn.BatchNorm1d, nn.ReLU),
+    (nn.Conv3d, nn.BatchNorm3d, nn.ReLU),
+    (nn.Conv2d, nn.BatchNorm2d),
+    (nn.Conv1d, nn.BatchNorm1d),
+    (nn.Conv3d, nn.BatchNorm3d),
+    (nn.Conv1d, nn.ReLU),
+    (nn.Conv2d, nn.ReLU),
+    (nn.Conv3d, nn.ReLU),
+    (nn.Linear, nn.ReLU),
+    (nn.Linear, nn.BatchNorm1d),
+    (nn.BatchNorm2d, nn.ReLU),
+)
+
+
+class EagerStaticQuantizer(Quantizer):
+    route = "torch.ao eager static (fusion, observers, calibration, convert)"
+    needs_calibration = True
+
+    def __init__(self, options: Any, qat: bool = False) -> None:
+        super().__init__(options)
+        self.qat = qat
+        self._prepared: set[int] = set()  # components with something to convert
+        if qat:
+            self.route = "torch.ao eager quantization-aware training (fused, fake-quantized)"
+
+    def qconfig(self) -> Any:
+        backend = self.options.backend
+        if self.qat:
+            chosen = tq.get_default_qat_qconfig(backend)
+            weight = chosen.weight if self.options.per_channel else tq.default_fused_wt_fake_quant
+            return tq.QConfig(activation=chosen.activation, weight=weight)
+        chosen = tq.get_default_qconfig(backend)
+        weight = chosen.weight if self.options.per_channel else tq.default_weight_observer
+        return tq.QConfig(activation=chosen.activation, weight=weight)
+
+    def prepare(self, component: Model, plan: Plan) -> None:
+        qconfig = self.qconfig()
+        outcomes: dict[str, LayerOutcome] = {}
+        with accepted_deprecations():
+            self._bracket(component, component, "", qconfig, outcomes)
+            plan.layers += sorted(outcomes.values(), key=lambda o: o.name)
+            if not any(outcome.quantized for outcome in outcomes.values()):
+                return  # nothing to observe: the component stays as it is
+            self._prepared.add(id(component))
+            component.train(self.qat)
+            if self.qat:
+                tq.prepare_qat(component, inplace=True)
+            else:
+                tq.prepare(component, inplace=True)
+
+    def convert(self, component: Model) -> None:
+        if id(component) not in self._prepared:
+            return
+        component.eval()
+        with accepted_deprecations():
+            tq.convert(component, inplace=True)
+
+    # ---- finding the chains -----------------------------------------------------------------
+    def _supported(self, component: Model, path: str, module: nn.Module) -> bool:
+        if isinstance(module, WEIGHTED_SUPPORTED):
+            return not self.skipped(component, path)
+        if isinstance(module, PASS_THROUGH):
+            return True
+        if type(module) is nn.Sequential and len(module) > 0:
+            return all(
+                self._supported(component, _join(path, n), m) for n, m in module.named_children()
+            )
+        return False
+
+    def _bracket(
+        self,
+        component: Model,
+        module: nn.Module,
+        path: str,
+        qconfig: Any,
+        outcomes: dict[str, LayerOutcome],
+    ) -> None:
+        children = list(module.named_children())
+        # Only a plain Sequential is known to run its children as a chain (a subclass may
+        # override forward).
+        if type(module) is nn.Sequential:
+            runs = self._runs(component, path, children)
+            covered = {name for run in runs for name, _ in run}
+            for run in runs:
+                self._quantize_run(component, module, path, run, qconfig, outcomes)
+            children = [(n, m) for n, m in children if n not in covered]
+        for name, child in children:
+            child_path = _join(path, name)
+            if isinstance(child, WEIGHTED_SUPPORTED) and self._supported(
+                component, child_path, child
+            ):
+                # Called from a forward we cannot see into: quantized alone, between stubs.
+                setattr(module, name, _bracketed([child], qconfig))
+                outcomes[child_path] = self._outcome(component, child_path, child, True)
+            elif isinstance(child, WEIGHTED):
+                outcomes[child_path] = self._outcome(component, child_path, child, False)
+            else:
+                self._bracket(component, child, child_path, qconfig, outcomes)
+
+    def _runs(
+        self, component: Model, path: str, children: list[tuple[str, nn.Module]]
+    ) -> list[list[tuple[str, nn.Module]]]:
+        """Maximal runs of supported children that hold at least one layer with weights."""
+        runs, current = [], []
+        for name, child in [*children, ("", nn.Module())]:  # a sentinel ends the last run
+            if name and self._supported(component, _join(path, name), child):
+                current.append((name, child))
+                continue
+            if any(_has_weights(m) for _, m in current):
+                runs.append(current)
+            current = []
+        return runs
+
+    def _quantize_run(
+        self,
+        component: Model,
+        sequential: nn.Module,
+        path: str,
+        run: list[tuple[str, nn.Module]],
+        qconfig: Any,
+        outcomes: dict[str, LayerOutcome],
+    ) -> None:
+        for name, child in run:
+            for inner, layer in child.named_modules():
+                if isinstance(layer, WEIGHTED):
+                    full = _join(_join(path, name), inner)
+                    outcomes[full] = self._outcome(component, full, layer, True)
+        self._fuse(sequential, run)
+        names = [name for name, _ in run]
+        for name in names:
+            getattr(sequential, name).qconfig = qconfig
+        first, last = names[0], names[-1]
+        quant, dequant = tq.QuantStub(qconfig), tq.DeQuantStub(qconfig)
+        # Indices and names of the Sequential stay as they were: the stubs go inside the
+        # first and last child's place.
+        if first == last:
+            setattr(sequential, first, _bracketed([getattr(sequential, first)], qconfig))
+            return
+        setattr(
+            sequential,
+            first,
+            _with_qconfig(nn.Sequential(quant, getattr(sequential, first)), qconfig),
+        )
+        setattr(
+            sequential,
+            last,
+            _with_qconfig(nn.Sequential(getattr(sequential, last), dequant), qconfig),
+        )
+
+    def _fuse(self, sequential: nn.Module, run: list[tuple[str, nn.Module]]) -> None:
+        groups: list[list[str]] = []
+        index = 0
+        while index < len(run):
+            for pattern in FUSIONS:
+                window = run[index : index + len(pattern)]
+                if len(window) == len(pattern) and all(
+                    type(m) is kind for (_, m), kind in zip(window, pattern, strict=True)
+                ):
+                    groups.append([name for name, _ in window])
+                    index += len(pattern)
+                    break
+            else:
+                index += 1
+        if not groups:
+            return
+        fuse = tq.fuse_modules_qat if self.qat else tq.fuse_modules
+        sequential.train(self.qat)
+        fuse(sequential, groups, inplace=True)
+
+    def _outcome(
+        self, component: Model, path: str, layer: nn.Module, quantized: bool
+    ) -> LayerOutcome:
+        name, kind = f"{component.name}.{path}", type(layer).__name__
+        if quantized:
+            return LayerOutcome(name, kind, True)
+        if self.skipped(component, path):
+            return LayerOutcome(name, kind, False, "skipped (--skip)")
+        if isinstance(layer, (nn.LSTM, nn.GRU, nn.RNN)):
+            why = f"static eager quantization has no int8 {kind}; --mode dynamic quantizes it"
+        else:
+            why = f"static eager quantization has no int8 {kind}"
+        return LayerOutcome(name, kind, False, why)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path and name else path or name
+
+
+def _has_weights(module: nn.Module) -> bool:
+    return any(isinstance(m, WEIGHTED_SUPPORTED) for m in module.modules())
+
+
+def _with_qconfig(module: nn.Module, qconfig: Any) -> nn.Module:
+    module.qconfig = qconfig
+    return module
+
+
+def _bracketed(modules: list[nn.Module], qconfig: Any) -> nn.Module:
+    return _with_qconfig(
+        nn.Sequential(tq.QuantStub(qconfig), *modules, tq.DeQuantStub(qconfig)), qconfig
+    )

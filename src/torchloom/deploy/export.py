@@ -1,0 +1,319 @@
+"""The export worker (`loom export RUN_DIR --format onnx|pt2|safetensors`): the tensor part of a
+trained pipeline (the task's tensor inputs to the chosen output streams, `graph.py`) written
+to `RUN_DIR/exports/<format>/`, checked, and described:
+
+    onnx:        model.onnx, checked in ONNX Runtime against eager outputs on real test
+                 batches (max abs difference <= 1e-4, else an error), and timed in both
+    pt2:         model.pt2 (`torch.export.save`), reloaded and checked against eager; with
+                 --aoti also model_aoti.pt2, an AOTInductor package (compiled with the
+                 machine's C++ compiler), checked and timed against eager
+    safetensors: model.safetensors, every component's weights (`safetensors.torch.save_model`,
+                 which handles tied weights), reread and checked
+    sidecar.json         pre- and post-processing a deployment needs (sidecar.py)
+    export_report.md/.json
+
+Every check (format, outputs, components the graph cannot hold, checkpoint, an earlier
+export) happens before anything is written; the folder appears whole or not at all.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from torchloom.data.atomic_files import write_text_atomic
+from torchloom.deploy.aoti import aoti_package
+from torchloom.deploy.graph import InferenceGraph, graph_batch, upstream_components
+from torchloom.deploy.measure import machine, paired_latency_ms, ratio
+from torchloom.deploy.onnx_export import (
+    FLOAT_TOLERANCE,
+    agreement,
+    batch_dimensions,
+    export_onnx,
+    exporter_reason,
+    max_difference,
+    onnx_call,
+    onnx_session,
+    quantize_onnx,
+)
+from torchloom.deploy.output_folder import refuse_existing, staged_folder
+from torchloom.deploy.report import export_markdown, write_json
+from torchloom.deploy.run_model import load_trained_run
+from torchloom.deploy.sidecar import sidecar
+from torchloom.errors import DeployError, Problem, did_you_mean
+
+FORMATS = ("onnx", "pt2", "safetensors")
+CHECK_BATCHES = 4
+CALIBRATION_SAMPLES = 256
+BATCH = 32
+
+
+@dataclass
+class ExportResult:
+    folder: Path
+    report: dict[str, Any]
+
+
+def export(
+    run_dir: str | Path,
+    format: str = "onnx",
+    *,
+    outputs: Sequence[str] = (),
+    inputs: Sequence[str] = (),
+    opset: int | None = None,
+    dynamic_batch: bool = True,
+    checkpoint: str | None = None,
+    force: bool = False,
+    repeats: int = 30,
+    int8: bool = False,
+    aoti: bool = False,
+) -> ExportResult:
+    """Export a run folder's tensor graph; see the module docstring."""
+    if format not in FORMATS:
+        raise DeployError(
+            [
+                Problem(
+                    "command line",
+                    f"--format {format}",
+                    "is not an export format",
+                    did_you_mean(format, FORMATS) or f"formats: {', '.join(FORMATS)}",
+                )
+            ]
+        )
+    if int8 and format != "onnx":
+        raise DeployError(
+            [
+                Problem(
+                    "command line",
+                    "--int8",
+                    f"applies to --format onnx only, not {format}",
+                    "`loom quantize` makes int8 torch models",
+                )
+            ]
+        )
+    if aoti and format != "pt2":
+        raise DeployError(
+            [Problem("command line", "--aoti", f"applies to --format pt2 only, not {format}")]
+        )
+    run = load_trained_run(run_dir, checkpoint)
+    target = run.run_dir / "exports" / format
+    refuse_existing(target, force, "loom export")
+    pipeline = run.pipeline
+    section = next((s for s in ("test", "validation", "training") if s in pipeline.tasks), None)
+    if section is None:
+        raise DeployError([Problem("", "pipeline", "has no section with a task")])
+    graph = InferenceGraph(pipeline, section, list(outputs) or None, list(inputs) or None).eval()
+    full = graph.example_inputs(graph_batch(pipeline, section, graph, BATCH * CHECK_BATCHES))
+    batches = [
+        tuple(t[i : i + BATCH] for t in full)
+        for i in range(0, int(full[0].shape[0]) if full else 0, BATCH)
+    ]
+    # A batch of 2 for tracing: torch.export specialises a dimension of size 1.
+    example = (
+        tuple(t[:2] for t in batches[0]) if dynamic_batch else tuple(t[:1] for t in batches[0])
+    )
+    if not dynamic_batch:
+        batches = [tuple(t[i : i + 1] for t in full) for i in range(min(8, int(full[0].shape[0])))]
+    report: dict[str, Any] = {
+        "run_dir": str(run.run_dir),
+        "checkpoint": str(run.checkpoint),
+        "format": format,
+        "graph": graph.describe(),
+        "dynamic_batch": dynamic_batch,
+        "machine": machine(),
+        "torch": torch.__version__,
+        "threads": 1,
+        "latency_repeats": repeats,
+    }
+    with staged_folder(target, force, "loom export") as folder:
+        if format == "onnx":
+            report.update(_onnx(graph, example, batches, folder, opset, dynamic_batch, repeats))
+            if int8:
+                calibration = _calibration_batches(pipeline, graph)
+                report["int8"] = _onnx_int8(graph, batches, calibration, folder, repeats)
+        elif format == "pt2":
+            report.update(_pt2(graph, example, batches, folder, dynamic_batch, aoti, repeats))
+        else:
+            report.update(_safetensors(pipeline.components, folder))
+        write_json(folder / "sidecar.json", sidecar(pipeline, section, graph))
+        for component in upstream_components(pipeline, section, graph):
+            for name, text in component.artifacts().items():
+                write_text_atomic(folder / "artifacts" / component.name / name, text)
+        write_json(folder / "export_report.json", report)
+        write_text_atomic(folder / "export_report.md", export_markdown(report))
+    return ExportResult(target, report)
+
+
+def _onnx(
+    graph: InferenceGraph,
+    example: tuple[torch.Tensor, ...],
+    batches: list[tuple[torch.Tensor, ...]],
+    folder: Path,
+    opset: int | None,
+    dynamic: bool,
+    repeats: int,
+) -> dict[str, Any]:
+    path = folder / "model.onnx"
+    export_onnx(graph, example, path, opset, dynamic)
+    session = onnx_session(path, threads=1)
+    difference = max_difference(graph, session, batches)
+    if not difference <= FLOAT_TOLERANCE:
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    "ONNX check",
+                    f"ONNX Runtime's outputs differ from torch's by up to {difference:.3g} "
+                    f"(tolerance {FLOAT_TOLERANCE:g}): the export would give other results",
+                    "report it with the config; --outputs can narrow down the component",
+                )
+            ]
+        )
+    latency = {}
+    sizes = (1, BATCH) if dynamic else (1,)
+    for size in sizes:
+        inputs = tuple(t[:size] for t in batches[0])
+        medians = paired_latency_ms(
+            {
+                "eager": functools.partial(graph, *inputs),
+                "onnxruntime": onnx_call(graph, session, inputs),
+            },
+            repeats,
+        )
+        eager, runtime = medians["eager"], medians["onnxruntime"]
+        latency[str(size)] = {
+            "torch_eager": round(eager, 4),
+            "onnxruntime": round(runtime, 4),
+            "speedup": ratio(eager, runtime),
+        }
+    return {
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        "opset": opset,
+        "check": {
+            "max_abs_difference": difference,
+            "tolerance": FLOAT_TOLERANCE,
+            "batches": len(batches),
+            "samples": sum(int(b[0].shape[0]) for b in batches),
+        },
+        "latency_ms": latency,
+    }
+
+
+def _pt2(
+    graph: InferenceGraph,
+    example: tuple[torch.Tensor, ...],
+    batches: list[tuple[torch.Tensor, ...]],
+    folder: Path,
+    dynamic: bool,
+    aoti: bool,
+    repeats: int,
+) -> dict[str, Any]:
+    path = folder / "model.pt2"
+    try:
+        program = torch.export.export(
+            graph, example, dynamic_shapes=batch_dimensions(graph, dynamic)
+        )
+    except Exception as error:
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    "torch.export",
+                    f"failed: {exporter_reason(error)}",
+                    "run with --debug for the traceback",
+                )
+            ]
+        ) from error
+    torch.export.save(program, str(path))
+    reloaded = torch.export.load(str(path)).module()
+    worst = 0.0
+    with torch.no_grad():
+        for inputs in batches:
+            for want, got in zip(graph(*inputs), reloaded(*inputs), strict=True):
+                worst = max(worst, float((want - got).abs().max()))
+    found = {
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        "check": {"max_abs_difference": worst, "batches": len(batches)},
+        "load": "torch.export.load(path).module()(*inputs)",
+    }
+    if aoti:
+        sizes = (1, BATCH) if dynamic else (1,)
+        package = folder / "model_aoti.pt2"
+        found["aoti"] = aoti_package(program, graph, batches, package, repeats, sizes)
+    return found
+
+
+def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file, save_model
+
+    path = folder / "model.safetensors"
+    weights = nn.ModuleDict({n: c for n, c in components.items() if c.state_dict()})
+    save_model(weights, str(path))
+    saved = load_file(str(path))
+    expected = weights.state_dict()
+    missing = [k for k, v in expected.items() if k in saved and not torch.equal(saved[k], v)]
+    if missing:
+        raise DeployError(
+            [Problem("", f"'{path}'", f"reads back different values for {', '.join(missing[:4])}")]
+        )
+    return {
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        "tensors": len(saved),
+        "load": "safetensors.torch.load_model(pipeline.registered, path) "
+        "(keys: <component>.<weight>)",
+    }
+
+
+def _calibration_batches(pipeline: Any, graph: InferenceGraph) -> list[tuple[torch.Tensor, ...]]:
+    """Graph inputs of the training set's first CALIBRATION_SAMPLES samples (else the test
+    set's), in batches of BATCH."""
+    section = "training" if "training" in pipeline.tasks else next(iter(pipeline.tasks))
+    full = graph.example_inputs(graph_batch(pipeline, section, graph, CALIBRATION_SAMPLES))
+    return [tuple(t[i : i + BATCH] for t in full) for i in range(0, int(full[0].shape[0]), BATCH)]
+
+
+def _onnx_int8(
+    graph: InferenceGraph,
+    batches: list[tuple[torch.Tensor, ...]],
+    calibration: list[tuple[torch.Tensor, ...]],
+    folder: Path,
+    repeats: int,
+) -> dict[str, Any]:
+    """model_int8.onnx (ONNX Runtime static QDQ), measured against model.onnx."""
+    path = folder / "model_int8.onnx"
+    quantize_onnx(folder / "model.onnx", path, graph, calibration)
+    float_session = onnx_session(folder / "model.onnx", threads=1)
+    session = onnx_session(path, threads=1)
+    latency = {}
+    for size in (1, BATCH):
+        inputs = tuple(t[:size] for t in batches[0])
+        medians = paired_latency_ms(
+            {
+                "float": onnx_call(graph, float_session, inputs),
+                "int8": onnx_call(graph, session, inputs),
+            },
+            repeats,
+        )
+        latency[str(size)] = {
+            "float": round(medians["float"], 4),
+            "int8": round(medians["int8"], 4),
+            "speedup": ratio(medians["float"], medians["int8"]),
+        }
+    return {
+        "file": path.name,
+        "bytes": path.stat().st_size,
+        "float_bytes": (folder / "model.onnx").stat().st_size,
+        "calibration_samples": sum(int(b[0].shape[0]) for b in calibration),
+        "top1_agreement_with_float": round(agreement(graph, session, batches), 4),
+        "max_abs_difference_to_torch": max_difference(graph, session, batches),
+        "latency_ms": latency,
+    }

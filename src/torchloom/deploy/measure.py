@@ -1,0 +1,86 @@
+"""Size and latency, measured the same way for every model a report compares.
+
+Latency: one thread (`torch.set_num_threads(1)`, restored after), no gradients, `warmup` calls
+excluded, then the median of `repeats` timed calls (`time.perf_counter`). Size: the bytes of
+the weights as `torch.save` writes them (what a deployment ships).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+
+
+@contextlib.contextmanager
+def threads(count: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def median_latency_ms(
+    call: Callable[[], Any], repeats: int = 30, warmup: int = 3, thread_count: int = 1
+) -> float:
+    """Median wall time of `call()` in milliseconds, on `thread_count` threads."""
+    timings = []
+    with threads(thread_count), torch.no_grad():
+        for _ in range(warmup):
+            call()
+        for _ in range(repeats):
+            started = time.perf_counter()
+            call()
+            timings.append((time.perf_counter() - started) * 1000.0)
+    return statistics.median(timings)
+
+
+def serialized_bytes(state: Mapping[str, Any]) -> int:
+    """Bytes of `torch.save(state)`."""
+    buffer = io.BytesIO()
+    torch.save(dict(state), buffer)
+    return len(buffer.getvalue())
+
+
+def machine() -> str:
+    """The CPU's model name where Linux says it, else what platform says."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as info:
+        for line in info:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def ratio(before: float, after: float) -> float:
+    return round(before / after, 3) if after else float("inf")
+
+
+def paired_latency_ms(
+    calls: Mapping[str, Callable[[], Any]], repeats: int = 30, warmup: int = 3, block: int = 10
+) -> dict[str, float]:
+    """Median wall time (ms, one thread) of each call, the calls taking turns in blocks of
+    `block` timed runs (each after one untimed run): a machine whose load changes during the
+    measurement slows them alike, so their ratio holds where two measurements one after the
+    other would not, while each block runs warm as a deployed model does (turns of single
+    calls evict each other's weights from the caches: int8 LeNet-5 then measured 25% slower)."""
+    timings: dict[str, list[float]] = {name: [] for name in calls}
+    with threads(1), torch.no_grad():
+        for call in calls.values():
+            for _ in range(warmup):
+                call()
+        while any(len(values) < repeats for values in timings.values()):
+            for name, call in calls.items():
+                call()
+                for _ in range(min(block, repeats - len(timings[name]))):
+                    started = time.perf_counter()
+                    call()
+                    timings[name].append((time.perf_counter() - started) * 1000.0)
+    return {name: statistics.median(values) for name, values in timings.items()}

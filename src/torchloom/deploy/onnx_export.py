@@ -1,0 +1,201 @@
+"""ONNX through torch's dynamo exporter (`torch.onnx.export(..., dynamo=True)`, which needs the
+`onnx` and `onnxscript` packages), checked in ONNX Runtime against the eager graph on real
+batches, and timed in both."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchloom.deploy.graph import InferenceGraph
+from torchloom.errors import DeployError, Problem
+
+# Float exports must match eager outputs to this (max absolute difference): float32 kernels
+# of ONNX Runtime and torch sum in different orders, a few 1e-6 on these models.
+FLOAT_TOLERANCE = 1e-4
+
+
+def batch_dimensions(graph: InferenceGraph, dynamic: bool) -> tuple[Any, ...] | None:
+    """torch.export's `dynamic_shapes` for `graph.forward(*tensors)`: the one varargs
+    parameter, a tuple with dimension 0 of every tensor the batch."""
+    if not dynamic:
+        return None
+    batch = torch.export.Dim("batch", min=1, max=65536)
+    return (tuple({0: batch} for _ in graph.input_names),)
+
+
+def exporter_reason(error: BaseException) -> str:
+    """The line of an exporter's long message that says what failed."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if "## Exception summary" in lines:
+        following = lines[lines.index("## Exception summary") + 1 :]
+        if following:
+            return following[0][:400]
+    return lines[0][:400] if lines else type(error).__name__
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The exporter prints its progress ('[torch.onnx] Obtain model graph ...') to stdout."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+def export_onnx(
+    graph: InferenceGraph,
+    example: Sequence[torch.Tensor],
+    path: Path,
+    opset: int | None,
+    dynamic: bool,
+) -> None:
+    try:
+        with _quiet(), warnings.catch_warnings():
+            # Several inputs share the batch dimension: the exporter notes that it names the
+            # axis once. Nothing is wrong; that note, and only it, is accepted.
+            warnings.filterwarnings(
+                "ignore", message=r"# The axis name: .* will not be used", category=UserWarning
+            )
+            program = torch.onnx.export(
+                graph,
+                tuple(example),
+                dynamo=True,
+                input_names=list(graph.input_names),
+                output_names=list(graph.output_names),
+                opset_version=opset,
+                dynamic_shapes=batch_dimensions(graph, dynamic),
+                external_data=False,
+            )
+    except Exception as error:  # the exporter's own message names the operator
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    "ONNX export",
+                    f"torch.onnx.export failed: {exporter_reason(error)}",
+                    "run with --debug for the exporter's traceback; --outputs can export the "
+                    "part of the pipeline before the failing component",
+                )
+            ]
+        ) from error
+    if program is None:
+        raise DeployError([Problem("", "ONNX export", "the exporter returned no program")])
+    program.save(str(path), external_data=False)
+
+
+def onnx_session(path: Path, threads: int | None = None) -> Any:
+    import onnxruntime
+
+    options = onnxruntime.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = threads
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _feed(graph: InferenceGraph, inputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
+    return {
+        name: t.detach().cpu().numpy() for name, t in zip(graph.input_names, inputs, strict=True)
+    }
+
+
+def max_difference(
+    graph: InferenceGraph, session: Any, batches: Sequence[Sequence[torch.Tensor]]
+) -> float:
+    """The largest |ONNX Runtime - eager| over every output of every batch."""
+    worst = 0.0
+    with torch.no_grad():
+        for inputs in batches:
+            expected = graph(*inputs)
+            produced = session.run(list(graph.output_names), _feed(graph, inputs))
+            for want, got in zip(expected, produced, strict=True):
+                if tuple(want.shape) != tuple(got.shape):
+                    raise DeployError(
+                        [
+                            Problem(
+                                "",
+                                "ONNX check",
+                                f"ONNX Runtime gave shape {tuple(got.shape)} where torch gave "
+                                f"{tuple(want.shape)}",
+                            )
+                        ]
+                    )
+                difference = np.abs(want.detach().cpu().numpy().astype(np.float64) - got)
+                worst = max(worst, float(difference.max(initial=0.0)))
+    return worst
+
+
+def onnx_call(
+    graph: InferenceGraph, session: Any, inputs: Sequence[torch.Tensor]
+) -> Callable[[], Any]:
+    """One ONNX Runtime run of the graph on `inputs` (converted once, outside the timing)."""
+    feed = _feed(graph, inputs)
+    names = list(graph.output_names)
+    return lambda: session.run(names, feed)
+
+
+def quantize_onnx(
+    float_path: Path,
+    int8_path: Path,
+    graph: InferenceGraph,
+    calibration: Sequence[Sequence[torch.Tensor]],
+    per_channel: bool = True,
+) -> None:
+    """ONNX Runtime's static int8 quantization (QDQ format) of an exported float model,
+    calibrated on `calibration` batches (MinMax). The pre-processing step (shape inference,
+    graph optimisation) that ONNX Runtime recommends runs first."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        quant_pre_process,
+        quantize_static,
+    )
+
+    feeds = [_feed(graph, inputs) for inputs in calibration]
+
+    class Batches(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.remaining = iter(feeds)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self.remaining, None)
+
+    prepared = int8_path.with_name("preprocessed.onnx")
+    try:
+        quant_pre_process(str(float_path), str(prepared))
+        quantize_static(
+            str(prepared),
+            str(int8_path),
+            Batches(),
+            quant_format=QuantFormat.QDQ,
+            per_channel=per_channel,
+        )
+    except Exception as error:
+        raise DeployError(
+            [Problem("", "int8 ONNX", f"ONNX Runtime's quantization failed: {error}")]
+        ) from error
+    finally:
+        prepared.unlink(missing_ok=True)
+
+
+def agreement(
+    graph: InferenceGraph, session: Any, batches: Sequence[Sequence[torch.Tensor]]
+) -> float:
+    """The share of samples whose first output's arg-max is the same in ONNX Runtime as in
+    torch (an int8 model's top-1 agreement with the float one)."""
+    same = total = 0
+    with torch.no_grad():
+        for inputs in batches:
+            expected = graph(*inputs)[0].argmax(dim=-1).numpy()
+            (produced,) = session.run([graph.output_names[0]], _feed(graph, inputs))
+            same += int((np.asarray(produced).argmax(axis=-1) == expected).sum())
+            total += int(expected.size)
+    return same / max(total, 1)

@@ -1,0 +1,165 @@
+"""`loom predict EXPORT_DIR INPUT...`: labels for raw inputs from an ONNX export, in ONNX
+Runtime. For images only numpy, Pillow and onnxruntime are used (no torch, no torchloom model
+code): what a deployment does with `model.onnx` and `sidecar.json`, which this doubles as an
+example of. For an export that starts after python-side components (a text pipeline's
+tokenizer and indexer, `loom export --inputs`), those components are rebuilt from the sidecar
+by torchloom (text_inputs.py); the model still runs in ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from torchloom.errors import DeployError, Problem
+
+
+@dataclass
+class Prediction:
+    source: str
+    top: list[tuple[str, float]]  # (label, probability), most probable first
+
+
+def export_folder(given: Path) -> Path:
+    """The ONNX export folder: `given` itself, or a run folder's exports/onnx."""
+    inside = given / "exports" / "onnx"
+    return inside if not (given / "model.onnx").exists() and inside.is_dir() else given
+
+
+def read_sidecar(export_dir: Path) -> dict[str, Any]:
+    model, path = export_dir / "model.onnx", export_dir / "sidecar.json"
+    if not model.is_file() or not path.is_file():
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    f"'{export_dir}'",
+                    "is not an ONNX export of `loom export` (it needs model.onnx and sidecar.json)",
+                    "run `loom export RUN_DIR --format onnx` first, then give RUN_DIR or "
+                    "RUN_DIR/exports/onnx",
+                )
+            ]
+        )
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DeployError([Problem("", f"'{path}'", f"cannot be read: {error}")]) from error
+    if not isinstance(record, dict) or "preprocessing" not in record:
+        raise DeployError([Problem("", f"'{path}'", "is not a sidecar of `loom export`")])
+    return record
+
+
+def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
+    """One image file as the graph's input [1, depth, height, width], float32, the task's way:
+    pixels / 255, resized (bilinear), standardised."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as opened:
+            image = opened.convert("L" if recipe["depth"] == 1 else "RGB")
+    except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise DeployError(
+            [Problem("", f"input '{path}'", f"cannot be read as an image: {reason}")]
+        ) from error
+    size = (recipe["width"], recipe["height"])
+    if image.size != size:
+        image = image.resize(size, Image.Resampling.BILINEAR)
+    pixels = np.asarray(image, dtype=np.float32) * np.float32(recipe["scale"])
+    pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
+    normalize = recipe.get("normalize")
+    if normalize:
+        mean = np.asarray(normalize["mean"], dtype=np.float32)[:, None, None]
+        std = np.asarray(normalize["std"], dtype=np.float32)[:, None, None]
+        pixels = (pixels - mean) / std
+    return pixels[None].astype(np.float32)
+
+
+def _probabilities(values: np.ndarray) -> np.ndarray:
+    shifted = values - values.max(axis=-1, keepdims=True)
+    exp = np.exp(shifted)
+    return np.asarray(exp / exp.sum(axis=-1, keepdims=True))
+
+
+def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Prediction]:
+    import onnxruntime
+
+    folder = export_folder(Path(export_dir).expanduser())
+    record = read_sidecar(folder)
+    recipe = record["preprocessing"]
+    if top < 1:
+        raise DeployError([Problem("command line", "--top", "must be at least 1")])
+    if recipe.get("kind") != "image":
+        return _predict_texts(folder, record, inputs, top)
+    tensors = []
+    for name in inputs:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise DeployError([Problem("", f"input '{path}'", "does not exist")])
+        tensors.append(image_tensor(path, recipe))
+    session = onnxruntime.InferenceSession(
+        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    input_name = record["inputs"][0]["name"]
+    return [
+        _top(record, session, name, {input_name: tensor}, top)
+        for name, tensor in zip(inputs, tensors, strict=True)
+    ]
+
+
+def _top(
+    record: dict[str, Any], session: Any, source: str, feed: dict[str, Any], top: int
+) -> Prediction:
+    output = record["outputs"][0]["name"]
+    labels = record.get("labels")
+    (values,) = session.run([output], feed)
+    probabilities = _probabilities(np.asarray(values, dtype=np.float64))[0]
+    order = np.argsort(-probabilities)[:top]
+    return Prediction(
+        source,
+        [
+            (labels[i] if labels and i < len(labels) else str(i), float(probabilities[i]))
+            for i in order
+        ],
+    )
+
+
+def _predict_texts(
+    folder: Path, record: dict[str, Any], inputs: list[str], top: int
+) -> list[Prediction]:
+    """Each INPUT a text file (its whole text one input), or else a text itself."""
+    import onnxruntime
+
+    from torchloom.deploy.text_inputs import text_feed
+
+    if not record.get("before_graph"):
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    f"'{folder / 'sidecar.json'}'",
+                    f"the export's task ({record.get('task')}) has no raw-input recipe "
+                    "`loom predict` can apply",
+                    "feed the graph's input tensors from your own code (see sidecar.json)",
+                )
+            ]
+        )
+    session = onnxruntime.InferenceSession(
+        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    results = []
+    for given in inputs:
+        path = Path(given).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8") if path.is_file() else given
+        except (OSError, UnicodeDecodeError) as error:
+            raise DeployError(
+                [Problem("", f"input '{path}'", f"cannot be read as UTF-8 text: {error}")]
+            ) from error
+        feed = text_feed(folder, record, [text])
+        results.append(_top(record, session, given, feed, top))
+    return results

@@ -1,0 +1,362 @@
+"""The quantize worker (`loom quantize RUN_DIR --mode dynamic|static`): a trained run's model
+components turned int8 through the route `choose_quantizer` picks, measured against the float
+pipeline side by side (weights' size, latency at batch 1 and 32 on one thread, every statistic
+on validation and test, per-layer sensitivity), written to `RUN_DIR/quantized/<mode>/`:
+
+    model.pt                   {"format": "torchloom-quantized", "options", "components"}:
+                               state dicts only, loaded with torch.load(weights_only=True) by
+                               `load_quantized` (which rebuilds the modules from config.yaml)
+    config.yaml                the run's config
+    quantization_report.json   the figures; quantization_report.md the same as tables
+
+Every check (mode, backend, --skip names, checkpoint, an earlier result) happens before
+anything is written; the folder appears whole or not at all (output_folder.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchloom.core.component import Model
+from torchloom.core.pipeline import Pipeline
+from torchloom.data.atomic_files import atomic_file, write_text_atomic
+from torchloom.deploy.graph import InferenceGraph, graph_batch, model_graph, replaced
+from torchloom.deploy.measure import machine, paired_latency_ms, ratio, serialized_bytes
+from torchloom.deploy.output_folder import refuse_existing, staged_folder
+from torchloom.deploy.qat import fine_tune
+from torchloom.deploy.quantizer import (
+    Plan,
+    QuantizeOptions,
+    accepted_deprecations,
+    check_skip,
+    choose_quantizer,
+    quantized_engine,
+    weighted_layers,
+)
+from torchloom.deploy.report import quantization_markdown, write_json
+from torchloom.deploy.run_model import TrainedRun, load_trained_run
+from torchloom.engine.evaluation import evaluate, statistics_copy
+from torchloom.engine.loaders import SectionLoader
+from torchloom.engine.processor import section_config
+from torchloom.engine.step import Precision, WeightedLoss
+from torchloom.errors import DeployError, Problem
+
+FORMAT = "torchloom-quantized"
+LATENCY_BATCHES = (1, 32)
+SENSITIVITY_LIMIT = 40  # layers; beyond, the report says it was not measured
+SENSITIVITY_SAMPLES = 256
+
+
+@dataclass
+class QuantizeResult:
+    folder: Path
+    report: dict[str, Any]
+
+
+def quantize(
+    run_dir: str | Path,
+    mode: str = "static",
+    *,
+    backend: str = "x86",
+    calibration_batches: int = 16,
+    per_channel: bool = True,
+    skip: Sequence[str] = (),
+    checkpoint: str | None = None,
+    force: bool = False,
+    repeats: int = 30,
+    max_eval_batches: int | None = None,
+    sensitivity: bool = True,
+    qat_epochs: int = 1,
+    qat_lr: float | None = None,
+) -> QuantizeResult:
+    """Quantize a run folder's model components; see the module docstring."""
+    options = QuantizeOptions(mode, backend, per_channel, tuple(skip))
+    quantizer = choose_quantizer(options)  # a wrong mode or backend, before anything is read
+    if qat_epochs < 1:
+        raise DeployError([Problem("command line", "--qat-epochs", "must be at least 1")])
+    if calibration_batches < 1:
+        raise DeployError([Problem("command line", "--calibration-batches", "must be at least 1")])
+    run = load_trained_run(run_dir, checkpoint)
+    target = run.run_dir / "quantized" / mode
+    refuse_existing(target, force, "loom quantize")
+    pipeline = run.pipeline
+    models = pipeline.models
+    check_skip(options, models)
+    section = _measured_section(pipeline)
+    graph = model_graph(pipeline, section)
+    samples = graph.example_inputs(graph_batch(pipeline, section, graph, SENSITIVITY_SAMPLES))
+    with quantized_engine(backend), accepted_deprecations():
+        before = _measure(run, max_eval_batches)
+        float_models = {m.name: copy.deepcopy(m) for m in models}
+        plan = Plan()
+        for model in models:
+            quantizer.prepare(model, plan)
+        training_run = None
+        if mode == "qat":
+            training_run = fine_tune(run, qat_epochs, qat_lr)
+        calibration = _calibrate(run, graph, calibration_batches, observe=mode == "static")
+        for model in models:
+            quantizer.convert(model)
+        _check_runs(graph, samples, plan)
+        after = _measure(run, max_eval_batches)
+        latency = _latency(graph, float_models, samples, repeats)
+        layers = (
+            _sensitivity(graph, float_models, options, plan, calibration, samples)
+            if sensitivity
+            else {}
+        )
+    report = {
+        "run_dir": str(run.run_dir),
+        "checkpoint": str(run.checkpoint),
+        "mode": mode,
+        "route": quantizer.route,
+        "options": options.record(),
+        "calibration_batches": calibration_batches if mode == "static" else 0,
+        "qat": None
+        if training_run is None
+        else {"epochs": qat_epochs, "training_run": str(training_run)},
+        "machine": machine(),
+        "torch": torch.__version__,
+        "threads": 1,
+        "latency_repeats": repeats,
+        "latency_section": section,
+        "graph": graph.describe(),
+        "size_bytes": {"float": before["size"], "int8": after["size"]},
+        "size_ratio": round(after["size"] / before["size"], 3),
+        "latency_ms": {
+            str(b): {
+                "float": latency[b]["float"],
+                "int8": latency[b]["int8"],
+                "speedup": ratio(latency[b]["float"], latency[b]["int8"]),
+            }
+            for b in LATENCY_BATCHES
+        },
+        "statistics": {
+            s: {"float": before["statistics"][s], "int8": after["statistics"][s]}
+            for s in before["statistics"]
+        },
+        "layers": [{**vars(layer), "sqnr_db": layers.get(layer.name)} for layer in plan.layers],
+    }
+    with staged_folder(target, force, "loom quantize") as folder:
+        with atomic_file(folder / "model.pt") as out:
+            torch.save(
+                {
+                    "format": FORMAT,
+                    "options": options.record(),
+                    "components": {n: c.state_dict() for n, c in pipeline.components.items()},
+                },
+                out,
+            )
+        write_text_atomic(
+            folder / "config.yaml", (run.run_dir / "config.yaml").read_text(encoding="utf-8")
+        )
+        write_json(folder / "quantization_report.json", report)
+        write_text_atomic(folder / "quantization_report.md", quantization_markdown(report))
+    return QuantizeResult(target, report)
+
+
+def _check_runs(graph: InferenceGraph, samples: tuple[torch.Tensor, ...], plan: Plan) -> None:
+    """The converted graph runs on a batch. A model whose forward reads a layer's weights
+    itself (`F.linear(x, self.fc.weight)`) or does arithmetic eager quantization cannot see
+    fails here: a plain error naming the quantized layers, not a traceback mid-evaluation."""
+    try:
+        with torch.no_grad():
+            graph(*tuple(t[:2] for t in samples))
+    except Exception as error:
+        layers = ", ".join(layer.name for layer in plan.quantized[:8])
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    "int8 pipeline",
+                    f"fails on a batch after conversion: {type(error).__name__}: "
+                    f"{str(error).splitlines()[0][:300]}",
+                    f"a model uses a quantized layer in a way eager quantization cannot "
+                    f"follow; keep it in float with --skip (quantized: {layers}), or try "
+                    "another --mode",
+                )
+            ]
+        ) from error
+
+
+def _measured_section(pipeline: Pipeline) -> str:
+    for section in ("test", "validation", "training"):
+        if section in pipeline.tasks:
+            return section
+    raise DeployError([Problem("", "pipeline", "has no section with a task to measure on")])
+
+
+def _loader(run: TrainedRun, section: str) -> SectionLoader:
+    settings = section_config(run.config.data, section, run.config.where)
+    return SectionLoader(section, run.pipeline.tasks[section], settings, 0, run.config.where)
+
+
+def _measure(run: TrainedRun, max_batches: int | None) -> dict[str, Any]:
+    pipeline = run.pipeline
+    training = run.config.data.get("training") or {}
+    loss = (
+        WeightedLoss(pipeline, training.get("loss_weights") or {}, run.config.where)
+        if pipeline.losses
+        else None
+    )
+    cpu = torch.device("cpu")
+    values = {}
+    for section in ("validation", "test"):
+        if section not in pipeline.tasks:
+            continue
+        values[section] = evaluate(
+            pipeline,
+            _loader(run, section).epoch(0),
+            statistics_copy(pipeline, cpu),
+            loss,
+            Precision("fp32", cpu),
+            cpu,
+            max_batches=max_batches,
+        )
+    weights = {m.name: m.state_dict() for m in pipeline.models}
+    return {"statistics": values, "size": serialized_bytes(weights)}
+
+
+def _latency(
+    graph: InferenceGraph,
+    float_models: dict[str, Model],
+    samples: tuple[torch.Tensor, ...],
+    repeats: int,
+) -> dict[int, dict[str, float]]:
+    """Float and int8 graphs timed in turns (measure.paired_latency_ms), per batch size."""
+    float_graph = replaced(graph, dict(float_models))
+    found = {}
+    for size in LATENCY_BATCHES:
+        inputs = tuple(t[:size] for t in samples)
+        medians = paired_latency_ms(
+            {
+                "float": functools.partial(float_graph, *inputs),
+                "int8": functools.partial(graph, *inputs),
+            },
+            repeats,
+        )
+        found[size] = {name: round(value, 4) for name, value in medians.items()}
+    return found
+
+
+def _calibrate(
+    run: TrainedRun, graph: InferenceGraph, batches: int, observe: bool
+) -> list[tuple[torch.Tensor, ...]]:
+    """With `observe`, run `batches` training batches (else validation) through the prepared
+    pipeline; returns the graph inputs of the first few, for the sensitivity trials."""
+    pipeline = run.pipeline
+    section = "training" if "training" in pipeline.tasks else _measured_section(pipeline)
+    kept = []
+    with torch.no_grad():
+        for index, batch in enumerate(_loader(run, section).epoch(0)):
+            if index >= (batches if observe else 4):
+                break
+            if observe or any(name not in batch for name in graph.input_names):
+                pipeline(batch)
+            if index < 4:
+                kept.append(graph.example_inputs(batch))
+    return kept
+
+
+def _sqnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
+    noise = float((reference - other).pow(2).sum())
+    signal = float(reference.pow(2).sum())
+    return round(10 * math.log10(signal / noise), 2) if noise > 0 else math.inf
+
+
+def _sensitivity(
+    graph: InferenceGraph,
+    float_models: dict[str, Model],
+    options: QuantizeOptions,
+    plan: Plan,
+    calibration: list[tuple[torch.Tensor, ...]],
+    samples: tuple[torch.Tensor, ...],
+) -> dict[str, float]:
+    """SQNR (dB) of the graph's first output with only one layer quantized, per quantized
+    layer: the lower, the more that layer alone costs (a candidate for --skip). QAT layers
+    are tried as post-training static ones (what they cost before fine-tuning)."""
+    if options.mode == "qat":
+        options = replace(options, mode="static")
+    reference_graph = replaced(graph, {n: copy.deepcopy(m) for n, m in float_models.items()})
+    with torch.no_grad():
+        reference = reference_graph(*samples)[0].float()
+    every = weighted_layers(list(float_models.values()))
+    found: dict[str, float] = {}
+    for layer in plan.quantized[:SENSITIVITY_LIMIT]:
+        alone = replace(options, skip=tuple(n for n in every if n != layer.name))
+        trial = choose_quantizer(alone)
+        copies = {n: copy.deepcopy(m) for n, m in float_models.items()}
+        for model in copies.values():
+            trial.prepare(model, Plan())
+        trial_graph = replaced(graph, dict(copies))
+        with torch.no_grad():
+            for inputs in calibration if trial.needs_calibration else []:
+                trial_graph(*inputs)
+        for model in copies.values():
+            trial.convert(model)
+        with torch.no_grad():
+            found[layer.name] = _sqnr_db(reference, trial_graph(*samples)[0].float())
+    return found
+
+
+def is_quantized_folder(folder: str | Path) -> bool:
+    """Whether `folder` is a result folder of `loom quantize`."""
+    folder = Path(folder).expanduser()
+    return (folder / "model.pt").is_file() and (folder / "quantization_report.json").is_file()
+
+
+def quantized_backend(folder: str | Path) -> str:
+    """The quantized engine a `loom quantize` result runs on (its int8 weights are packed for
+    it): what `quantized_engine(...)` must be set to around every call."""
+    report = json.loads((Path(folder).expanduser() / "quantization_report.json").read_text())
+    return str(report["options"]["backend"])
+
+
+def load_quantized(folder: str | Path, overrides: Sequence[str] = ()) -> Pipeline:
+    """The pipeline of a `loom quantize` result folder, int8 models included, in eval mode:
+    rebuilt from its config.yaml, its models prepared and converted as when they were
+    quantized, then given the saved state (read with `weights_only=True`). `overrides` as
+    for `loom process` (a test subset, say); the models' structure must stay as saved."""
+    from torchloom.config import load_config
+    from torchloom.engine.assemble import build_checked
+
+    folder = Path(folder).expanduser()
+    path = folder / "model.pt"
+    if not path.is_file() or not (folder / "config.yaml").is_file():
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    f"'{folder}'",
+                    "is not a folder of `loom quantize` (it needs model.pt and config.yaml)",
+                )
+            ]
+        )
+    try:
+        with accepted_deprecations():
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise DeployError([Problem("", f"'{path}'", f"cannot be read: {error}")]) from error
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        raise DeployError([Problem("", f"'{path}'", f"is not a {FORMAT} file")])
+    options = QuantizeOptions(**{**saved["options"], "skip": tuple(saved["options"]["skip"])})
+    quantizer = choose_quantizer(options)
+    loaded = load_config(folder / "config.yaml", overrides)
+    pipeline = build_checked(loaded)
+    with quantized_engine(options.backend), accepted_deprecations():
+        for model in pipeline.models:
+            quantizer.prepare(model, Plan())
+            quantizer.convert(model)
+        for name, component in pipeline.components.items():
+            component.load_state_dict(saved["components"][name])
+    pipeline.eval()
+    return pipeline

@@ -1,0 +1,183 @@
+"""The reports `loom quantize` and `loom export` write next to their results: JSON for tools,
+Markdown for people (the same figures)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from torchloom.data.atomic_files import write_text_atomic
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(record, indent=2, default=_plain) + "\n")
+
+
+def _plain(value: Any) -> Any:
+    return str(value)
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "inf"
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_number(v) for v in row) + " |" for row in rows]
+    return lines
+
+
+def quantization_markdown(report: dict[str, Any]) -> str:
+    size = report["size_bytes"]
+    lines = [
+        f"# Quantization report: {report['mode']}",
+        "",
+        f"- run: `{report['run_dir']}` (checkpoint `{report['checkpoint']}`)",
+        f"- route: {report['route']}",
+        f"- backend: {report['options']['backend']}, "
+        f"{'per-channel' if report['options']['per_channel'] else 'per-tensor'} weights, "
+        f"calibration batches: {report['calibration_batches']}",
+        f"- measured on: {report['machine']}, torch {report['torch']}, "
+        f"{report['threads']} thread, median of {report['latency_repeats']} runs "
+        f"(warm-up excluded), inputs from the {report['latency_section']} set",
+        f"- timed graph: {', '.join(report['graph']['inputs'])} -> "
+        f"{', '.join(report['graph']['outputs'])} through "
+        f"{', '.join(report['graph']['components'])}",
+    ]
+    if report.get("qat"):
+        lines.append(
+            f"- quantization-aware fine-tuning: {report['qat']['epochs']} epoch(s), run folder "
+            f"`{report['qat']['training_run']}`"
+        )
+    lines += [
+        "",
+        "## Size and latency (float vs int8)",
+        "",
+    ]
+    rows: list[list[Any]] = [
+        ["weights (bytes)", size["float"], size["int8"], f"{report['size_ratio']:.3f}x size"]
+    ]
+    for batch, entry in report["latency_ms"].items():
+        rows.append(
+            [
+                f"latency, batch {batch} (ms)",
+                entry["float"],
+                entry["int8"],
+                f"{entry['speedup']:.2f}x (float/int8 time)",
+            ]
+        )
+    lines += _table(["", "float", "int8", "ratio"], rows)
+    for section, values in report["statistics"].items():
+        lines += ["", f"## Statistics on {section}", ""]
+        before, after = values["float"], values["int8"]
+        keys = [k for k in before if k in after]
+        lines += _table(
+            ["statistic", "float", "int8", "int8 - float"],
+            [[k, before[k], after[k], _difference(before[k], after[k])] for k in keys],
+        )
+    lines += ["", "## Layers", ""]
+    lines += [
+        "SQNR: signal-to-quantization-noise ratio (dB) of the pipeline's output with only that "
+        "layer quantized; the lowest are the first to keep in float with `--skip`.",
+        "",
+    ]
+    lines += _table(
+        ["layer", "type", "int8", "SQNR (dB)", "why left in float"],
+        [
+            [
+                layer["name"],
+                layer["kind"],
+                "yes" if layer["quantized"] else "no",
+                layer.get("sqnr_db"),
+                layer["reason"],
+            ]
+            for layer in report["layers"]
+        ],
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _difference(before: Any, after: Any) -> Any:
+    if isinstance(before, (int, float)) and isinstance(after, (int, float)):
+        return after - before
+    return None
+
+
+def export_markdown(report: dict[str, Any]) -> str:
+    graph = report["graph"]
+    lines = [
+        f"# Export report: {report['format']}",
+        "",
+        f"- run: `{report['run_dir']}` (checkpoint `{report['checkpoint']}`)",
+        f"- file: `{report['file']}` ({report['bytes']:,} bytes)",
+        f"- inputs: {', '.join(graph['inputs'])}; outputs: {', '.join(graph['outputs'])}",
+        f"- components in the graph: {', '.join(graph['components'])}",
+        f"- batch size: {'any' if report['dynamic_batch'] else 'fixed'}",
+        f"- measured on: {report['machine']}, torch {report['torch']}, {report['threads']} "
+        f"thread, median of {report['latency_repeats']} runs (warm-up excluded)",
+    ]
+    check = report.get("check")
+    if check:
+        tolerance = check.get("tolerance")
+        lines.append(
+            f"- check against eager torch on {check['batches']} real batches: max abs "
+            f"difference {check['max_abs_difference']:.3g}"
+            + (f" (tolerance {tolerance:g})" if tolerance is not None else "")
+        )
+    if "load" in report:
+        lines.append(f"- load with: `{report['load']}`")
+    if report.get("latency_ms"):
+        lines += ["", "## Latency (ms)", ""]
+        lines += _table(
+            ["batch", "torch eager", "ONNX Runtime", "speedup"],
+            [
+                [batch, e["torch_eager"], e["onnxruntime"], f"{e['speedup']:.2f}x"]
+                for batch, e in report["latency_ms"].items()
+            ],
+        )
+    aoti = report.get("aoti")
+    if aoti:
+        lines += [
+            "",
+            "## AOTInductor package",
+            "",
+            f"- file: `{aoti['file']}` ({aoti['bytes']:,} bytes); load with `{aoti['load']}`",
+            f"- max abs difference to eager torch: {aoti['max_abs_difference']:.3g} "
+            f"(tolerance {aoti['tolerance']:g})",
+            "",
+        ]
+        lines += _table(
+            ["batch", "torch eager", "AOTInductor", "speedup"],
+            [
+                [batch, e["torch_eager"], e["aoti"], f"{e['speedup']:.2f}x"]
+                for batch, e in aoti["latency_ms"].items()
+            ],
+        )
+    int8 = report.get("int8")
+    if int8:
+        lines += [
+            "",
+            "## int8 ONNX (ONNX Runtime static QDQ quantization)",
+            "",
+            f"- file: `{int8['file']}` ({int8['bytes']:,} bytes, "
+            f"{int8['bytes'] / int8['float_bytes']:.3f}x the float file)",
+            f"- calibration: {int8['calibration_samples']} training samples (MinMax)",
+            f"- top-1 agreement with torch float on the check batches: "
+            f"{int8['top1_agreement_with_float']:.4f}; max abs difference "
+            f"{int8['max_abs_difference_to_torch']:.3g}",
+            "",
+        ]
+        lines += _table(
+            ["batch", "ONNX Runtime float", "ONNX Runtime int8", "speedup"],
+            [
+                [batch, e["float"], e["int8"], f"{e['speedup']:.2f}x"]
+                for batch, e in int8["latency_ms"].items()
+            ],
+        )
+    return "\n".join(lines) + "\n"

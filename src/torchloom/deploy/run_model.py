@@ -1,0 +1,83 @@
+"""A trained run folder's pipeline, rebuilt from its config.yaml with a checkpoint's weights:
+what `loom quantize` and `loom export` start from. Nothing is written here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchloom.config import LoadedConfig, load_config
+from torchloom.config.schema import validate_sections
+from torchloom.core.pipeline import Pipeline
+from torchloom.core.weights import load_pipeline_weights
+from torchloom.engine.assemble import build_checked, pipeline_name
+from torchloom.engine.checkpoint import load_checkpoint, seed_everything
+from torchloom.engine.processor import checkpoint_path
+from torchloom.errors import DeployError, Problem
+
+
+@dataclass
+class TrainedRun:
+    run_dir: Path
+    config: LoadedConfig
+    pipeline: Pipeline
+    checkpoint: Path
+
+    @property
+    def name(self) -> str:
+        return pipeline_name(self.config)
+
+
+def load_trained_run(
+    run_dir: str | Path, checkpoint: str | None = None, overrides: Sequence[str] = ()
+) -> TrainedRun:
+    """The run's pipeline in eval mode, on the CPU, with the weights of `checkpoint` (best,
+    last or a path; the run's best.pt, else last.pt, by default)."""
+    folder = Path(run_dir).expanduser()
+    config_file = folder / "config.yaml"
+    if not folder.is_dir():
+        raise DeployError([Problem("", f"run folder '{folder}'", "does not exist")])
+    if not config_file.is_file():
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    f"run folder '{folder}'",
+                    "has no config.yaml: it is not a run folder of `loom train`",
+                    "give the folder `loom train` printed (<expdir>/<pipeline>/<date>)",
+                )
+            ]
+        )
+    weights = checkpoint_path(folder, checkpoint)
+    if weights is None or not weights.is_file():
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    f"run folder '{folder}'",
+                    f"has no checkpoint {weights.name if weights else ''} to deploy"
+                    + (f" ({weights})" if weights else ""),
+                    "train it first, or name a checkpoint file with --checkpoint PATH",
+                )
+            ]
+        )
+    loaded = load_config(config_file, overrides)
+    if "pipeline" in loaded.data and not isinstance(loaded.data["pipeline"], dict):
+        raise DeployError(
+            [
+                Problem(
+                    str(config_file),
+                    "pipeline",
+                    "is a run of torchloom.Trainer(...).fit (a Python module, not components)",
+                    "export the module yourself with torch.onnx.export",
+                )
+            ]
+        )
+    validate_sections(loaded.data, loaded.where)
+    seed_everything(int((loaded.data.get("training") or {}).get("seed") or 0))
+    pipeline = build_checked(loaded)
+    state = load_checkpoint(weights)
+    load_pipeline_weights(pipeline.components, state["components"], f"checkpoint '{weights}'")
+    pipeline.eval()
+    return TrainedRun(folder, loaded, pipeline, weights)

@@ -1,0 +1,99 @@
+"""What a deployment needs besides the graph, as JSON (`sidecar.json` next to the export):
+how the task turned raw inputs into the graph's input tensors (image size, normalisation) and
+what the outputs mean (label names, log-probabilities or logits). `loom predict` reads only
+this file and the ONNX model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torchloom.core.component import Component, Task
+from torchloom.core.pipeline import Pipeline
+from torchloom.deploy.graph import InferenceGraph, upstream_components
+
+SIDECAR_VERSION = 1
+
+
+def _image_preprocessing(task: Task) -> dict[str, Any] | None:
+    transformer = getattr(task, "transformer", None)
+    if transformer is None or not hasattr(transformer, "depth"):
+        return None
+    normalization = transformer.normalization
+    transforms = transformer.transforms
+    if transforms.normalize is not None:
+        normalization = transforms.normalize
+    depth = int(transformer.depth)
+    return {
+        "kind": "image",
+        "depth": depth,
+        "height": int(transformer.height),
+        "width": int(transformer.width),
+        # Pixels are divided by 255, resized (bilinear) to height x width, then standardised.
+        "scale": 1.0 / 255.0,
+        "normalize": None
+        if normalization is None
+        else {
+            "mean": _per_channel(list(normalization.mean), depth),
+            "std": _per_channel(list(normalization.std), depth),
+        },
+        "layout": "NCHW",
+    }
+
+
+def _per_channel(values: list[float], depth: int) -> list[float]:
+    return values * depth if len(values) == 1 else values
+
+
+def sidecar(pipeline: Pipeline, section: str, graph: InferenceGraph) -> dict[str, Any]:
+    task = pipeline.tasks[section]
+    class_names = getattr(task, "class_names", None)
+    outputs = []
+    for name in graph.output_names:
+        description = ""
+        for component in graph.chosen:
+            for key, spec in component.output_specs().items():
+                if component.stream_name(key) == name:
+                    description = spec.description
+        kind = (
+            "log-probabilities"
+            if "log-prob" in description
+            else ("logits" if "logit" in description else "values")
+        )
+        outputs.append({"name": name, "description": description, "kind": kind})
+    task_streams = {task.stream_name(k) for k in task.output_specs()}
+    preprocessing = _image_preprocessing(task) if set(graph.input_names) <= task_streams else None
+    upstream = upstream_components(pipeline, section, graph)
+    return {
+        "version": SIDECAR_VERSION,
+        "task": type(task).__name__,
+        "inputs": [{"name": name, **record} for name, record in graph.describe()["inputs"].items()],
+        "preprocessing": preprocessing or {"kind": "tensors", "note": "no raw-input recipe"},
+        # Components before the graph (tokenizers, vocabularies): their settings, and the
+        # files they were built with, copied to artifacts/<name>/ next to this file.
+        "before_graph": [
+            {
+                "name": c.name,
+                "type": type(c).__name__,
+                "params": c.params.model_dump(mode="json"),
+                "artifacts": [f"artifacts/{c.name}/{f}" for f in c.artifacts()],
+                # default stream name -> the pipeline's, and the globals it was built with
+                "streams": {k: c.stream_name(k) for k in [*c.input_specs(), *c.output_specs()]},
+                "globals": _plain_globals(c),
+            }
+            for c in upstream
+        ],
+        "outputs": outputs,
+        "labels": list(class_names) if class_names else None,
+        "components": graph.describe()["components"],
+    }
+
+
+def _plain_globals(component: Component) -> dict[str, Any]:
+    """The needed globals whose values JSON holds as they are (sizes, names)."""
+    found = {}
+    for key in type(component).needed_globals(component.params):
+        value = component.global_value(key)
+        if isinstance(value, (int, float, str, bool)):
+            found[key] = value
+    return found

@@ -1,0 +1,59 @@
+"""The graph inputs of raw texts for `loom predict` on an export that starts after python-side
+components (`loom export --inputs`): those components (tokenizer, indexer, encoder) are built
+again from the sidecar's record (type, parameters, globals, stream names), an indexer reading
+the vocabulary the export carries, and run on the texts. The model itself runs in ONNX Runtime;
+this part needs torchloom, as the sidecar says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchloom.core.registry import resolve
+from torchloom.errors import DeployError, Problem
+
+VOCABULARY_ARTIFACT = "vocabulary.txt"
+
+
+def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[str, np.ndarray]:
+    """{graph input name: array} for `texts`, through the components before the graph."""
+    steps = record.get("before_graph") or []
+    if not steps:
+        raise DeployError(
+            [
+                Problem(
+                    "",
+                    f"'{folder / 'sidecar.json'}'",
+                    "records no components before the graph to turn texts into its inputs",
+                )
+            ]
+        )
+    task_input = next(iter(steps[0]["streams"].values()))
+    batch: dict[str, Any] = {task_input: list(texts)}
+    for step in steps:
+        params = dict(step["params"])
+        vocabulary = [a for a in step["artifacts"] if a.endswith(VOCABULARY_ARTIFACT)]
+        if vocabulary and "vocabulary_file" in params:
+            params["vocabulary_file"] = str(folder / vocabulary[0])
+        component = resolve(step["type"]).create(
+            name=step["name"], globals=step["globals"], **params
+        )
+        component.eval()
+        names = step["streams"]
+        inputs = {key: batch[names.get(key, key)] for key in component.input_specs()}
+        with torch.no_grad():
+            outputs = component(inputs)
+        for key, value in outputs.items():
+            batch[names.get(key, key)] = value
+    feed = {}
+    for entry in record["inputs"]:
+        value = batch.get(entry["name"])
+        if not isinstance(value, torch.Tensor):
+            raise DeployError(
+                [Problem("", "sidecar.json", f"no tensor '{entry['name']}' after its components")]
+            )
+        feed[entry["name"]] = value.detach().cpu().numpy()
+    return feed

@@ -1,0 +1,71 @@
+"""Trained run folders for the deployment tests: a LeNet-5 and a feed-forward network on 768
+real MNIST images (the packaged offline copy), one short epoch each, made once per test
+session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import torchloom
+
+
+def small_run(folder: Path, data: Path, base: str) -> Path:
+    config = folder / "small.yml"
+    config.write_text(
+        f"""\
+default_configs: [{base}]
+training:
+  task: {{data_folder: {data}, subset: 768}}
+  dataloader: {{batch_size: 32}}
+  seed: 7
+  logging_interval: 8
+  terminal_conditions: {{epoch_limit: 1}}
+validation:
+  task: {{subset: 256}}
+test:
+  task: {{subset: 256}}
+""",
+        encoding="utf-8",
+    )
+    result = torchloom.train(config, expdir=str(folder / "runs"), analysis=False, tensorboard=0)
+    return Path(result.run_dir)
+
+
+@pytest.fixture(scope="session")
+def mnist_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mnist")
+
+
+@pytest.fixture(scope="session")
+def lenet_run(tmp_path_factory: pytest.TempPathFactory, mnist_data: Path) -> Path:
+    return small_run(tmp_path_factory.mktemp("lenet"), mnist_data, "loom://mnist/lenet5.yml")
+
+
+@pytest.fixture(scope="session")
+def ffn_run(tmp_path_factory: pytest.TempPathFactory, mnist_data: Path) -> Path:
+    return small_run(tmp_path_factory.mktemp("ffn"), mnist_data, "loom://mnist/ffn.yml")
+
+
+@pytest.fixture(scope="session")
+def bbc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The BBC News bag-of-words pipeline (a tokenizer, an indexer and an encoder before its
+    model) on 150 articles for one epoch: the packaged offline copy of the corpus."""
+    folder = tmp_path_factory.mktemp("bbc")
+    config = folder / "bbc.yml"
+    config.write_text(
+        """\
+default_configs: [loom://language/bbc_news_bow_ffn.yml]
+training:
+  task: {subset: 150}
+  terminal_conditions: {epoch_limit: 1}
+validation:
+  task: {subset: 40}
+test:
+  task: {subset: 40}
+""",
+        encoding="utf-8",
+    )
+    result = torchloom.train(config, expdir=str(folder / "runs"), analysis=False, tensorboard=0)
+    return Path(result.run_dir)

@@ -1,0 +1,241 @@
+"""`loom export` (ONNX checked in ONNX Runtime, pt2, safetensors) and `loom predict` on image
+files, and the bad inputs that must stop them plainly (exit 2) without touching results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from torchloom.cli.main import main
+from torchloom.deploy.graph import InferenceGraph, task_batch
+from torchloom.deploy.run_model import load_trained_run
+
+
+def report_of(folder: Path) -> dict:
+    return json.loads((folder / "export_report.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def onnx_folder(lenet_run: Path) -> Path:
+    assert main(["export", str(lenet_run), "--format", "onnx", "--int8", "--repeats", "5"]) == 0
+    return lenet_run / "exports" / "onnx"
+
+
+def test_onnx_export_matches_torch_in_onnx_runtime(onnx_folder: Path) -> None:
+    report = report_of(onnx_folder)
+    check = report["check"]
+    assert check["tolerance"] == 1e-4
+    assert check["max_abs_difference"] <= 1e-4
+    assert check["samples"] == 128
+    assert list(report["graph"]["inputs"]) == ["inputs"] and report["graph"]["outputs"] == [
+        "predictions"
+    ]
+    assert set(report["latency_ms"]) == {"1", "32"}
+    sidecar = json.loads((onnx_folder / "sidecar.json").read_text(encoding="utf-8"))
+    assert sidecar["labels"] == [str(d) for d in range(10)]
+    assert sidecar["preprocessing"]["normalize"] == {"mean": [0.1307], "std": [0.3081]}
+    assert sidecar["outputs"][0]["kind"] == "log-probabilities"
+
+
+def test_int8_onnx_is_smaller_and_agrees_with_float(onnx_folder: Path) -> None:
+    int8 = report_of(onnx_folder)["int8"]
+    assert (onnx_folder / "model_int8.onnx").stat().st_size == int8["bytes"]
+    assert int8["bytes"] < 0.4 * int8["float_bytes"]
+    assert int8["calibration_samples"] == 256
+    assert int8["top1_agreement_with_float"] >= 0.9
+    assert set(int8["latency_ms"]) == {"1", "32"}
+    assert "## int8 ONNX" in (onnx_folder / "export_report.md").read_text(encoding="utf-8")
+
+
+STANDALONE = """
+import importlib.abc, importlib.util, json, sys
+# No torchloom (nor torch): drop every path and import hook that could find them.
+sys.path = [p for p in sys.path if "torchloom" not in p and "/src" not in p]
+sys.meta_path = [f for f in sys.meta_path if "editable" not in type(f).__module__.lower()]
+assert importlib.util.find_spec("torchloom") is None, "torchloom is importable"
+import numpy as np, onnxruntime
+folder = sys.argv[1]
+session = onnxruntime.InferenceSession(folder + "/model.onnx", providers=["CPUExecutionProvider"])
+inputs = np.load(folder + "/../inputs.npy")
+for size in (1, 7, len(inputs)):  # any batch size
+    (out,) = session.run(["predictions"], {"inputs": inputs[:size]})
+    assert out.shape == (size, 10), out.shape
+np.save(folder + "/../onnx_out.npy", out)
+print("torch" in sys.modules, "torchloom" in sys.modules)
+"""
+
+
+def test_onnx_export_runs_without_torchloom(onnx_folder: Path, lenet_run: Path) -> None:
+    run = load_trained_run(lenet_run)
+    graph = InferenceGraph(run.pipeline, "test")
+    (inputs,) = graph.example_inputs(task_batch(run.pipeline, "test", 40))
+    np.save(onnx_folder.parent / "inputs.npy", inputs.numpy())
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", STANDALONE, str(onnx_folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]
+    produced = np.load(onnx_folder.parent / "onnx_out.npy")
+    with torch.no_grad():
+        (expected,) = graph(inputs)
+    assert np.abs(produced - expected.numpy()).max() <= 1e-4
+
+
+def test_predict_labels_png_files_as_the_model_does(
+    onnx_folder: Path, lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = load_trained_run(lenet_run)
+    task = run.pipeline.tasks["test"]
+    task.prepare()
+    images = task._images[:6]
+    if images.dtype != torch.uint8:  # standardised floats, kept by the task: pixels again
+        images = ((images * 0.3081 + 0.1307) * 255).round().clamp(0, 255).to(torch.uint8)
+    files = []
+    for index, pixels in enumerate(images):
+        path = tmp_path / f"digit{index}.png"
+        Image.fromarray(pixels[0].numpy()).save(path)
+        files.append(str(path))
+    # The run folder stands for its ONNX export.
+    assert main(["predict", str(lenet_run), *files, "--top", "2", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    graph = InferenceGraph(run.pipeline, "test")
+    (inputs,) = graph.example_inputs(task_batch(run.pipeline, "test", 6))
+    with torch.no_grad():
+        (expected,) = graph(inputs)
+    assert [line["input"] for line in lines] == files
+    assert [line["top"][0]["label"] for line in lines] == [
+        str(int(i)) for i in expected.argmax(dim=1)
+    ]
+    for line in lines:
+        assert len(line["top"]) == 2
+        assert 0 <= line["top"][1]["probability"] <= line["top"][0]["probability"] <= 1
+
+
+def test_predict_refuses_what_it_cannot_read(
+    onnx_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = tmp_path / "fake.png"
+    fake.write_text("not an image", encoding="utf-8")
+    assert main(["predict", str(onnx_folder), str(fake)]) == 2
+    err = capsys.readouterr().err
+    assert f"input '{fake}'" in err and "cannot be read as an image" in err
+    assert "Traceback" not in err
+    assert main(["predict", str(onnx_folder), str(tmp_path / "missing.png")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path), str(fake)]) == 2
+    assert "is not an ONNX export" in capsys.readouterr().err
+
+
+def test_pt2_export_reloads_with_torch_export_and_as_an_aoti_package(lenet_run: Path) -> None:
+    args = ["export", str(lenet_run), "--format", "pt2", "--aoti", "--repeats", "3"]
+    assert main(args) == 0
+    folder = lenet_run / "exports" / "pt2"
+    report = report_of(folder)
+    assert report["check"]["max_abs_difference"] <= 1e-6
+    module = torch.export.load(str(folder / "model.pt2")).module()
+    assert module(torch.zeros(3, 1, 28, 28))[0].shape == (3, 10)
+    assert report["aoti"]["max_abs_difference"] <= 1e-4
+    assert set(report["aoti"]["latency_ms"]) == {"1", "32"}
+    package = torch._inductor.aoti_load_package(str(folder / "model_aoti.pt2"))
+    assert package(torch.zeros(5, 1, 28, 28))[0].shape == (5, 10)  # any batch size
+
+
+def test_safetensors_export_holds_every_weight(lenet_run: Path) -> None:
+    from safetensors.torch import load_file
+
+    import torchloom
+
+    result = torchloom.export(lenet_run, "safetensors")
+    assert result.folder == lenet_run / "exports" / "safetensors"
+    saved = load_file(str(result.folder / "model.safetensors"))
+    run = load_trained_run(lenet_run)
+    own = run.pipeline.components["image_classifier"].state_dict()
+    for key, value in own.items():
+        assert torch.equal(saved[f"image_classifier.{key}"], value)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "onnnx"], "did you mean 'onnx'?"),
+        (["--outputs", "prediction"], "did you mean 'predictions'?"),
+        (["--outputs", "labels"], "is not a tensor stream"),
+        (["--checkpoint", "nowhere.pt"], "has no checkpoint"),
+        (["--format", "pt2", "--int8"], "applies to --format onnx only"),
+        (["--format", "onnx", "--aoti"], "applies to --format pt2 only"),
+        (["--inputs", "targets"], "no chosen output needs it"),
+    ],
+)
+def test_bad_export_input_is_a_plain_error_and_writes_nothing(
+    lenet_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert main(["export", str(run), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (run / "exports").exists()
+
+
+def test_a_second_export_needs_force(
+    onnx_folder: Path, lenet_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = (onnx_folder / "model.onnx").read_bytes()
+    assert main(["export", str(lenet_run), "--format", "onnx"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert (onnx_folder / "model.onnx").read_bytes() == before
+
+
+def torch_prediction(run: Path, text: str) -> tuple[str, float]:
+    """The label the trained torch pipeline gives `text` (every component but the losses and
+    statistics, in order, as the pipeline routes them)."""
+    from torchloom.core.component import Loss, Statistic
+
+    pipeline = load_trained_run(run).pipeline
+    batch: dict = {"inputs": [text]}
+    with torch.no_grad():
+        for component in pipeline.components.values():
+            if isinstance(component, (Loss, Statistic)):
+                continue
+            inputs = {k: batch[component.stream_name(k)] for k in component.input_specs()}
+            for key, value in component(inputs).items():
+                batch[component.stream_name(key)] = value
+    probabilities = batch["predictions"].softmax(dim=1)[0]
+    best = int(probabilities.argmax())
+    return str(pipeline.tasks["test"].class_names[best]), float(probabilities[best])
+
+
+def test_text_export_after_the_tokenizer_predicts_raw_texts_as_torch_does(
+    bbc_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export", str(bbc_run), "--inputs", "bow", "--repeats", "3"]) == 0
+    folder = bbc_run / "exports" / "onnx"
+    assert (folder / "artifacts" / "indexer" / "vocabulary.txt").is_file()
+    article = tmp_path / "article.txt"
+    article.write_text("Shares fell as the bank reported lower profits and sales.", "utf-8")
+    texts = [str(article), "The striker scored twice as the team won the cup final."]
+    capsys.readouterr()
+    assert main(["predict", str(folder), *texts, "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected = [
+        torch_prediction(bbc_run, article.read_text("utf-8")),
+        torch_prediction(bbc_run, texts[1]),
+    ]
+    for line, (label, probability) in zip(lines, expected, strict=True):
+        assert line["top"][0]["label"] == label
+        assert abs(line["top"][0]["probability"] - probability) < 1e-5

@@ -1,0 +1,216 @@
+"""`loom quantize`: int8 models of a trained run, measured against float, and the bad inputs
+that must stop it plainly (exit 2) without touching earlier results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchloom.cli.main import main
+from torchloom.deploy.quantize import load_quantized
+from torchloom.deploy.quantizer import accepted_deprecations, quantized_engine
+from torchloom.engine.evaluation import evaluate, statistics_copy
+from torchloom.engine.step import Precision
+
+
+def report_of(folder: Path) -> dict:
+    return json.loads((folder / "quantization_report.json").read_text(encoding="utf-8"))
+
+
+def quantize(run: Path, *args: str) -> int:
+    return main(["quantize", str(run), "--repeats", "5", *args])
+
+
+@pytest.fixture(scope="module")
+def static_folder(lenet_run: Path) -> Path:
+    assert quantize(lenet_run, "--mode", "static", "--calibration-batches", "8") == 0
+    return lenet_run / "quantized" / "static"
+
+
+def test_static_quantization_of_lenet_reports_float_and_int8_side_by_side(
+    static_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = report_of(static_folder)
+    assert report["route"].startswith("torch.ao eager static")
+    assert report["threads"] == 1
+    # Int8 weights with serialisation overhead: well under half the float bytes.
+    assert report["size_bytes"]["int8"] < 0.4 * report["size_bytes"]["float"]
+    assert set(report["latency_ms"]) == {"1", "32"}
+    for entry in report["latency_ms"].values():
+        assert entry["float"] > 0 and entry["int8"] > 0
+    for section in ("validation", "test"):
+        values = report["statistics"][section]
+        assert values["float"]["samples"] == values["int8"]["samples"] == 256
+        assert abs(values["float"]["accuracy"] - values["int8"]["accuracy"]) <= 0.03
+    layers = {layer["name"]: layer for layer in report["layers"]}
+    assert set(layers) == {
+        "image_classifier.features.0",
+        "image_classifier.features.3",
+        "image_classifier.classifier.0",
+        "image_classifier.classifier.2",
+        "image_classifier.classifier.5",
+    }
+    assert all(layer["quantized"] and layer["sqnr_db"] > 10 for layer in layers.values())
+    text = (static_folder / "quantization_report.md").read_text(encoding="utf-8")
+    assert "| latency, batch 32 (ms) |" in text and "## Statistics on test" in text
+    assert (static_folder / "config.yaml").is_file()
+
+
+def test_quantized_model_loads_with_weights_only_and_gives_the_reported_accuracy(
+    static_folder: Path,
+) -> None:
+    with accepted_deprecations():  # torch.load of quantized tensors: TypedStorage
+        saved = torch.load(static_folder / "model.pt", weights_only=True)
+    assert saved["format"] == "torchloom-quantized"
+    pipeline = load_quantized(static_folder)
+    task = pipeline.tasks["test"]
+    task.prepare()
+    batch = pipeline.rename_task_outputs("test", task.fetch(list(range(len(task)))))
+    cpu = torch.device("cpu")
+    with quantized_engine("x86"):
+        values = evaluate(
+            pipeline, [batch], statistics_copy(pipeline, cpu), None, Precision("fp32", cpu), cpu
+        )
+    assert values["accuracy"] == report_of(static_folder)["statistics"]["test"]["int8"]["accuracy"]
+
+
+def test_dynamic_quantization_of_a_feed_forward_network(ffn_run: Path) -> None:
+    assert quantize(ffn_run, "--mode", "dynamic") == 0
+    report = report_of(ffn_run / "quantized" / "dynamic")
+    assert report["route"].startswith("torch.ao eager quantize_dynamic")
+    assert report["calibration_batches"] == 0
+    assert [layer["quantized"] for layer in report["layers"]] == [True, True, True]
+    assert report["size_bytes"]["int8"] < 0.4 * report["size_bytes"]["float"]
+    test = report["statistics"]["test"]
+    assert abs(test["float"]["accuracy"] - test["int8"]["accuracy"]) <= 0.03
+
+
+def test_skip_keeps_a_layer_in_float_and_says_so(
+    lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert quantize(run, "--mode", "static", "--skip", "image_classifier.classifier.5") == 0
+    layers = {layer["name"]: layer for layer in report_of(run / "quantized" / "static")["layers"]}
+    assert layers["image_classifier.classifier.5"]["quantized"] is False
+    assert layers["image_classifier.classifier.5"]["reason"] == "skipped (--skip)"
+    assert layers["image_classifier.classifier.2"]["quantized"] is True
+    assert "left in float: image_classifier.classifier.5" in capsys.readouterr().out
+
+
+def test_a_second_quantization_needs_force_and_keeps_the_first_until_then(
+    static_folder: Path, lenet_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = {p.name: p.read_bytes() for p in static_folder.iterdir()}
+    assert quantize(lenet_run, "--mode", "static") == 2
+    err = capsys.readouterr().err
+    assert "already holds the results" in err and "--force" in err
+    assert {p.name: p.read_bytes() for p in static_folder.iterdir()} == before
+    assert not [p for p in static_folder.parent.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--mode", "statc"], "did you mean 'static'?"),
+        (["--backend", "arm"], "is not a quantization backend"),
+        (["--skip", "image_classifier.features.9"], "is not a layer with weights"),
+        (["--mode", "qat", "--qat-epochs", "0"], "must be at least 1"),
+        (["--checkpoint", "nowhere.pt"], "has no checkpoint"),
+        (["--calibration-batches", "0"], "must be at least 1"),
+    ],
+)
+def test_bad_input_is_a_plain_error_and_writes_nothing(
+    lenet_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert quantize(run, *args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (run / "quantized").exists()
+
+
+def test_a_folder_that_is_not_a_trained_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert quantize(tmp_path) == 2
+    assert "has no config.yaml" in capsys.readouterr().err
+    (tmp_path / "config.yaml").write_text("pipeline: {}\n", encoding="utf-8")
+    assert quantize(tmp_path) == 2
+    assert "has no checkpoint" in capsys.readouterr().err
+
+
+def test_loom_process_runs_a_quantized_folder_like_any_run(
+    static_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["process", str(static_folder), "--section", "test"]) == 0
+    out = capsys.readouterr().out
+    written = Path(out.split("written to: ")[1].strip())
+    assert written.parent == static_folder / "process"
+    summary = json.loads((written / "test_summary.json").read_text(encoding="utf-8"))
+    int8 = report_of(static_folder)["statistics"]["test"]["int8"]
+    assert summary["statistics"]["accuracy"] == int8["accuracy"]
+    assert main(["process", str(static_folder), "--checkpoint", "last"]) == 2
+    assert "does not apply to a quantized folder" in capsys.readouterr().err
+
+
+def test_python_api_quantizes_like_the_command(ffn_run: Path, tmp_path: Path) -> None:
+    import torchloom
+
+    run = tmp_path / "run"
+    shutil.copytree(ffn_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    result = torchloom.quantize(run, "static", repeats=3, calibration_batches=2)
+    assert result.folder == run / "quantized" / "static"
+    assert result.report["mode"] == "static"
+    # A feed-forward network's Linear+ReLU pairs are fused; every Linear is int8.
+    assert all(layer["quantized"] for layer in result.report["layers"])
+
+
+def test_quantization_aware_training_fine_tunes_through_the_engine(
+    lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert quantize(run, "--mode", "qat", "--qat-epochs", "1", "--qat-lr", "0.0002") == 0
+    folder = run / "quantized" / "qat"
+    report = report_of(folder)
+    assert report["route"].startswith("torch.ao eager quantization-aware training")
+    training = Path(report["qat"]["training_run"])
+    assert training.parent.parent == run / "quantized" / "qat_training"
+    summary = json.loads((training / "summary.json").read_text(encoding="utf-8"))
+    assert summary["epochs"] == 1
+    config = (training / "config.yaml").read_text(encoding="utf-8")
+    assert "# override: training.optimizer.lr=0.0002" in config
+    assert all(layer["quantized"] for layer in report["layers"])
+    test = report["statistics"]["test"]
+    # Fine-tuning may gain on an under-trained run; it must not lose much.
+    assert test["int8"]["accuracy"] >= test["float"]["accuracy"] - 0.05
+    # The converted QAT model reloads (loom process) and gives the reported accuracy.
+    capsys.readouterr()
+    assert main(["process", str(folder)]) == 0
+    written = Path(capsys.readouterr().out.split("written to: ")[1].strip())
+    processed = json.loads((written / "test_summary.json").read_text(encoding="utf-8"))
+    assert processed["statistics"]["accuracy"] == test["int8"]["accuracy"]
+
+
+def test_dynamic_quantization_of_a_text_pipeline_times_the_graph_after_its_tokenizer(
+    bbc_run: Path,
+) -> None:
+    import torchloom
+
+    report = torchloom.quantize(bbc_run, "dynamic", repeats=3).report
+    assert list(report["graph"]["inputs"]) == ["bow"]
+    assert report["graph"]["components"] == ["classifier (FeedForwardNetwork)"]
+    assert [layer["quantized"] for layer in report["layers"]] == [True, True]
+    assert report["size_ratio"] < 0.3  # a 20,000-word input layer: nearly all weights
+    test = report["statistics"]["test"]
+    assert abs(test["float"]["accuracy"] - test["int8"]["accuracy"]) <= 0.05
