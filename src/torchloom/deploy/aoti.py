@@ -17,7 +17,7 @@ import torch
 from torchloom.deploy.graph import InferenceGraph
 from torchloom.deploy.measure import paired_latency_ms, ratio
 from torchloom.deploy.onnx_export import FLOAT_TOLERANCE, exporter_reason
-from torchloom.errors import DeployError, Problem
+from torchloom.errors import DeployError
 
 
 def aoti_package(
@@ -29,22 +29,18 @@ def aoti_package(
     sizes: Sequence[int],
 ) -> dict[str, Any]:
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        raise DeployError(
-            [
-                Problem(
-                    "command line",
-                    "--aoti",
-                    "AOTInductor needs a C++ compiler, and none (c++, g++) is on the PATH",
-                    "install one (Debian: g++), or leave out --aoti",
-                )
-            ]
+        raise DeployError.at(
+            "command line",
+            "--aoti",
+            "AOTInductor needs a C++ compiler, and none (c++, g++) is on the PATH",
+            "install one (Debian: g++), or leave out --aoti",
         )
     try:
         torch._inductor.aoti_compile_and_package(program, package_path=str(path))
         compiled = torch._inductor.aoti_load_package(str(path))
     except Exception as error:
-        raise DeployError(
-            [Problem("", "AOTInductor", f"compiling failed: {exporter_reason(error)}")]
+        raise DeployError.at(
+            "", "AOTInductor", f"compiling failed: {exporter_reason(error)}"
         ) from error
     worst = 0.0
     with torch.no_grad():
@@ -52,15 +48,11 @@ def aoti_package(
             for want, got in zip(graph(*inputs), compiled(*inputs), strict=True):
                 worst = max(worst, float((want - got).abs().max()))
     if not worst <= FLOAT_TOLERANCE:
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    "AOTInductor check",
-                    f"the package's outputs differ from eager torch's by up to {worst:.3g} "
-                    f"(tolerance {FLOAT_TOLERANCE:g})",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            "AOTInductor check",
+            f"the package's outputs differ from eager torch's by up to {worst:.3g} "
+            f"(tolerance {FLOAT_TOLERANCE:g})",
         )
     latency = {}
     for size in sizes:

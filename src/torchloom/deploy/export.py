@@ -46,7 +46,7 @@ from torchloom.deploy.output_folder import refuse_existing, staged_folder
 from torchloom.deploy.report import export_markdown, write_json
 from torchloom.deploy.run_model import load_trained_run
 from torchloom.deploy.sidecar import sidecar
-from torchloom.errors import DeployError, Problem, did_you_mean
+from torchloom.errors import DeployError, did_you_mean
 
 FORMATS = ("onnx", "pt2", "safetensors")
 CHECK_BATCHES = 4
@@ -76,30 +76,22 @@ def export(
 ) -> ExportResult:
     """Export a run folder's tensor graph; see the module docstring."""
     if format not in FORMATS:
-        raise DeployError(
-            [
-                Problem(
-                    "command line",
-                    f"--format {format}",
-                    "is not an export format",
-                    did_you_mean(format, FORMATS) or f"formats: {', '.join(FORMATS)}",
-                )
-            ]
+        raise DeployError.at(
+            "command line",
+            f"--format {format}",
+            "is not an export format",
+            did_you_mean(format, FORMATS) or f"formats: {', '.join(FORMATS)}",
         )
     if int8 and format != "onnx":
-        raise DeployError(
-            [
-                Problem(
-                    "command line",
-                    "--int8",
-                    f"applies to --format onnx only, not {format}",
-                    "`loom quantize` makes int8 torch models",
-                )
-            ]
+        raise DeployError.at(
+            "command line",
+            "--int8",
+            f"applies to --format onnx only, not {format}",
+            "`loom quantize` makes int8 torch models",
         )
     if aoti and format != "pt2":
-        raise DeployError(
-            [Problem("command line", "--aoti", f"applies to --format pt2 only, not {format}")]
+        raise DeployError.at(
+            "command line", "--aoti", f"applies to --format pt2 only, not {format}"
         )
     run = load_trained_run(run_dir, checkpoint)
     target = run.run_dir / "exports" / format
@@ -107,7 +99,7 @@ def export(
     pipeline = run.pipeline
     section = next((s for s in ("test", "validation", "training") if s in pipeline.tasks), None)
     if section is None:
-        raise DeployError([Problem("", "pipeline", "has no section with a task")])
+        raise DeployError.at("", "pipeline", "has no section with a task")
     graph = InferenceGraph(pipeline, section, list(outputs) or None, list(inputs) or None).eval()
     full = graph.example_inputs(graph_batch(pipeline, section, graph, BATCH * CHECK_BATCHES))
     batches = [
@@ -164,16 +156,12 @@ def _onnx(
     session = onnx_session(path, threads=1)
     difference = max_difference(graph, session, batches)
     if not difference <= FLOAT_TOLERANCE:
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    "ONNX check",
-                    f"ONNX Runtime's outputs differ from torch's by up to {difference:.3g} "
-                    f"(tolerance {FLOAT_TOLERANCE:g}): the export would give other results",
-                    "report it with the config; --outputs can narrow down the component",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            "ONNX check",
+            f"ONNX Runtime's outputs differ from torch's by up to {difference:.3g} "
+            f"(tolerance {FLOAT_TOLERANCE:g}): the export would give other results",
+            "report it with the config; --outputs can narrow down the component",
         )
     latency = {}
     sizes = (1, BATCH) if dynamic else (1,)
@@ -221,15 +209,11 @@ def _pt2(
             graph, example, dynamic_shapes=batch_dimensions(graph, dynamic)
         )
     except Exception as error:
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    "torch.export",
-                    f"failed: {exporter_reason(error)}",
-                    "run with --debug for the traceback",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            "torch.export",
+            f"failed: {exporter_reason(error)}",
+            "run with --debug for the traceback",
         ) from error
     torch.export.save(program, str(path))
     reloaded = torch.export.load(str(path)).module()
@@ -261,8 +245,8 @@ def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str,
     expected = weights.state_dict()
     missing = [k for k, v in expected.items() if k in saved and not torch.equal(saved[k], v)]
     if missing:
-        raise DeployError(
-            [Problem("", f"'{path}'", f"reads back different values for {', '.join(missing[:4])}")]
+        raise DeployError.at(
+            "", f"'{path}'", f"reads back different values for {', '.join(missing[:4])}"
         )
     return {
         "file": path.name,

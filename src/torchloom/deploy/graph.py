@@ -22,7 +22,7 @@ from torch import nn
 from torchloom.core.component import Batch, Component, Loss, Model, Statistic
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.streams import StreamSpec
-from torchloom.errors import DeployError, Problem, did_you_mean
+from torchloom.errors import DeployError, did_you_mean
 
 
 def is_tensor_spec(spec: StreamSpec) -> bool:
@@ -44,9 +44,7 @@ def default_outputs(pipeline: Pipeline) -> list[str]:
     """The outputs of the last model, in execution order (what a classifier predicts)."""
     models = [c for c in pipeline.components.values() if isinstance(c, Model)]
     if not models:
-        raise DeployError(
-            [Problem("", "pipeline", "has no model component: there is nothing to deploy")]
-        )
+        raise DeployError.at("", "pipeline", "has no model component: there is nothing to deploy")
     last = models[-1]
     return [last.stream_name(key) for key in last.output_specs()]
 
@@ -78,16 +76,12 @@ class InferenceGraph(nn.Module):
         for flag, names in (("--outputs", wanted), ("--inputs", starts)):
             for name in names:
                 if name not in specs:
-                    raise DeployError(
-                        [
-                            Problem(
-                                "command line",
-                                f"{flag} {name}",
-                                "no task or component of the pipeline (but losses and "
-                                "statistics) produces this stream",
-                                did_you_mean(name, specs) or f"streams: {', '.join(specs)}",
-                            )
-                        ]
+                    raise DeployError.at(
+                        "command line",
+                        f"{flag} {name}",
+                        "no task or component of the pipeline (but losses and "
+                        "statistics) produces this stream",
+                        did_you_mean(name, specs) or f"streams: {', '.join(specs)}",
                     )
         # Walk back from the outputs to the inputs: the components needed, in order.
         needed = set(wanted)
@@ -103,24 +97,20 @@ class InferenceGraph(nn.Module):
         self.input_names = starts or [name for name in task_specs if name in needed]
         unused = [name for name in starts if name not in needed]
         if unused:
-            raise DeployError(
-                [Problem("command line", f"--inputs {unused[0]}", "no chosen output needs it")]
+            raise DeployError.at(
+                "command line", f"--inputs {unused[0]}", "no chosen output needs it"
             )
         self.output_names = wanted
         self.input_specs = {name: specs[name] for name in self.input_names}
         tensor_streams = [n for n, s in specs.items() if is_tensor_spec(s) and n in needed]
         for name in starts:
             if not is_tensor_spec(specs[name]):
-                raise DeployError(
-                    [Problem("command line", f"--inputs {name}", "is not a tensor stream")]
-                )
+                raise DeployError.at("command line", f"--inputs {name}", "is not a tensor stream")
         for component in chosen:
             _check_tensor_streams(component, tensor_streams)
         for name in wanted:
             if name in task_specs and not is_tensor_spec(task_specs[name]):
-                raise DeployError(
-                    [Problem("command line", f"--outputs {name}", "is not a tensor stream")]
-                )
+                raise DeployError.at("command line", f"--outputs {name}", "is not a tensor stream")
         # The models' weights belong to the pipeline's components: registered here too so
         # that `.to()`, `.eval()` and exporters see them (same objects, nothing copied).
         self.components = nn.ModuleList(chosen)
@@ -170,18 +160,14 @@ def _check_tensor_streams(component: Component, tensor_streams: list[str]) -> No
         for key, spec in specs.items():
             if not is_tensor_spec(spec):
                 kinds = ", ".join(getattr(t, "__name__", str(t)) for t in spec.dtypes or ())
-                raise DeployError(
-                    [
-                        Problem(
-                            "",
-                            component.label,
-                            f"{direction} '{component.stream_name(key)}' ({kinds}, not tensors): "
-                            "a graph of tensors cannot hold it",
-                            "start the graph after it with --inputs, naming tensor streams "
-                            f"it leads to ({', '.join(tensor_streams) or 'none'}), and "
-                            "reproduce this step in the deployment's own code",
-                        )
-                    ]
+                raise DeployError.at(
+                    "",
+                    component.label,
+                    f"{direction} '{component.stream_name(key)}' ({kinds}, not tensors): "
+                    "a graph of tensors cannot hold it",
+                    "start the graph after it with --inputs, naming tensor streams "
+                    f"it leads to ({', '.join(tensor_streams) or 'none'}), and "
+                    "reproduce this step in the deployment's own code",
                 )
 
 
@@ -206,7 +192,7 @@ def task_batch(pipeline: Pipeline, section: str, size: int) -> Batch:
     task.prepare()
     count = min(size, len(task))
     if count == 0:
-        raise DeployError([Problem("", f"section '{section}'", "its task has no samples")])
+        raise DeployError.at("", f"section '{section}'", "its task has no samples")
     return pipeline.rename_task_outputs(section, task.fetch(list(range(count))))
 
 

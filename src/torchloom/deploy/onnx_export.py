@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from torchloom.deploy.graph import InferenceGraph
-from torchloom.errors import DeployError, Problem
+from torchloom.errors import DeployError
 
 # Float exports must match eager outputs to this (max absolute difference): float32 kernels
 # of ONNX Runtime and torch sum in different orders, a few 1e-6 on these models.
@@ -75,19 +75,15 @@ def export_onnx(
                 external_data=False,
             )
     except Exception as error:  # the exporter's own message names the operator
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    "ONNX export",
-                    f"torch.onnx.export failed: {exporter_reason(error)}",
-                    "run with --debug for the exporter's traceback; --outputs can export the "
-                    "part of the pipeline before the failing component",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            "ONNX export",
+            f"torch.onnx.export failed: {exporter_reason(error)}",
+            "run with --debug for the exporter's traceback; --outputs can export the "
+            "part of the pipeline before the failing component",
         ) from error
     if program is None:
-        raise DeployError([Problem("", "ONNX export", "the exporter returned no program")])
+        raise DeployError.at("", "ONNX export", "the exporter returned no program")
     program.save(str(path), external_data=False)
 
 
@@ -118,15 +114,11 @@ def max_difference(
             produced = session.run(list(graph.output_names), _feed(graph, inputs))
             for want, got in zip(expected, produced, strict=True):
                 if tuple(want.shape) != tuple(got.shape):
-                    raise DeployError(
-                        [
-                            Problem(
-                                "",
-                                "ONNX check",
-                                f"ONNX Runtime gave shape {tuple(got.shape)} where torch gave "
-                                f"{tuple(want.shape)}",
-                            )
-                        ]
+                    raise DeployError.at(
+                        "",
+                        "ONNX check",
+                        f"ONNX Runtime gave shape {tuple(got.shape)} where torch gave "
+                        f"{tuple(want.shape)}",
                     )
                 difference = np.abs(want.detach().cpu().numpy().astype(np.float64) - got)
                 worst = max(worst, float(difference.max(initial=0.0)))
@@ -179,8 +171,8 @@ def quantize_onnx(
             per_channel=per_channel,
         )
     except Exception as error:
-        raise DeployError(
-            [Problem("", "int8 ONNX", f"ONNX Runtime's quantization failed: {error}")]
+        raise DeployError.at(
+            "", "int8 ONNX", f"ONNX Runtime's quantization failed: {error}"
         ) from error
     finally:
         prepared.unlink(missing_ok=True)

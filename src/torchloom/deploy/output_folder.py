@@ -12,21 +12,17 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-from torchloom.errors import DeployError, Problem
+from torchloom.errors import DeployError
 
 
 def refuse_existing(target: Path, force: bool, command: str) -> None:
     """A DeployError when `target` holds an earlier result and `force` is off."""
     if target.exists() and not force:
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    f"'{target}'",
-                    f"already holds the results of an earlier `{command}`",
-                    "add --force to replace them; they are kept until the new ones are complete",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            f"'{target}'",
+            f"already holds the results of an earlier `{command}`",
+            "add --force to replace them; they are kept until the new ones are complete",
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from torchloom.errors import DeployError, Problem
+from torchloom.errors import DeployError
 
 
 @dataclass
@@ -33,23 +33,19 @@ def export_folder(given: Path) -> Path:
 def read_sidecar(export_dir: Path) -> dict[str, Any]:
     model, path = export_dir / "model.onnx", export_dir / "sidecar.json"
     if not model.is_file() or not path.is_file():
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    f"'{export_dir}'",
-                    "is not an ONNX export of `loom export` (it needs model.onnx and sidecar.json)",
-                    "run `loom export RUN_DIR --format onnx` first, then give RUN_DIR or "
-                    "RUN_DIR/exports/onnx",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            f"'{export_dir}'",
+            "is not an ONNX export of `loom export` (it needs model.onnx and sidecar.json)",
+            "run `loom export RUN_DIR --format onnx` first, then give RUN_DIR or "
+            "RUN_DIR/exports/onnx",
         )
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise DeployError([Problem("", f"'{path}'", f"cannot be read: {error}")]) from error
+        raise DeployError.at("", f"'{path}'", f"cannot be read: {error}") from error
     if not isinstance(record, dict) or "preprocessing" not in record:
-        raise DeployError([Problem("", f"'{path}'", "is not a sidecar of `loom export`")])
+        raise DeployError.at("", f"'{path}'", "is not a sidecar of `loom export`")
     return record
 
 
@@ -63,8 +59,8 @@ def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
             image = opened.convert("L" if recipe["depth"] == 1 else "RGB")
     except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as error:
         reason = getattr(error, "strerror", None) or str(error)
-        raise DeployError(
-            [Problem("", f"input '{path}'", f"cannot be read as an image: {reason}")]
+        raise DeployError.at(
+            "", f"input '{path}'", f"cannot be read as an image: {reason}"
         ) from error
     size = (recipe["width"], recipe["height"])
     if image.size != size:
@@ -92,14 +88,14 @@ def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Pre
     record = read_sidecar(folder)
     recipe = record["preprocessing"]
     if top < 1:
-        raise DeployError([Problem("command line", "--top", "must be at least 1")])
+        raise DeployError.at("command line", "--top", "must be at least 1")
     if recipe.get("kind") != "image":
         return _predict_texts(folder, record, inputs, top)
     tensors = []
     for name in inputs:
         path = Path(name).expanduser()
         if not path.is_file():
-            raise DeployError([Problem("", f"input '{path}'", "does not exist")])
+            raise DeployError.at("", f"input '{path}'", "does not exist")
         tensors.append(image_tensor(path, recipe))
     session = onnxruntime.InferenceSession(
         str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
@@ -137,16 +133,12 @@ def _predict_texts(
     from torchloom.deploy.text_inputs import text_feed
 
     if not record.get("before_graph"):
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    f"'{folder / 'sidecar.json'}'",
-                    f"the export's task ({record.get('task')}) has no raw-input recipe "
-                    "`loom predict` can apply",
-                    "feed the graph's input tensors from your own code (see sidecar.json)",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            f"'{folder / 'sidecar.json'}'",
+            f"the export's task ({record.get('task')}) has no raw-input recipe "
+            "`loom predict` can apply",
+            "feed the graph's input tensors from your own code (see sidecar.json)",
         )
     session = onnxruntime.InferenceSession(
         str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
@@ -157,8 +149,8 @@ def _predict_texts(
         try:
             text = path.read_text(encoding="utf-8") if path.is_file() else given
         except (OSError, UnicodeDecodeError) as error:
-            raise DeployError(
-                [Problem("", f"input '{path}'", f"cannot be read as UTF-8 text: {error}")]
+            raise DeployError.at(
+                "", f"input '{path}'", f"cannot be read as UTF-8 text: {error}"
             ) from error
         feed = text_feed(folder, record, [text])
         results.append(_top(record, session, given, feed, top))

@@ -23,7 +23,7 @@ from torchloom.engine.assemble import load_and_validate, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint
 from torchloom.engine.setup import start_run
 from torchloom.engine.state import TrainOptions
-from torchloom.errors import DeployError, Problem
+from torchloom.errors import DeployError
 
 QAT_RATE_FACTOR = 0.1
 
@@ -36,15 +36,11 @@ def fine_tune(run: TrainedRun, epochs: int, learning_rate: float | None = None) 
     if rate is None:
         given = (training.get("optimizer") or {}).get("lr")
         if not isinstance(given, (int, float)):
-            raise DeployError(
-                [
-                    Problem(
-                        "command line",
-                        "--qat-lr",
-                        "the run's config gives no training.optimizer.lr to start from",
-                        "give the fine-tuning rate with --qat-lr",
-                    )
-                ]
+            raise DeployError.at(
+                "command line",
+                "--qat-lr",
+                "the run's config gives no training.optimizer.lr to start from",
+                "give the fine-tuning rate with --qat-lr",
             )
         rate = float(given) * QAT_RATE_FACTOR
     overrides = [
@@ -73,15 +69,11 @@ def fine_tune(run: TrainedRun, epochs: int, learning_rate: float | None = None) 
     folder = Path(result.run_dir)
     status = str(result.summary.get("status", ""))
     if status in ("diverged", "failed", "interrupted"):
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    f"quantization-aware fine-tuning in '{folder}'",
-                    f"ended {status}: {result.summary.get('reason', '')}",
-                    "lower the rate with --qat-lr",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            f"quantization-aware fine-tuning in '{folder}'",
+            f"ended {status}: {result.summary.get('reason', '')}",
+            "lower the rate with --qat-lr",
         )
     best = folder / "checkpoints" / "best.pt"
     state = load_checkpoint(best if best.is_file() else folder / "checkpoints" / "last.pt")

@@ -48,7 +48,7 @@ from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.processor import section_config
 from torchloom.engine.step import Precision, WeightedLoss
-from torchloom.errors import DeployError, Problem
+from torchloom.errors import DeployError
 
 FORMAT = "torchloom-quantized"
 LATENCY_BATCHES = (1, 32)
@@ -82,9 +82,9 @@ def quantize(
     options = QuantizeOptions(mode, backend, per_channel, tuple(skip))
     quantizer = choose_quantizer(options)  # a wrong mode or backend, before anything is read
     if qat_epochs < 1:
-        raise DeployError([Problem("command line", "--qat-epochs", "must be at least 1")])
+        raise DeployError.at("command line", "--qat-epochs", "must be at least 1")
     if calibration_batches < 1:
-        raise DeployError([Problem("command line", "--calibration-batches", "must be at least 1")])
+        raise DeployError.at("command line", "--calibration-batches", "must be at least 1")
     run = load_trained_run(run_dir, checkpoint)
     target = run.run_dir / "quantized" / mode
     refuse_existing(target, force, "loom quantize")
@@ -173,18 +173,14 @@ def _check_runs(graph: InferenceGraph, samples: tuple[torch.Tensor, ...], plan: 
             graph(*tuple(t[:2] for t in samples))
     except Exception as error:
         layers = ", ".join(layer.name for layer in plan.quantized[:8])
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    "int8 pipeline",
-                    f"fails on a batch after conversion: {type(error).__name__}: "
-                    f"{str(error).splitlines()[0][:300]}",
-                    f"a model uses a quantized layer in a way eager quantization cannot "
-                    f"follow; keep it in float with --skip (quantized: {layers}), or try "
-                    "another --mode",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            "int8 pipeline",
+            f"fails on a batch after conversion: {type(error).__name__}: "
+            f"{str(error).splitlines()[0][:300]}",
+            f"a model uses a quantized layer in a way eager quantization cannot "
+            f"follow; keep it in float with --skip (quantized: {layers}), or try "
+            "another --mode",
         ) from error
 
 
@@ -192,7 +188,7 @@ def _measured_section(pipeline: Pipeline) -> str:
     for section in ("test", "validation", "training"):
         if section in pipeline.tasks:
             return section
-    raise DeployError([Problem("", "pipeline", "has no section with a task to measure on")])
+    raise DeployError.at("", "pipeline", "has no section with a task to measure on")
 
 
 def _loader(run: TrainedRun, section: str) -> SectionLoader:
@@ -332,22 +328,18 @@ def load_quantized(folder: str | Path, overrides: Sequence[str] = ()) -> Pipelin
     folder = Path(folder).expanduser()
     path = folder / "model.pt"
     if not path.is_file() or not (folder / "config.yaml").is_file():
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    f"'{folder}'",
-                    "is not a folder of `loom quantize` (it needs model.pt and config.yaml)",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            f"'{folder}'",
+            "is not a folder of `loom quantize` (it needs model.pt and config.yaml)",
         )
     try:
         with accepted_deprecations():
             saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
-        raise DeployError([Problem("", f"'{path}'", f"cannot be read: {error}")]) from error
+        raise DeployError.at("", f"'{path}'", f"cannot be read: {error}") from error
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-        raise DeployError([Problem("", f"'{path}'", f"is not a {FORMAT} file")])
+        raise DeployError.at("", f"'{path}'", f"is not a {FORMAT} file")
     options = QuantizeOptions(**{**saved["options"], "skip": tuple(saved["options"]["skip"])})
     quantizer = choose_quantizer(options)
     loaded = load_config(folder / "config.yaml", overrides)

@@ -75,15 +75,11 @@ def quantized_engine(backend: str) -> Iterator[None]:
         supported = ", ".join(
             e for e in BACKENDS if e in torch.backends.quantized.supported_engines
         )
-        raise DeployError(
-            [
-                Problem(
-                    "command line",
-                    f"--backend {backend}",
-                    "this build of torch has no such quantized engine",
-                    f"supported here: {supported}",
-                )
-            ]
+        raise DeployError.at(
+            "command line",
+            f"--backend {backend}",
+            "this build of torch has no such quantized engine",
+            f"supported here: {supported}",
         )
     previous = torch.backends.quantized.engine
     torch.backends.quantized.engine = backend
@@ -179,26 +175,18 @@ def check_skip(options: QuantizeOptions, components: Sequence[Model]) -> None:
 def choose_quantizer(options: QuantizeOptions) -> Quantizer:
     """The route for a mode (see the module docstring for why these)."""
     if options.mode not in MODES:
-        raise DeployError(
-            [
-                Problem(
-                    "command line",
-                    f"--mode {options.mode}",
-                    "is not a quantization mode",
-                    did_you_mean(options.mode, MODES) or f"modes: {', '.join(MODES)}",
-                )
-            ]
+        raise DeployError.at(
+            "command line",
+            f"--mode {options.mode}",
+            "is not a quantization mode",
+            did_you_mean(options.mode, MODES) or f"modes: {', '.join(MODES)}",
         )
     if options.backend not in BACKENDS:
-        raise DeployError(
-            [
-                Problem(
-                    "command line",
-                    f"--backend {options.backend}",
-                    "is not a quantization backend",
-                    did_you_mean(options.backend, BACKENDS) or f"backends: {', '.join(BACKENDS)}",
-                )
-            ]
+        raise DeployError.at(
+            "command line",
+            f"--backend {options.backend}",
+            "is not a quantization backend",
+            did_you_mean(options.backend, BACKENDS) or f"backends: {', '.join(BACKENDS)}",
         )
     if options.mode == "dynamic":
         from torchloom.deploy.eager_dynamic import EagerDynamicQuantizer

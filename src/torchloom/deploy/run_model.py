@@ -14,7 +14,7 @@ from torchloom.core.weights import load_pipeline_weights
 from torchloom.engine.assemble import build_checked, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything
 from torchloom.engine.processor import checkpoint_path
-from torchloom.errors import DeployError, Problem
+from torchloom.errors import DeployError
 
 
 @dataclass
@@ -37,42 +37,30 @@ def load_trained_run(
     folder = Path(run_dir).expanduser()
     config_file = folder / "config.yaml"
     if not folder.is_dir():
-        raise DeployError([Problem("", f"run folder '{folder}'", "does not exist")])
+        raise DeployError.at("", f"run folder '{folder}'", "does not exist")
     if not config_file.is_file():
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    f"run folder '{folder}'",
-                    "has no config.yaml: it is not a run folder of `loom train`",
-                    "give the folder `loom train` printed (<expdir>/<pipeline>/<date>)",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            f"run folder '{folder}'",
+            "has no config.yaml: it is not a run folder of `loom train`",
+            "give the folder `loom train` printed (<expdir>/<pipeline>/<date>)",
         )
     weights = checkpoint_path(folder, checkpoint)
     if weights is None or not weights.is_file():
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    f"run folder '{folder}'",
-                    f"has no checkpoint {weights.name if weights else ''} to deploy"
-                    + (f" ({weights})" if weights else ""),
-                    "train it first, or name a checkpoint file with --checkpoint PATH",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            f"run folder '{folder}'",
+            f"has no checkpoint {weights.name if weights else ''} to deploy"
+            + (f" ({weights})" if weights else ""),
+            "train it first, or name a checkpoint file with --checkpoint PATH",
         )
     loaded = load_config(config_file, overrides)
     if "pipeline" in loaded.data and not isinstance(loaded.data["pipeline"], dict):
-        raise DeployError(
-            [
-                Problem(
-                    str(config_file),
-                    "pipeline",
-                    "is a run of torchloom.Trainer(...).fit (a Python module, not components)",
-                    "export the module yourself with torch.onnx.export",
-                )
-            ]
+        raise DeployError.at(
+            str(config_file),
+            "pipeline",
+            "is a run of torchloom.Trainer(...).fit (a Python module, not components)",
+            "export the module yourself with torch.onnx.export",
         )
     validate_sections(loaded.data, loaded.where)
     seed_everything(int((loaded.data.get("training") or {}).get("seed") or 0))

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from torchloom.core.registry import resolve
-from torchloom.errors import DeployError, Problem
+from torchloom.errors import DeployError
 
 VOCABULARY_ARTIFACT = "vocabulary.txt"
 
@@ -22,14 +22,10 @@ def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[st
     """{graph input name: array} for `texts`, through the components before the graph."""
     steps = record.get("before_graph") or []
     if not steps:
-        raise DeployError(
-            [
-                Problem(
-                    "",
-                    f"'{folder / 'sidecar.json'}'",
-                    "records no components before the graph to turn texts into its inputs",
-                )
-            ]
+        raise DeployError.at(
+            "",
+            f"'{folder / 'sidecar.json'}'",
+            "records no components before the graph to turn texts into its inputs",
         )
     task_input = next(iter(steps[0]["streams"].values()))
     batch: dict[str, Any] = {task_input: list(texts)}
@@ -52,8 +48,8 @@ def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[st
     for entry in record["inputs"]:
         value = batch.get(entry["name"])
         if not isinstance(value, torch.Tensor):
-            raise DeployError(
-                [Problem("", "sidecar.json", f"no tensor '{entry['name']}' after its components")]
+            raise DeployError.at(
+                "", "sidecar.json", f"no tensor '{entry['name']}' after its components"
             )
         feed[entry["name"]] = value.detach().cpu().numpy()
     return feed
