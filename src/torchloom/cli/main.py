@@ -32,6 +32,7 @@ SUBCOMMANDS = {
     "runs": ("runs", "a table of the runs under an experiments folder, for model selection"),
     "compare": ("compare", "one HTML page comparing runs: statistics, curves, config changes"),
     "lr-find": ("lr_find", "learning-rate range test (Smith 2015): a plot and a suggested rate"),
+    "search": ("search", "hyper-parameter search on Optuna: one training run per trial"),
 }
 OVERRIDES_HELP = "Hydra-style overrides: a.b=v, +a.b=v (add), ++a.b=v, ~a.b (delete)"
 
@@ -192,6 +193,75 @@ def _lr_find(p: argparse.ArgumentParser) -> None:
     _disable(p)
 
 
+def _search(p: argparse.ArgumentParser) -> None:
+    _config_arguments(p, optional=True)
+    p.add_argument(
+        "--space", metavar="FILE", help="the search space (default: the config's `search:` section)"
+    )
+    p.add_argument(
+        "--trials",
+        type=int,
+        default=None,
+        metavar="N",
+        help="trials the study should have in all (a resumed study counts its own)",
+    )
+    p.add_argument(
+        "--sampler",
+        default=None,
+        metavar="NAME",
+        help="tpe (default), random, grid, cmaes, nsga2, gp, qmc",
+    )
+    p.add_argument(
+        "--pruner",
+        default=None,
+        metavar="NAME",
+        help="none (default), median, percentile, sha, hyperband, threshold",
+    )
+    p.add_argument(
+        "--monitor",
+        default=None,
+        metavar="STAT",
+        help="statistic to optimise (default: the early-stopping monitor)",
+    )
+    p.add_argument("--mode", default=None, choices=("min", "max"), help="minimise or maximise")
+    p.add_argument(
+        "--storage",
+        default=None,
+        metavar="URL",
+        help="an SQLAlchemy URL such as postgresql://user@host/db (default: a "
+        "journal file in the search folder)",
+    )
+    p.add_argument(
+        "--study", default=None, metavar="NAME", help="study name (default: the pipeline's name)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="K",
+        help="processes on this machine sharing the study",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds after which no new trial starts",
+    )
+    p.add_argument("--seed", type=int, default=None, help="the sampler's seed")
+    p.add_argument(
+        "--importance",
+        default="ped-anova",
+        choices=("ped-anova", "fanova"),
+        help="parameter importance evaluator",
+    )
+    p.add_argument("--resume", metavar="SEARCH_DIR", help="continue a search folder's study")
+    p.add_argument("--expdir", default="runs", help="parent of searches/<name>/<date>")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+
+
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "check": _check,
     "config": _config,
@@ -202,6 +272,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "runs": _runs,
     "compare": _compare,
     "lr-find": _lr_find,
+    "search": _search,
 }
 
 

@@ -1,0 +1,125 @@
+"""A search worker: asks the study for trials and runs them until the study has its trials
+(or the time limit passed). One process runs one worker; `--workers K` starts K of them on
+the same study (runner.py). Every ending of a trial is told to the study with its reason;
+only Ctrl-C / SIGTERM ends the worker early, its trial failed and queued again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchloom.config import load_config
+from torchloom.engine.state import TrainOptions
+from torchloom.search.checking import read_space, trial_overrides
+from torchloom.search.record import SearchRecord
+from torchloom.search.study import (
+    ask_lock,
+    counted_trials,
+    identity,
+    load_study,
+    make_pruner,
+    make_sampler,
+    reap_dead_trials,
+)
+from torchloom.search.trial import Objective, Pruned, TrialFailed, run_trial
+
+if TYPE_CHECKING:
+    import optuna
+
+Say = Callable[[str], None]
+
+
+def work(
+    search_dir: Path,
+    record: SearchRecord,
+    hook_factory: Any = None,
+    say: Say = print,
+    deadline: float | None = None,
+) -> int:
+    """Run trials until the study counts `record.trials` of them; returns how many ran here."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    loaded = load_config(search_dir / record.config)
+    space = read_space(loaded, search_dir / record.space if record.space else None)
+    settings = record.search_settings()
+    sampler = make_sampler(settings, space, record.seed)
+    study = load_study(record.storage, record.study, sampler, make_pruner(settings))
+    objective = Objective(record.monitor, record.mode)
+    options = TrainOptions(
+        expdir=str(search_dir / "trials"),
+        device=record.device,
+        quiet=True,
+        tensorboard=0,
+        hook_factory=hook_factory,
+    )
+    ran = 0
+    while True:
+        with ask_lock(search_dir):
+            for number in reap_dead_trials(study):
+                say(f"trial {number}: its process died; failed, its parameters queued again")
+            if counted_trials(study) >= record.trials:
+                break
+            if deadline is not None and time.time() >= deadline:
+                say("search: --timeout reached; no new trial starts")
+                break
+            trial = study.ask()
+            for key, value in identity().items():
+                trial.set_user_attr(key, value)
+        with get_heartbeat_thread(trial._trial_id, study._storage):
+            _run_one(study, trial, space, loaded, search_dir, objective, options, say)
+        ran += 1
+    return ran
+
+
+def _run_one(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    space: Any,
+    loaded: Any,
+    search_dir: Path,
+    objective: Objective,
+    options: TrainOptions,
+    say: Say,
+) -> None:
+    from optuna.trial import TrialState
+
+    started = time.perf_counter()
+    values = space.sample(trial, loaded.data)
+    shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in values.items())
+    overrides = trial_overrides(loaded, values)
+    options = replace(options, tag=f"trial{trial.number}")
+
+    def on_run_dir(run_dir: Path) -> None:
+        trial.set_user_attr("run_dir", str(run_dir.relative_to(search_dir)))
+
+    try:
+        value, _ = run_trial(
+            trial, search_dir / "config.yaml", overrides, objective, options, on_run_dir
+        )
+    except Pruned as pruned:
+        trial.set_user_attr("reason", pruned.reason)
+        study.tell(trial, state=TrialState.PRUNED)
+        say(f"trial {trial.number}: pruned ({pruned.reason}) [{shown}]")
+    except TrialFailed as failed:
+        trial.set_user_attr("reason", failed.reason)
+        study.tell(trial, state=TrialState.FAIL)
+        say(f"trial {trial.number}: failed: {failed.reason} [{shown}]")
+    except KeyboardInterrupt:
+        trial.set_user_attr("reason", "interrupted (Ctrl-C or SIGTERM)")
+        trial.set_user_attr("retried", True)
+        study.tell(trial, state=TrialState.FAIL)
+        retry_of = trial.user_attrs.get("retry_of", trial.number)
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
+        say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
+        raise
+    else:
+        study.tell(trial, value)
+        seconds = time.perf_counter() - started
+        say(f"trial {trial.number}: {objective.monitor}={value:.4g} in {seconds:.1f} s [{shown}]")
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
