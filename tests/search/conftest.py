@@ -1,34 +1,16 @@
-"""Search fixtures: a LeNet-5 config on a few hundred MNIST images (a trial takes a second or
-two), and one MNIST data folder per test session."""
+"""Search fixtures: one MNIST data folder per test session (filled from the packaged original
+files on first use); the helpers in search_helpers.py."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(scope="session")
 def mnist_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("mnist")
-
-
-def tiny_config(folder: Path, data: Path, search: str = "", epochs: int = 1) -> Path:
-    """LeNet-5 on 256 training images, 64 validation images, 64 test images."""
-    text = f"""\
-default_configs: [loom://mnist/lenet5.yml]
-name: tiny
-training:
-  task: {{data_folder: {data}, subset: 256}}
-  dataloader: {{batch_size: 32}}
-  seed: 3
-  logging_interval: 4
-  terminal_conditions: {{epoch_limit: {epochs}}}
-validation:
-  task: {{subset: 64}}
-test:
-  task: {{subset: 64}}
-{search}"""
-    path = folder / "tiny.yml"
-    path.write_text(text, encoding="utf-8")
-    return path

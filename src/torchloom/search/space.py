@@ -282,8 +282,8 @@ def _conditions(raw: Any, where: str, subject: str) -> tuple[tuple[str, tuple[An
 
 
 def _path_problems(parameters: Mapping[str, Parameter], config: Mapping[str, Any]) -> list[Problem]:
-    """A parameter's parent key must exist in the config; its own key must exist or be one
-    the section schemas declare, except under a pipeline component, whose schema decides."""
+    """A parameter's parent key must exist in the config; its own key must exist, or be one
+    the section schemas declare, or belong to a typed mapping, whose builder decides."""
     problems = []
     for parameter in parameters.values():
         parts = parameter.path.split(".")
@@ -293,9 +293,11 @@ def _path_problems(parameters: Mapping[str, Parameter], config: Mapping[str, Any
         parent = parts[:depth]
         _, parent_value = lookup(config, ".".join(parent)) if parent else (0, config)
         if depth == len(parts) - 1 and isinstance(parent_value, Mapping):
-            in_component = parts[0] == "pipeline" and len(parts) >= 3
-            if in_component or parts[-1] in schema_fields(tuple(parts[:-1])):
-                continue  # a component parameter or a schema key the config leaves out
+            # A mapping with a `type` (a component, the optimizer, the scheduler) takes the
+            # arguments of that type, checked when it is built (checking.py).
+            typed = "type" in parent_value
+            if typed or parts[-1] in schema_fields(tuple(parts[:-1])):
+                continue
         known = list(parent_value) if isinstance(parent_value, Mapping) else []
         known += schema_fields(tuple(parent)) if isinstance(parent_value, Mapping) else []
         missing = ".".join(parts[: depth + 1])

@@ -101,24 +101,35 @@ def _run_one(
         )
     except Pruned as pruned:
         trial.set_user_attr("reason", pruned.reason)
-        study.tell(trial, state=TrialState.PRUNED)
+        _tell(study, trial, state=TrialState.PRUNED)
         say(f"trial {trial.number}: pruned ({pruned.reason}) [{shown}]")
     except TrialFailed as failed:
         trial.set_user_attr("reason", failed.reason)
-        study.tell(trial, state=TrialState.FAIL)
+        _tell(study, trial, state=TrialState.FAIL)
         say(f"trial {trial.number}: failed: {failed.reason} [{shown}]")
     except KeyboardInterrupt:
         trial.set_user_attr("reason", "interrupted (Ctrl-C or SIGTERM)")
         trial.set_user_attr("retried", True)
-        study.tell(trial, state=TrialState.FAIL)
+        _tell(study, trial, state=TrialState.FAIL)
         retry_of = trial.user_attrs.get("retry_of", trial.number)
         study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
         say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
         raise
     else:
-        study.tell(trial, value)
+        _tell(study, trial, value)
         seconds = time.perf_counter() - started
         say(f"trial {trial.number}: {objective.monitor}={value:.4g} in {seconds:.1f} s [{shown}]")
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None, **kw: Any) -> None:
+    """study.tell; the trial's state is stored even when the sampler's after_trial raises,
+    as GridSampler's does outside `optimize` when its grid is used up (it calls study.stop):
+    the budget of trials is ours to keep (worker loop), not the sampler's."""
+    try:
+        study.tell(trial, value, **kw)
+    except RuntimeError as error:
+        if "Study.stop" not in str(error):
+            raise
 
 
 def _short(value: Any) -> str:
