@@ -17,6 +17,7 @@ _LAZY = {
     "ProcessResult": "torchloom.engine.processor",
     "Trainer": "torchloom.api",
     "outputs": "torchloom.core.outputs",
+    "search": "torchloom.search",  # a package that is also a function (search/__init__.py)
 }
 
 if TYPE_CHECKING:
@@ -35,4 +36,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'torchloom' has no attribute '{name}'")
 
 
-__all__ = ["ProcessResult", "RunResult", "Trainer", "__version__", "outputs", "process", "train"]
+__all__ = [
+    "ProcessResult",
+    "RunResult",
+    "Trainer",
+    "__version__",
+    "outputs",
+    "process",
+    "search",
+    "train",
+]

@@ -28,7 +28,7 @@ SUBCOMMANDS = {
     "components": ("components", "list registered components, or describe one"),
     "train": ("train", "train a pipeline (offline or online); --resume continues a run"),
     "process": ("process", "one pass over a section in eval mode, with a run's weights"),
-    "report": ("report", "write RUN_DIR/report.html: one self-contained page about a run"),
+    "report": ("report", "write RUN_DIR/report.html (a search folder: search.html) about a run"),
     "runs": ("runs", "a table of the runs under an experiments folder, for model selection"),
     "compare": ("compare", "one HTML page comparing runs: statistics, curves, config changes"),
     "lr-find": ("lr_find", "learning-rate range test (Smith 2015): a plot and a suggested rate"),

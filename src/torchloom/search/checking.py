@@ -23,9 +23,20 @@ SECTION = "search"
 TRIAL_OVERRIDES = (f"~{SECTION}", "++analysis=minimal")
 
 
-def read_space(loaded: LoadedConfig, space_file: str | os.PathLike[str] | None) -> SearchSpace:
-    """The space of `--space FILE` (its top level, or its `search:` mapping), else the
-    config's `search:` section; ConfigError when there is neither or it is wrong."""
+SpaceSource = str | os.PathLike[str] | Mapping[str, Any]
+
+
+def read_space(loaded: LoadedConfig, space_file: SpaceSource | None) -> SearchSpace:
+    """The space of `--space FILE` (its top level, or its `search:` mapping) or of a mapping
+    (the Python API), else the config's `search:` section; ConfigError when there is neither
+    or it is wrong."""
+    if isinstance(space_file, Mapping):
+        data = space_file.get(SECTION, space_file) if len(space_file) == 1 else space_file
+
+        def located(*keys: Any) -> str:
+            return "space mapping" + (f", key {'.'.join(map(str, keys))}" if keys else "")
+
+        return parse_space(data, located, loaded.data)
     if space_file is not None:
         path = Path(space_file).expanduser()
         try:

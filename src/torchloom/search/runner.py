@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,12 @@ from torchloom.config.loading import ConfigSource
 from torchloom.engine.assemble import pipeline_name
 from torchloom.engine.run_folder import create_run_folder
 from torchloom.errors import ConfigError, did_you_mean
-from torchloom.search.checking import check_trial_config, check_values, read_space
+from torchloom.search.checking import (
+    SpaceSource,
+    check_trial_config,
+    check_values,
+    read_space,
+)
 from torchloom.search.record import SearchRecord, read_record
 from torchloom.search.settings import grid_size, read_settings
 from torchloom.search.study import create_study, journal_url
@@ -39,7 +44,7 @@ class SearchRequest:
 
     config: ConfigSource | None = None
     overrides: Sequence[str] = ()
-    space: str | os.PathLike[str] | None = None
+    space: SpaceSource | None = None
     trials: int | None = None
     sampler: str | None = None
     pruner: str | None = None
@@ -53,7 +58,6 @@ class SearchRequest:
     expdir: str = "runs"
     device: str | None = None
     resume: str | os.PathLike[str] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
@@ -74,7 +78,7 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
     settings = read_settings(space, command_line)
     base = [o for o in ("~search",) if "search" in loaded.data]
     statistics = check_trial_config(request.config, [*request.overrides, *base])
-    monitor, mode = _monitor(loaded.data, settings.monitor, settings.mode, statistics)
+    monitor, mode = monitor_of(loaded.data, settings.monitor, settings.mode, statistics)
     check_values(request.config, request.overrides, loaded, space)
     trials = settings.trials
     if trials is None and settings.sampler["type"] == "grid":
@@ -88,7 +92,9 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
     # Named: trials' run folders and best.yml keep the pipeline's name, not "config".
     saved = {"name": name, **{k: v for k, v in loaded.data.items() if k != "name"}}
     (search_dir / "config.yaml").write_text(dump_config(saved), encoding="utf-8")
-    if request.space is not None:
+    if isinstance(request.space, Mapping):
+        (search_dir / "space.yml").write_text(dump_config(dict(request.space)), encoding="utf-8")
+    elif request.space is not None:
         shutil.copyfile(request.space, search_dir / "space.yml")
     record = SearchRecord(
         name=name,
@@ -120,7 +126,7 @@ def resume_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
     return search_dir, record
 
 
-def _monitor(
+def monitor_of(
     data: Mapping[str, Any], monitor: str | None, mode: str | None, statistics: set[str]
 ) -> tuple[str, str]:
     """The statistic to optimise: --monitor, else the config's early-stopping monitor, else

@@ -103,12 +103,12 @@ def _hide_password(url: str) -> str:
     return url
 
 
-def make_sampler(settings: SearchSettings, space: SearchSpace, seed: int | None) -> Any:
+def make_sampler(settings: SearchSettings, space: SearchSpace | None, seed: int | None) -> Any:
     import optuna
 
     spec = dict(settings.sampler)
     cls = getattr(optuna.samplers, SAMPLERS[spec.pop("type")])
-    if cls is optuna.samplers.GridSampler:
+    if cls is optuna.samplers.GridSampler and space is not None:
         spec.setdefault("search_space", {p.path: p.grid() for p in space.parameters.values()})
     if seed is not None and "seed" not in spec and cls is not optuna.samplers.GridSampler:
         spec["seed"] = seed

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchloom.config.loading import ConfigSource
 from torchloom.engine.run_folder import RunResult
 from torchloom.engine.setup import prepare_training
 from torchloom.engine.state import Hook, RunView, TrainOptions
@@ -100,7 +101,7 @@ class PruningReporter(Hook):
 
 def run_trial(
     trial: optuna.trial.Trial,
-    config: Path,
+    config: ConfigSource,
     overrides: Sequence[str],
     objective: Objective,
     options: TrainOptions,

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from torchloom.config import load_config
 from torchloom.engine.state import TrainOptions
+from torchloom.engine.trainer import failure_reason
+from torchloom.errors import LoomError
 from torchloom.search.checking import read_space, trial_overrides
 from torchloom.search.record import SearchRecord
 from torchloom.search.study import (
@@ -32,18 +34,39 @@ if TYPE_CHECKING:
 Say = Callable[[str], None]
 
 
+# A trial's config: (config source, overrides, the values sampled for it).
+Proposal = tuple[Any, list[str], dict[str, Any]]
+Propose = Callable[["optuna.Trial"], Proposal]
+
+
+def yaml_proposer(search_dir: Path, record: SearchRecord) -> tuple[Propose, Any]:
+    """Trials of a YAML space: the search folder's config.yaml with the sampled values as
+    overrides; and the space (for the grid sampler)."""
+    loaded = load_config(search_dir / record.config)
+    space = read_space(loaded, search_dir / record.space if record.space else None)
+
+    def propose(trial: optuna.Trial) -> Proposal:
+        values = space.sample(trial, loaded.data)
+        return search_dir / record.config, trial_overrides(loaded, values), values
+
+    return propose, space
+
+
 def work(
     search_dir: Path,
     record: SearchRecord,
     hook_factory: Any = None,
     say: Say = print,
     deadline: float | None = None,
+    propose: Propose | None = None,
 ) -> int:
-    """Run trials until the study counts `record.trials` of them; returns how many ran here."""
+    """Run trials until the study counts `record.trials` of them; returns how many ran here.
+    `propose` makes a trial's config (default: the YAML space of the search folder)."""
     from optuna.storages._heartbeat import get_heartbeat_thread
 
-    loaded = load_config(search_dir / record.config)
-    space = read_space(loaded, search_dir / record.space if record.space else None)
+    space = None
+    if propose is None:
+        propose, space = yaml_proposer(search_dir, record)
     settings = record.search_settings()
     sampler = make_sampler(settings, space, record.seed)
     study = load_study(record.storage, record.study, sampler, make_pruner(settings))
@@ -69,7 +92,7 @@ def work(
             for key, value in identity().items():
                 trial.set_user_attr(key, value)
         with get_heartbeat_thread(trial._trial_id, study._storage):
-            _run_one(study, trial, space, loaded, search_dir, objective, options, say)
+            _run_one(study, trial, propose, search_dir, objective, options, say)
         ran += 1
     return ran
 
@@ -77,8 +100,7 @@ def work(
 def _run_one(
     study: optuna.Study,
     trial: optuna.Trial,
-    space: Any,
-    loaded: Any,
+    propose: Propose,
     search_dir: Path,
     objective: Objective,
     options: TrainOptions,
@@ -87,18 +109,19 @@ def _run_one(
     from optuna.trial import TrialState
 
     started = time.perf_counter()
-    values = space.sample(trial, loaded.data)
-    shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in values.items())
-    overrides = trial_overrides(loaded, values)
     options = replace(options, tag=f"trial{trial.number}")
 
     def on_run_dir(run_dir: Path) -> None:
         trial.set_user_attr("run_dir", str(run_dir.relative_to(search_dir)))
 
+    shown = ""
     try:
-        value, _ = run_trial(
-            trial, search_dir / "config.yaml", overrides, objective, options, on_run_dir
-        )
+        try:
+            source, overrides, values = propose(trial)
+        except LoomError as error:  # a code-first builder refusing its values
+            raise TrialFailed(failure_reason(error)) from error
+        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in values.items())
+        value, _ = run_trial(trial, source, overrides, objective, options, on_run_dir)
     except Pruned as pruned:
         trial.set_user_attr("reason", pruned.reason)
         _tell(study, trial, state=TrialState.PRUNED)
