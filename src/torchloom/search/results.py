@@ -98,14 +98,13 @@ def write_results(
         writer.writerows(rows)
     write_text_atomic(search_dir / "trials.csv", out.getvalue())
     best = best_trial(study)
-    if best is not None and best.user_attrs.get("run_dir"):
-        config = search_dir / best.user_attrs["run_dir"] / "config.yaml"
+    if best is not None and best.user_attrs.get("config"):
         header = (
             f"# The best trial ({best.number}) of the search {search_dir}: "
             f"{record.monitor} = {best.value:.6g}.\n"
             "# `loom train best.yml` trains this config again (its seed included).\n"
         )
-        write_text_atomic(search_dir / "best.yml", header + config.read_text(encoding="utf-8"))
+        write_text_atomic(search_dir / "best.yml", header + best.user_attrs["config"])
     scores, note = importance(study, evaluator)
     write_text_atomic(
         search_dir / "importance.json",

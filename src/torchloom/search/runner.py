@@ -33,7 +33,7 @@ from torchloom.search.checking import (
 )
 from torchloom.search.record import SearchRecord, read_record
 from torchloom.search.settings import grid_size, read_settings
-from torchloom.search.study import create_study, journal_url
+from torchloom.search.study import create_study, journal_url, open_storage
 from torchloom.search.worker import Say, work
 
 
@@ -87,6 +87,8 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
         raise ConfigError.at(
             "command line", "--trials", "says how many trials to run", "e.g. --trials 20"
         )
+    if request.storage is not None:
+        open_storage(request.storage)  # an unreachable database: refused before any folder
     name = pipeline_name(loaded)
     search_dir = create_run_folder(Path(request.expdir).expanduser() / "searches", name)
     # Named: trials' run folders and best.yml keep the pipeline's name, not "config".

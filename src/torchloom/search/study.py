@@ -52,6 +52,9 @@ def quiet_optuna() -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Heartbeats and their retry callback are "experimental" since Optuna 2.8/2.9: said once
+    # here (docs/search.md), not at every trial.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
@@ -202,9 +205,7 @@ def reap_dead_trials(study: optuna.Study) -> list[int]:
 
     storage = study._storage
     if is_heartbeat_enabled(storage):  # RDB storages: other machines' dead trials too
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "experimental since 2.9"
-            fail_stale_trials(study)
+        fail_stale_trials(study)
     reaped = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         if not is_dead(trial.user_attrs):

@@ -113,6 +113,10 @@ def _run_one(
 
     def on_run_dir(run_dir: Path) -> None:
         trial.set_user_attr("run_dir", str(run_dir.relative_to(search_dir)))
+        # In the study too: with a database, the best trial may have run on another machine,
+        # and best.yml is written wherever the search ends.
+        config = (run_dir / "config.yaml").read_text(encoding="utf-8")
+        trial.set_user_attr("config", config)
 
     shown = ""
     try:
