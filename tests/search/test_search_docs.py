@@ -58,7 +58,7 @@ def test_the_bad_space_says_what_the_page_shows(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     Path("bad_space.yml").write_text(_block("expect-error: bad_space.yml"), encoding="utf-8")
-    shown = [t for m, lang, t in _blocks() if lang == "console" and "bad_space" in t][0]
+    shown = next(t for m, lang, t in _blocks() if lang == "console" and "bad_space" in t)
     assert main(["check", "bad_space.yml"]) == 2
     error = capsys.readouterr().err
     assert error.strip() == shown.split("\n", 1)[1].strip()
