@@ -13,7 +13,7 @@ from typing import Any
 from torchloom.analysis.html_report import escape, page, png_file_figure, table
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.search.record import SearchRecord
-from torchloom.search.results import SearchResults
+from torchloom.search.results import SearchResults, make_evaluator
 
 PAGE = "search.html"
 
@@ -52,9 +52,8 @@ def draw_plots(search_dir: Path, results: SearchResults, monitor: str) -> dict[s
         if name == "importance":
             if not results.importance:
                 continue
-            from optuna.importance import PedAnovaImportanceEvaluator
-
-            kwargs = {"evaluator": PedAnovaImportanceEvaluator(), "target_name": monitor}
+            evaluator = make_evaluator(results.importance_note)
+            kwargs = {"evaluator": evaluator, "target_name": monitor}
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
