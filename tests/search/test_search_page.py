@@ -73,6 +73,10 @@ def test_loom_report_writes_the_search_page(
     assert best.startswith("# The best trial (") and "name: toy" in best
     rows = (search_dir / "trials.csv").read_text().splitlines()
     assert len(rows) == 13 and rows[0].startswith("number,state,validation.accuracy,")
+    # `loom runs` lists the searches of an experiments folder too.
+    assert main(["runs", str(search_dir.parents[2])]) == 0
+    listed = capsys.readouterr().out
+    assert "max validation.accuracy  9 complete, 3 pruned (of 12)" in listed
 
 
 @pytest.mark.skipif(
