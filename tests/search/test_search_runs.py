@@ -94,3 +94,36 @@ def test_a_resumed_search_runs_only_the_missing_trials(tmp_path: Path, mnist_fol
     assert [r["number"] for r in _rows(found)] == ["0", "1"]
     assert main(["search", "--resume", str(found), "--trials", "2"]) == 0  # nothing left
     assert len(_rows(found)) == 2
+
+
+def test_a_sampled_config_refused_at_its_start_is_a_failed_trial(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    # Each value passes alone (checked before any trial on the config's Adam); SGD with
+    # `amsgrad` is refused by the optimizer when that trial starts: failed, nothing trained.
+    search = """\
+search:
+  sampler: grid
+  training.optimizer.type: {choice: [SGD, Adam]}
+  training.optimizer.amsgrad: {choice: [true]}
+"""
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--expdir", str(runs)]) == 0
+    rows = {r["training.optimizer.type"]: r for r in _rows(_search_dir(runs))}
+    assert rows["SGD"]["state"] == "fail" and "amsgrad" in rows["SGD"]["reason"]
+    assert rows["SGD"]["run_dir"] == ""  # refused before a run folder was made
+    assert rows["Adam"]["state"] == "complete"
+
+
+def test_no_trial_starts_after_the_timeout(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    argv = ["search", str(config), "--trials", "5", "--timeout", "0.001", "--expdir", str(runs)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "--timeout reached; no new trial starts" in out and "no trial completed" in out
+    assert (_search_dir(runs) / "search.html").is_file()
