@@ -29,9 +29,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
-def _start(config: Path, runs: Path, trials: int) -> subprocess.Popen[str]:
+def _start(config: Path, runs: Path, trials: int, workers: int = 1) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "torchloom.cli.main", "search", str(config)]
-    command += ["--trials", str(trials), "--expdir", str(runs)]
+    command += ["--trials", str(trials), "--expdir", str(runs), "--workers", str(workers)]
     return subprocess.Popen(
         command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -112,19 +112,25 @@ def test_ctrl_c_stops_the_search_and_resume_runs_the_stopped_trial_again(
 
 
 @pytest.mark.slow
-def test_two_workers_share_one_journal(
+def test_two_workers_share_one_journal_and_stop_together_on_ctrl_c(
     tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
     config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=2)
     runs = tmp_path / "runs"
-    assert (
-        main(["search", str(config), "--trials", "4", "--workers", "2", "--expdir", str(runs)]) == 0
-    )
-    (search_dir,) = runs.glob("searches/*/*")
+    process = _start(config, runs, trials=4, workers=2)
+    search_dir = _wait_for_trial(runs, 1, process)  # both workers are in a trial
+    process.send_signal(signal.SIGINT)  # the parent alone, as a terminal's Ctrl-C now is
+    out, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, out
+    interrupted = [r for r in _rows(search_dir) if r["reason"].startswith("interrupted")]
+    print(out)
+    assert interrupted, _rows(search_dir)  # each worker stopped its trial, queued it
+    assert main(["search", "--resume", str(search_dir), "--workers", "2"]) == 0
     rows = _rows(search_dir)
-    assert sorted(int(r["number"]) for r in rows) == [0, 1, 2, 3]
-    assert all(r["state"] == "complete" for r in rows)
-    assert len({r["run_dir"] for r in rows}) == 4
+    complete = [r for r in rows if r["state"] == "complete"]
+    assert len(complete) == 4 and len({r["run_dir"] for r in complete}) == 4
+    retried = {r["retry_of"] for r in rows if r["retry_of"]}
+    assert retried == {r["number"] for r in interrupted}  # each stopped trial ran again, once
     pids = {t.user_attrs["pid"] for t in _study(search_dir).trials}
-    assert len(pids) == 2  # both processes ran trials
+    assert len(pids) >= 2  # several processes ran trials of the one study

@@ -34,38 +34,52 @@ def _plots() -> dict[str, tuple[str, Callable[..., Any]]]:
 
 
 def draw_plots(search_dir: Path, results: SearchResults, monitor: str) -> dict[str, str]:
-    """The PNGs that could be drawn ({name: caption}); a plot Optuna cannot draw yet (too few
-    trials) is left out, and says why in the page."""
+    """The PNGs that could be drawn ({name: caption}). Before any trial completed only the
+    learning curves can be; a plot Optuna cannot draw is left out of the page (which then
+    says so), not warned about."""
     import matplotlib
+    import optuna
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     folder = search_dir / "plots"
     folder.mkdir(exist_ok=True)
     drawn: dict[str, str] = {}
-    study = results.study
-    for name, (caption, plot) in _plots().items():
-        kwargs: dict[str, Any] = {}
-        if name in ("slice", "history", "parallel"):
-            kwargs["target_name"] = monitor
-        if name == "importance":
-            if not results.importance:
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        for name, (caption, plot) in _plots().items():
+            if results.best is None and name != "intermediate":
                 continue
-            evaluator = make_evaluator(results.importance_note)
-            kwargs = {"evaluator": evaluator, "target_name": monitor}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                axes = plot(study, **kwargs)
-        except (ValueError, RuntimeError, ZeroDivisionError):
-            continue
-        first = axes.flat[0] if hasattr(axes, "flat") else axes
-        figure = first.get_figure()
-        figure.savefig(folder / f"{name}.png", dpi=80)
-        plt.close(figure)
-        drawn[name] = caption
+            if name == "importance" and not results.importance:
+                continue
+            if _draw(folder / f"{name}.png", name, plot, results, monitor):
+                drawn[name] = caption
+    finally:
+        optuna.logging.set_verbosity(verbosity)
     return drawn
+
+
+def _draw(
+    path: Path, name: str, plot: Callable[..., Any], results: SearchResults, monitor: str
+) -> bool:
+    import matplotlib.pyplot as plt
+
+    kwargs: dict[str, Any] = {}
+    if name in ("slice", "history", "parallel", "importance"):
+        kwargs["target_name"] = monitor
+    if name == "importance":
+        kwargs["evaluator"] = make_evaluator(results.importance_note)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            axes = plot(results.study, **kwargs)
+    except (ValueError, RuntimeError, ZeroDivisionError):
+        return False
+    first = axes.flat[0] if hasattr(axes, "flat") else axes
+    figure = first.get_figure()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+    return True
 
 
 def write_page(search_dir: Path, record: SearchRecord, results: SearchResults) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -178,14 +179,19 @@ def run_workers(
     command = [sys.executable, "-m", "torchloom.cli.main", "search", "--worker", str(search_dir)]
     if deadline is not None:
         command += ["--deadline", str(deadline)]
-    processes = [subprocess.Popen(command, env=env) for _ in range(workers)]
+    # Sessions of their own: a Ctrl-C at the terminal reaches this process alone, which hands
+    # each worker exactly one SIGINT (a second one would stop its run at once, unsaved).
+    processes = [subprocess.Popen(command, env=env, start_new_session=True) for _ in range(workers)]
     status = 0
     try:
         for process in processes:
             code = process.wait()
             status = 130 if code == 130 else status
     except KeyboardInterrupt:
-        for process in processes:  # they got the same Ctrl-C; wait for their trials to end
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in processes:  # each fails its trial, queues it again and exits
             process.wait()
         status = 130
     return status

@@ -120,6 +120,9 @@ def run_trial(
         if on_run_dir is not None:
             on_run_dir(run_dir)
         result = prepared.run()
+        # A signal that came during the last validation or the test pass finds no step left
+        # to stop at: the run ends as if none came. The search stops all the same.
+        signalled = prepared.setup.signals.requested and reporter.pruned_at is None
     except LoomError as error:
         raise TrialFailed(failure_reason(error), run_dir) from error
     except (KeyboardInterrupt, TrialFailed):
@@ -128,7 +131,7 @@ def run_trial(
         raise TrialFailed(f"crashed: {failure_reason(error)}", run_dir) from error
     if reporter.pruned_at is not None:
         raise Pruned(f"pruned at step {reporter.pruned_at}", result.run_dir)
-    if result.status == "interrupted":
+    if result.status == "interrupted" or signalled:
         raise KeyboardInterrupt
     if result.status == "failed":
         raise TrialFailed(str(result.summary.get("reason", "failed")), result.run_dir)
