@@ -41,6 +41,7 @@ def test_search_a_code_first_builder(tmp_path: Path, mnist_folder: Path) -> None
     found = torchloom.search(build, trials=2, seed=0, expdir=str(tmp_path / "runs"))
     assert len(found.trials) == 2
     assert set(found.best_params) == {"lr", "batch", "optimizer"}
-    best = yaml.safe_load(found.best_config.read_text())  # type: ignore[union-attr]
+    assert found.best_config is not None
+    best = yaml.safe_load(found.best_config.read_text())
     assert best["training"]["optimizer"]["type"] == found.best_params["optimizer"]
     assert best["training"]["dataloader"]["batch_size"] == found.best_params["batch"]

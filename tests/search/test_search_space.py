@@ -10,14 +10,14 @@ import pytest
 from search_helpers import tiny_config
 
 from torchloom.cli.main import main
-from torchloom.config import load_config
+from torchloom.config import LoadedConfig, load_config
 from torchloom.errors import ConfigError
 from torchloom.search.checking import check_values, read_space
 from torchloom.search.settings import read_settings
-from torchloom.search.space import overrides_for, yaml_value
+from torchloom.search.space import SearchSpace, overrides_for, yaml_value
 
 
-def _space(tmp_path: Path, data: Path, search: str):  # type: ignore[no-untyped-def]
+def _space(tmp_path: Path, data: Path, search: str) -> tuple[Path, LoadedConfig, SearchSpace]:
     config = tiny_config(tmp_path, data, search)
     loaded = load_config(config)
     return config, loaded, read_space(loaded, None)
