@@ -88,10 +88,14 @@ def test_a_resumed_search_runs_only_the_missing_trials(tmp_path: Path, mnist_fol
     search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
     config = tiny_config(tmp_path, mnist_folder, search)
     runs = tmp_path / "runs"
-    assert main(["search", str(config), "--trials", "1", "--expdir", str(runs)]) == 0
+    argv = ["search", str(config), "--trials", "1", "--sampler", "random", "--seed", "0"]
+    assert main([*argv, "--expdir", str(runs)]) == 0
     found = _search_dir(runs)
     assert main(["search", "--resume", str(found), "--trials", "2"]) == 0
-    assert [r["number"] for r in _rows(found)] == ["0", "1"]
+    rows = _rows(found)
+    assert [r["number"] for r in rows] == ["0", "1"]
+    # A seeded sampler does not draw the first session's values again.
+    assert rows[0]["training.optimizer.lr"] != rows[1]["training.optimizer.lr"]
     assert main(["search", "--resume", str(found), "--trials", "2"]) == 0  # nothing left
     assert len(_rows(found)) == 2
 

@@ -260,6 +260,7 @@ def _search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
 
 
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {

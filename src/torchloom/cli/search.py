@@ -20,7 +20,7 @@ from torchloom.search.runner import (
 
 def run(args: argparse.Namespace) -> int:
     if args.worker:
-        return continue_worker(Path(args.worker), args.deadline, build_hooks)
+        return continue_worker(Path(args.worker), args.deadline, build_hooks, args.worker_index)
     if args.resume and args.config:
         args.overrides = [args.config, *args.overrides]
         args.config = None

@@ -181,7 +181,10 @@ def run_workers(
         command += ["--deadline", str(deadline)]
     # Sessions of their own: a Ctrl-C at the terminal reaches this process alone, which hands
     # each worker exactly one SIGINT (a second one would stop its run at once, unsaved).
-    processes = [subprocess.Popen(command, env=env, start_new_session=True) for _ in range(workers)]
+    processes = [
+        subprocess.Popen([*command, "--worker-index", str(index)], env=env, start_new_session=True)
+        for index in range(workers)
+    ]
     status = 0
     try:
         for process in processes:
@@ -197,11 +200,13 @@ def run_workers(
     return status
 
 
-def continue_worker(search_dir: Path, deadline: float | None, hook_factory: Any) -> int:
+def continue_worker(
+    search_dir: Path, deadline: float | None, hook_factory: Any, index: int = 0
+) -> int:
     """One worker process of `--workers K` (the hidden `loom search --worker DIR`)."""
     record = read_record(search_dir)
     try:
-        work(search_dir, record, hook_factory, print, deadline)
+        work(search_dir, record, hook_factory, print, deadline, worker=index)
     except KeyboardInterrupt:
         return 130
     return 0

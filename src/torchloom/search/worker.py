@@ -59,16 +59,24 @@ def work(
     say: Say = print,
     deadline: float | None = None,
     propose: Propose | None = None,
+    worker: int = 0,
 ) -> int:
     """Run trials until the study counts `record.trials` of them; returns how many ran here.
-    `propose` makes a trial's config (default: the YAML space of the search folder)."""
+    `propose` makes a trial's config (default: the YAML space of the search folder); `worker`
+    numbers the processes of `--workers K` (0 to K-1)."""
     from optuna.storages._heartbeat import get_heartbeat_thread
 
     space = None
     if propose is None:
         propose, space = yaml_proposer(search_dir, record)
     settings = record.search_settings()
-    sampler = make_sampler(settings, space, record.seed)
+    seed = record.seed
+    if seed is not None:
+        # Seeded samplers draw the same values from the same seed: each worker, and each
+        # session of a resumed study, gets its own (the same ones when run again).
+        existing = len(load_study(record.storage, record.study, None, None).trials)
+        seed += 1000 * existing + worker
+    sampler = make_sampler(settings, space, seed)
     study = load_study(record.storage, record.study, sampler, make_pruner(settings))
     objective = Objective(record.monitor, record.mode)
     options = TrainOptions(
