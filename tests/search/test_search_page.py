@@ -29,14 +29,14 @@ def search_dir(tmp_path: Path) -> Path:
     record = SearchRecord(
         name="toy",
         study="toy",
-        storage=journal_url(folder),
+        storage=journal_url(),
         monitor="validation.accuracy",
         mode="max",
         trials=12,
     )
     record.save(folder)
     study = optuna.create_study(
-        storage=open_storage(record.storage),
+        storage=open_storage(record.storage_url(folder)),
         study_name="toy",
         direction="maximize",
         sampler=optuna.samplers.RandomSampler(seed=0),

@@ -57,7 +57,8 @@ def _rows(search_dir: Path) -> list[dict[str, str]]:
 
 def _study(search_dir: Path) -> optuna.Study:
     record = read_record(search_dir)
-    return optuna.load_study(storage=_storage(record.storage), study_name=record.study)
+    url = record.storage_url(search_dir)
+    return optuna.load_study(storage=_storage(url), study_name=record.study)
 
 
 def _storage(url: str) -> optuna.storages.BaseStorage:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -90,7 +91,8 @@ def test_a_resumed_search_runs_only_the_missing_trials(tmp_path: Path, mnist_fol
     runs = tmp_path / "runs"
     argv = ["search", str(config), "--trials", "1", "--sampler", "random", "--seed", "0"]
     assert main([*argv, "--expdir", str(runs)]) == 0
-    found = _search_dir(runs)
+    found = tmp_path / "moved"  # a search folder can be moved, then resumed
+    shutil.move(_search_dir(runs), found)
     assert main(["search", "--resume", str(found), "--trials", "2"]) == 0
     rows = _rows(found)
     assert [r["number"] for r in rows] == ["0", "1"]

@@ -245,7 +245,7 @@ def _code_first(
     record = SearchRecord(
         name=name,
         study=study or name,
-        storage=storage or journal_url(search_dir.resolve()),
+        storage=storage or journal_url(),
         monitor=monitor,
         mode=mode,
         trials=trials,
@@ -255,5 +255,5 @@ def _code_first(
         config="",
     )
     record.save(search_dir)
-    create_study(record.storage, record.study, record.direction)
+    create_study(record.storage_url(search_dir), record.study, record.direction)
     return search_dir, record

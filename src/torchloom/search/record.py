@@ -35,6 +35,13 @@ class SearchRecord:
     def direction(self) -> str:
         return "maximize" if self.mode == "max" else "minimize"
 
+    def storage_url(self, search_dir: Path) -> str:
+        """The storage to open: a journal's relative path is the search folder's."""
+        if self.storage.startswith("journal:"):
+            path = Path(self.storage[len("journal:") :])
+            return f"journal:{path if path.is_absolute() else Path(search_dir).resolve() / path}"
+        return self.storage
+
     def search_settings(self) -> SearchSettings:
         return SearchSettings(**self.settings)
 

@@ -35,8 +35,8 @@ class SearchResults:
     importance_note: str
 
 
-def open_study(record: SearchRecord) -> optuna.Study:
-    return load_study(record.storage, record.study, None, None)
+def open_study(search_dir: Path, record: SearchRecord) -> optuna.Study:
+    return load_study(record.storage_url(search_dir), record.study, None, None)
 
 
 def trial_rows(study: optuna.Study, record: SearchRecord) -> list[dict[str, Any]]:
@@ -99,7 +99,7 @@ def importance(study: optuna.Study, evaluator: str = "ped-anova") -> tuple[dict[
 def write_results(
     search_dir: Path, record: SearchRecord, evaluator: str = "ped-anova"
 ) -> SearchResults:
-    study = open_study(record)
+    study = open_study(search_dir, record)
     rows = trial_rows(study, record)
     out = io.StringIO()
     if rows:

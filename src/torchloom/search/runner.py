@@ -102,7 +102,7 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
     record = SearchRecord(
         name=name,
         study=request.study or name,
-        storage=request.storage or journal_url(search_dir.resolve()),
+        storage=request.storage or journal_url(),
         monitor=monitor,
         mode=mode,
         trials=trials,
@@ -112,7 +112,7 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
         space="space.yml" if request.space is not None else None,
     )
     record.save(search_dir)
-    create_study(record.storage, record.study, record.direction)
+    create_study(record.storage_url(search_dir), record.study, record.direction)
     return search_dir, record
 
 

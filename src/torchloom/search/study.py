@@ -43,8 +43,10 @@ class StorageUnreachable(LoomError):
     headline = "search storage error"
 
 
-def journal_url(search_dir: Path) -> str:
-    return f"journal:{search_dir / JOURNAL}"
+def journal_url() -> str:
+    """The default storage, relative to the search folder (SearchRecord.storage_url), so a
+    search folder may be moved or copied and still resumed."""
+    return f"journal:{JOURNAL}"
 
 
 def quiet_optuna() -> None:

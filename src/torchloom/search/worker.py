@@ -74,10 +74,10 @@ def work(
     if seed is not None:
         # Seeded samplers draw the same values from the same seed: each worker, and each
         # session of a resumed study, gets its own (the same ones when run again).
-        existing = len(load_study(record.storage, record.study, None, None).trials)
+        existing = len(load_study(record.storage_url(search_dir), record.study, None, None).trials)
         seed += 1000 * existing + worker
     sampler = make_sampler(settings, space, seed)
-    study = load_study(record.storage, record.study, sampler, make_pruner(settings))
+    study = load_study(record.storage_url(search_dir), record.study, sampler, make_pruner(settings))
     objective = Objective(record.monitor, record.mode)
     options = TrainOptions(
         expdir=str(search_dir / "trials"),
