@@ -210,7 +210,3 @@ def continue_worker(
     except KeyboardInterrupt:
         return 130
     return 0
-
-
-def loaded_for(search_dir: Path, record: SearchRecord) -> Any:
-    return load_config(search_dir / record.config)
