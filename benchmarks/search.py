@@ -139,17 +139,35 @@ def pruning(args: argparse.Namespace, data: str) -> None:
 
 
 def workers(args: argparse.Namespace, data: str) -> None:
-    """Alternating rounds (1 then 2 workers, then 2 then 1, ...), so that a machine's load
-    that changes over time weighs on both sides."""
+    """`loom search --workers 1` versus `--workers 2`, each a fresh `loom` process (both pay
+    their start-up, as a user's command does), in alternating rounds (1 then 2, then 2 then
+    1, ...) so that a machine's changing load weighs on both sides."""
+    import os
+    import subprocess
+
+    source = str(Path(torchloom.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": source}
     ratios = []
     with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "search_lenet5.yml"
+        config.write_text(
+            f"default_configs: [{CONFIG}]\n"
+            "search:\n  sampler: random\n"
+            "  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-1]}\n"
+            "  training.dataloader.batch_size: {choice: [32, 64, 128]}\n",
+            encoding="utf-8",
+        )
         for round_ in range(args.rounds):
             times = {}
             for count in (1, 2) if round_ % 2 == 0 else (2, 1):
+                command = [sys.executable, "-m", "torchloom.cli.main", "search", str(config)]
+                command += [*_overrides(data, args.subset, args.epochs), "~training.scheduler"]
+                command += ["--trials", str(args.trials), "--seed", "0", "--workers", str(count)]
+                command += ["--expdir", f"{folder}/r{round_}w{count}"]
                 start = time.perf_counter()
-                _search(folder, f"r{round_}w{count}", data, args, "none", count)
+                subprocess.run(command, env=env, check=True, capture_output=True)
                 times[count] = time.perf_counter() - start
-                print(f"round {round_}: --workers {count}: {times[count]:.1f} s")
+                print(f"round {round_}: loom search --workers {count}: {times[count]:.1f} s")
             ratios.append(times[2] / times[1])
     shown = ", ".join(f"{r:.3f}" for r in ratios)
     print(
