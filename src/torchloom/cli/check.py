@@ -79,5 +79,22 @@ def run(args: argparse.Namespace) -> int:
             assembled.config.data, assembled.pipeline, assembled.config.where
         )
         lines += [f"note: analysis: {', '.join(i)} skipped: {why}" for why, i in skipped.items()]
+    if "search" in assembled.config.data:
+        lines.append(_check_search(args))
     print("\n".join(lines))
     return 0
+
+
+def _check_search(args: argparse.Namespace) -> str:
+    """The `search:` section as `loom search` reads it: structure, paths, conditions,
+    settings, and every range end and choice through this same build and handshake."""
+    from torchloom.config import load_config
+    from torchloom.search.checking import check_values, read_space
+    from torchloom.search.settings import read_settings
+
+    loaded = load_config(args.config, args.overrides)
+    space = read_space(loaded, None)
+    settings = read_settings(space, {})
+    check_values(args.config, args.overrides, loaded, space)
+    shown = ", ".join(f"{p.path} ({p.describe()})" for p in space.parameters.values())
+    return f"search: ok, sampler {settings.sampler['type']}: {shown}"

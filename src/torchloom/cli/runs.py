@@ -1,4 +1,5 @@
-"""`loom runs [EXPDIR] [--sort STAT] [--limit N]`: a table of runs for model selection."""
+"""`loom runs [EXPDIR] [--sort STAT] [--limit N]`: a table of runs for model selection, and
+one of the searches (`loom search`) under EXPDIR/searches."""
 
 from __future__ import annotations
 
@@ -13,8 +14,16 @@ def run(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise ConfigError.at("", "--limit", f"must be at least 1, not {args.limit}")
     rows = list_runs(args.expdir)
+    from torchloom.search.listing import HEADERS, list_searches
+
+    searches = list_searches(args.expdir)
+    if searches:
+        print(format_table(HEADERS, searches))
+        if rows:
+            print()
     if not rows:
-        print(f"no runs under {args.expdir} (a run is <expdir>/<pipeline>/<date>/summary.json)")
+        if not searches:
+            print(f"no runs under {args.expdir} (a run is <expdir>/<pipeline>/<date>/summary.json)")
         return 0
     if args.sort:
         rows = sort_runs(rows, args.sort, args.descending)

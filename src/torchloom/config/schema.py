@@ -181,6 +181,7 @@ TOP_LEVEL_KEYS: dict[str, type[BaseModel] | None] = {
     "test": SectionConfig,
     "pipeline": None,
     "analysis": None,  # validated by torchloom.analysis (its schema lives with its hooks)
+    "search": None,  # a hyper-parameter search space, validated by torchloom.search
 }
 
 

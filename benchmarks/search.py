@@ -1,0 +1,203 @@
+"""Search targets (issue 17), each printed as a ratio or a verdict on its last line:
+
+- importance: PED-ANOVA (and fANOVA) on a synthetic objective, loss = 3x + 2y + z + 0w over
+  200 random trials, must rank x > y > z > w;
+- overhead:   a search trial costs at most 5 % more than the same `torchloom.train` run
+  (rounds alternate, in this one process, after a warm-up);
+- pruning:    LeNet-5 on an MNIST subset, N trials of learning rate and batch size with the
+  same random sampler seed, hyperband-pruned versus unpruned: wall-time ratio (target <= 0.4)
+  and the difference of the best values (target <= 0.5 points);
+- workers:    the same trials with --workers 2 versus 1 (target <= 0.6 on 2 cores).
+
+    python benchmarks/search.py importance
+    python benchmarks/search.py overhead --rounds 3
+    python benchmarks/search.py pruning --trials 20 --epochs 4 --subset 2048
+    python benchmarks/search.py workers --trials 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torchloom
+
+CONFIG = "loom://mnist/lenet5.yml"
+
+
+def importance() -> None:
+    import optuna
+
+    from torchloom.search.results import importance as evaluate
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    def objective(trial: optuna.Trial) -> float:
+        x, y, z, w = (trial.suggest_float(n, 0, 1) for n in "xyzw")
+        return 3 * x + 2 * y + z + 0 * w
+
+    right = total = 0
+    for seed in (0, 1, 2):
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=seed))
+        study.optimize(objective, n_trials=200)
+        for evaluator in ("ped-anova", "fanova"):
+            scores, _ = evaluate(study, evaluator)
+            order = sorted(scores, key=lambda name: -scores[name])
+            shown = ", ".join(f"{n} {scores[n]:.3f}" for n in order)
+            verdict = "ok" if order == ["x", "y", "z", "w"] else "WRONG ORDER"
+            right, total = right + (verdict == "ok"), total + 1
+            print(f"seed {seed}, {evaluator}: {shown}: {verdict}")
+    print(f"x > y > z > w in {right} of {total} studies of 200 trials")
+
+
+def _overrides(data: str, subset: int, epochs: int) -> list[str]:
+    return [
+        f"training.task.data_folder={data}",
+        f"++training.task.subset={subset}",
+        f"++validation.task.subset={max(subset // 4, 64)}",
+        f"++test.task.subset={max(subset // 4, 64)}",
+        f"training.terminal_conditions.epoch_limit={epochs}",
+        "training.terminal_conditions.early_stopping=null",
+        "++training.seed=1",
+        "++analysis=minimal",
+    ]
+
+
+def overhead(rounds: int, data: str, subset: int, epochs: int) -> None:
+    """A trial of one fixed value (a choice of one) versus `torchloom.train` of the config
+    with that value: the search's cost is everything around the run."""
+    overrides = _overrides(data, subset, epochs)
+    space = {"training.optimizer.lr": {"choice": [1.0e-3]}}
+    with tempfile.TemporaryDirectory() as folder:
+        torchloom.train(CONFIG, overrides, expdir=f"{folder}/warm", tensorboard=0)  # warm-up
+        trains, trials = [], []
+        for index in range(rounds):
+            start = time.perf_counter()
+            torchloom.train(CONFIG, overrides, expdir=f"{folder}/t{index}", tensorboard=0)
+            trains.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            found = torchloom.search(
+                CONFIG, space, overrides=overrides, trials=1, expdir=f"{folder}/s{index}"
+            )
+            trials.append(float(found.trials[0]["duration_s"]))
+            searched = time.perf_counter() - start
+            print(
+                f"round {index}: train {trains[-1]:.2f} s, trial {trials[-1]:.2f} s "
+                f"(whole search call {searched:.2f} s)"
+            )
+    ratio = statistics.median(trials) / statistics.median(trains)
+    print(
+        f"trial / train (medians of {rounds}): {statistics.median(trials):.2f} s / "
+        f"{statistics.median(trains):.2f} s = {ratio:.3f} (target <= 1.05)"
+    )
+
+
+def _search(folder: str, name: str, data: str, args: Any, pruner: str, workers: int) -> Any:
+    space = {
+        "training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-1]},
+        "training.dataloader.batch_size": {"choice": [32, 64, 128]},
+    }
+    return torchloom.search(
+        CONFIG,
+        space,
+        overrides=[*_overrides(data, args.subset, args.epochs), "~training.scheduler"],
+        trials=args.trials,
+        sampler="random",
+        pruner=pruner,
+        seed=0,
+        workers=workers,
+        monitor="validation.accuracy",
+        mode="max",
+        expdir=f"{folder}/{name}",
+    )
+
+
+def pruning(args: argparse.Namespace, data: str) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        times, best = {}, {}
+        for pruner in ("none", "hyperband"):
+            start = time.perf_counter()
+            found = _search(folder, pruner, data, args, pruner, 1)
+            times[pruner] = time.perf_counter() - start
+            best[pruner] = found.best_value
+            states = [row["state"] for row in found.trials]
+            print(
+                f"{pruner}: {times[pruner]:.1f} s, best {found.best_value:.4f}, "
+                f"{states.count('pruned')} of {len(states)} pruned"
+            )
+    ratio = times["hyperband"] / times["none"]
+    gap = 100 * (best["none"] - best["hyperband"])
+    print(
+        f"hyperband / unpruned wall time: {ratio:.3f} (target <= 0.4); best accuracy "
+        f"{best['hyperband']:.4f} vs {best['none']:.4f}: {gap:+.2f} points (target <= 0.5)"
+    )
+
+
+def workers(args: argparse.Namespace, data: str) -> None:
+    """`loom search --workers 1` versus `--workers 2`, each a fresh `loom` process (both pay
+    their start-up, as a user's command does), in alternating rounds (1 then 2, then 2 then
+    1, ...) so that a machine's changing load weighs on both sides."""
+    import os
+    import subprocess
+
+    source = str(Path(torchloom.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": source}
+    ratios = []
+    with tempfile.TemporaryDirectory() as folder:
+        config = Path(folder) / "search_lenet5.yml"
+        config.write_text(
+            f"default_configs: [{CONFIG}]\n"
+            "search:\n  sampler: random\n"
+            "  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-1]}\n"
+            "  training.dataloader.batch_size: {choice: [32, 64, 128]}\n",
+            encoding="utf-8",
+        )
+        for round_ in range(args.rounds):
+            times = {}
+            for count in (1, 2) if round_ % 2 == 0 else (2, 1):
+                command = [sys.executable, "-m", "torchloom.cli.main", "search", str(config)]
+                command += [*_overrides(data, args.subset, args.epochs), "~training.scheduler"]
+                command += ["--trials", str(args.trials), "--seed", "0", "--workers", str(count)]
+                command += ["--expdir", f"{folder}/r{round_}w{count}"]
+                start = time.perf_counter()
+                subprocess.run(command, env=env, check=True, capture_output=True)
+                times[count] = time.perf_counter() - start
+                print(f"round {round_}: loom search --workers {count}: {times[count]:.1f} s")
+            ratios.append(times[2] / times[1])
+    shown = ", ".join(f"{r:.3f}" for r in ratios)
+    print(
+        f"--workers 2 / --workers 1 wall time: median {statistics.median(ratios):.3f} "
+        f"(rounds: {shown}; target <= 0.6)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target", choices=("importance", "overhead", "pruning", "workers"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--subset", type=int, default=2048)
+    parser.add_argument("--data", default=None, help="MNIST folder (default: a temporary one)")
+    args = parser.parse_args()
+    if args.target == "importance":
+        importance()
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        data = args.data or str(Path(scratch) / "mnist")
+        if args.target == "overhead":
+            overhead(args.rounds, data, args.subset, args.epochs)
+        elif args.target == "pruning":
+            pruning(args, data)
+        else:
+            workers(args, data)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

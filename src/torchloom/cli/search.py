@@ -1,0 +1,73 @@
+"""`loom search CONFIG --trials N`: a hyper-parameter search on Optuna; each trial a training
+run of its own (torchloom/search/). `--resume DIR` continues a search folder's study."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from torchloom.analysis.build import build_hooks
+from torchloom.search.page import write_page
+from torchloom.search.results import write_results
+from torchloom.search.runner import (
+    SearchRequest,
+    continue_worker,
+    prepare_search,
+    resume_search,
+    run_workers,
+)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.worker:
+        return continue_worker(Path(args.worker), args.deadline, build_hooks, args.worker_index)
+    if args.resume and args.config:
+        args.overrides = [args.config, *args.overrides]
+        args.config = None
+    if args.workers < 1:
+        from torchloom.errors import ConfigError
+
+        raise ConfigError.at("command line", "--workers", "must be 1 or more")
+    request = SearchRequest(
+        config=args.config,
+        overrides=list(args.overrides),
+        space=args.space,
+        trials=args.trials,
+        sampler=args.sampler,
+        pruner=args.pruner,
+        monitor=args.monitor,
+        mode=args.mode,
+        storage=args.storage,
+        study=args.study,
+        workers=args.workers,
+        timeout=args.timeout,
+        seed=args.seed,
+        expdir=args.expdir,
+        device=args.device,
+        resume=args.resume,
+    )
+    if args.resume:
+        if args.overrides:
+            from torchloom.errors import ConfigError
+
+            raise ConfigError.at(
+                "command line", "--resume", "continues a search as it started: no overrides"
+            )
+        search_dir, record = resume_search(request)
+    else:
+        search_dir, record = prepare_search(request)
+    print(f"search folder: {search_dir}")
+    print(f"study '{record.study}' in {record.storage}; {record.mode} {record.monitor}")
+    status = run_workers(search_dir, record, args.workers, build_hooks)
+    results = write_results(search_dir, record, args.importance)
+    page = write_page(search_dir, record, results)
+    best = results.best
+    if best is not None:
+        print(f"best: trial {best.number}, {record.monitor} = {best.value:.4g}: {best.params}")
+        print(f"best config: {search_dir / 'best.yml'}")
+    else:
+        print("no trial completed")
+    print(f"report: {page}")
+    if status == 130:
+        print(f"interrupted; continue with `loom search --resume {search_dir}`")
+    return status

@@ -1,0 +1,259 @@
+"""The Python API of search: `torchloom.search(...)`, on the machinery of `loom search`.
+
+    import torchloom
+    found = torchloom.search("lenet5.yml", space={"training.optimizer.lr":
+                             {"loguniform": [1.0e-4, 1.0e-1]}}, trials=20)
+    found.best_value, found.best_params, found.best_config     # best.yml: `loom train` it
+
+Code first, in Torch Research Workflows' style: a function receives `hp` and returns a
+config (a mapping); `hp.float`, `hp.int` and `hp.choice` are the search space.
+
+    def build(hp):
+        config = base_config()
+        config["training"]["optimizer"]["lr"] = hp.float("lr", 1e-5, 1e-1, log=True)
+        config["pipeline"]["classifier"]["hidden_sizes"] = hp.choice("hidden", [[64], [128, 64]])
+        return config
+
+    torchloom.search(build, trials=20, monitor="validation.accuracy", mode="max")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchloom.analysis.build import build_hooks
+from torchloom.config.loading import ConfigSource
+from torchloom.engine.assemble import load_and_validate, pipeline_name
+from torchloom.engine.run_folder import create_run_folder
+from torchloom.errors import ConfigError
+from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource
+from torchloom.search.page import write_page
+from torchloom.search.record import SearchRecord, read_record
+from torchloom.search.results import write_results
+from torchloom.search.runner import (
+    SearchRequest,
+    monitor_of,
+    prepare_search,
+    resume_search,
+    run_workers,
+)
+from torchloom.search.settings import SearchSettings
+from torchloom.search.study import create_study, journal_url
+from torchloom.search.worker import Proposal, work
+
+if TYPE_CHECKING:
+    import optuna
+
+Builder = Callable[["TrialParameters"], Mapping[str, Any]]
+
+
+@dataclass
+class SearchResult:
+    search_dir: Path
+    best_value: float | None
+    best_params: dict[str, Any]
+    best_config: Path | None  # best.yml
+    trials: list[dict[str, Any]] = field(default_factory=list)  # the rows of trials.csv
+
+
+class TrialParameters:
+    """The `hp` a code-first builder receives: each call is one parameter of the space, named
+    by its first argument, sampled by the study's sampler."""
+
+    def __init__(self, trial: optuna.trial.BaseTrial | None) -> None:
+        self._trial = trial
+        self.values: dict[str, Any] = {}
+
+    def float(
+        self, name: str, low: float, high: float, *, log: bool = False, step: float | None = None
+    ) -> float:
+        value = (
+            low
+            if self._trial is None
+            else self._trial.suggest_float(name, low, high, log=log, step=step)
+        )
+        self.values[name] = value
+        return value
+
+    def int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
+        value = (
+            low
+            if self._trial is None
+            else self._trial.suggest_int(name, low, high, step=step, log=log)
+        )
+        self.values[name] = value
+        return value
+
+    def choice(self, name: str, options: Sequence[Any]) -> Any:
+        options = list(options)
+        encoded = any(isinstance(o, list | dict) for o in options)
+        if self._trial is None:
+            value = options[0]
+        else:
+            shown = [json.dumps(o) if encoded else o for o in options]
+            picked = self._trial.suggest_categorical(name, shown)
+            value = json.loads(str(picked)) if encoded else picked
+        self.values[name] = value
+        return value
+
+
+def search(
+    config: ConfigSource | Builder | None = None,
+    space: SpaceSource | None = None,
+    *,
+    trials: int | None = None,
+    overrides: Sequence[str] = (),
+    sampler: str | None = None,
+    pruner: str | None = None,
+    monitor: str | None = None,
+    mode: str | None = None,
+    storage: str | None = None,
+    study: str | None = None,
+    timeout: float | None = None,
+    seed: int | None = None,
+    expdir: str = "runs",
+    device: str | None = None,
+    workers: int = 1,
+    resume: str | os.PathLike[str] | None = None,
+    quiet: bool = True,
+) -> SearchResult:
+    """Search a YAML config's space (its `search:` section, a space file or a mapping), or a
+    code-first builder's; or continue the search folder `resume`. Raises LoomError for
+    anything the user can fix; a failed trial is recorded, never raised. Ctrl-C writes the
+    results so far, then raises KeyboardInterrupt (`resume=search_dir` continues)."""
+    say: Callable[[str], None] = (lambda line: None) if quiet else print
+    interrupted = False
+    if callable(config):
+        if workers != 1:
+            raise ConfigError.at(
+                "torchloom.search", "workers", "a code-first search runs in this process only"
+            )
+        search_dir, record = _code_first(
+            config,
+            resume,
+            trials,
+            expdir,
+            storage,
+            study,
+            sampler,
+            pruner,
+            monitor,
+            mode,
+            seed,
+            device,
+            timeout,
+        )
+        propose = _proposer(config)
+        try:
+            work(search_dir, record, build_hooks, say, _deadline(record), propose)
+        except KeyboardInterrupt:
+            interrupted = True
+    else:
+        request = SearchRequest(
+            config=config,
+            overrides=overrides,
+            space=space,
+            trials=trials,
+            sampler=sampler,
+            pruner=pruner,
+            monitor=monitor,
+            mode=mode,
+            storage=storage,
+            study=study,
+            workers=workers,
+            timeout=timeout,
+            seed=seed,
+            expdir=expdir,
+            device=device,
+            resume=resume,
+        )
+        prepared = resume_search(request) if resume is not None else prepare_search(request)
+        search_dir, record = prepared
+        interrupted = run_workers(search_dir, record, workers, build_hooks, say) == 130
+    results = write_results(search_dir, record)
+    write_page(search_dir, record, results)
+    if interrupted:  # what finished is written; `resume=search_dir` continues
+        raise KeyboardInterrupt
+    best = results.best
+    return SearchResult(
+        search_dir,
+        best.value if best is not None else None,
+        dict(best.params) if best is not None else {},
+        search_dir / "best.yml" if (search_dir / "best.yml").is_file() else None,
+        results.rows,
+    )
+
+
+def _deadline(record: SearchRecord) -> float | None:
+    import time
+
+    timeout = record.settings.get("timeout")
+    return time.time() + float(timeout) if timeout else None
+
+
+def _proposer(build: Builder) -> Callable[[optuna.Trial], Proposal]:
+    def propose(trial: optuna.Trial) -> Proposal:
+        hp = TrialParameters(trial)
+        config = build(hp)
+        return dict(config), list(TRIAL_OVERRIDES[1:]), hp.values
+
+    return propose
+
+
+def _code_first(
+    build: Builder,
+    resume: str | os.PathLike[str] | None,
+    trials: int | None,
+    expdir: str,
+    storage: str | None,
+    study: str | None,
+    sampler: str | None,
+    pruner: str | None,
+    monitor: str | None,
+    mode: str | None,
+    seed: int | None,
+    device: str | None,
+    timeout: float | None,
+) -> tuple[Path, SearchRecord]:
+    if resume is not None:
+        search_dir = Path(resume)
+        record = read_record(search_dir)
+        record.trials = trials or record.trials
+        record.save(search_dir)
+        return search_dir, record
+    if trials is None:
+        raise ConfigError.at("torchloom.search", "trials", "says how many trials to run")
+    # The builder's config at the first values (low ends, first choices) names the search
+    # and says what the monitor is; every trial's config is checked again when it starts.
+    loaded, _ = load_and_validate(dict(build(TrialParameters(None))))
+    monitor, mode = monitor_of(loaded.data, monitor, mode, set())
+    settings = SearchSettings(
+        sampler={"type": sampler or "tpe"},
+        pruner={"type": pruner or "none"},
+        monitor=monitor,
+        mode=mode,
+        trials=trials,
+        timeout=timeout,
+    )
+    name = pipeline_name(loaded)
+    search_dir = create_run_folder(Path(expdir).expanduser() / "searches", name)
+    record = SearchRecord(
+        name=name,
+        study=study or name,
+        storage=storage or journal_url(),
+        monitor=monitor,
+        mode=mode,
+        trials=trials,
+        settings=settings.to_json(),
+        seed=seed,
+        device=device,
+        config="",
+    )
+    record.save(search_dir)
+    create_study(record.storage_url(search_dir), record.study, record.direction)
+    return search_dir, record

@@ -1,0 +1,67 @@
+"""search.json: what a search folder needs to continue (`loom search --resume DIR`) and to
+be read again (`loom report DIR`): the study's storage and name, the monitor, the settings.
+The config (config.yaml, merged, overrides applied) and a `--space` file (space.yml) are
+copied beside it, so a search continues with what it started with, whatever was edited."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchloom.data.atomic_files import write_text_atomic
+from torchloom.errors import ConfigError
+from torchloom.search.settings import SearchSettings
+
+RECORD = "search.json"
+
+
+@dataclass
+class SearchRecord:
+    name: str
+    study: str
+    storage: str
+    monitor: str
+    mode: str
+    trials: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    seed: int | None = None
+    device: str | None = None
+    config: str = "config.yaml"
+    space: str | None = None  # space.yml when the space came from --space
+
+    @property
+    def direction(self) -> str:
+        return "maximize" if self.mode == "max" else "minimize"
+
+    def storage_url(self, search_dir: Path) -> str:
+        """The storage to open: a journal's relative path is the search folder's."""
+        if self.storage.startswith("journal:"):
+            path = Path(self.storage[len("journal:") :])
+            return f"journal:{path if path.is_absolute() else Path(search_dir).resolve() / path}"
+        return self.storage
+
+    def search_settings(self) -> SearchSettings:
+        return SearchSettings(**self.settings)
+
+    def save(self, search_dir: Path) -> None:
+        write_text_atomic(search_dir / RECORD, json.dumps(asdict(self), indent=2) + "\n")
+
+
+def is_search_dir(path: Path) -> bool:
+    return (Path(path) / RECORD).is_file()
+
+
+def read_record(search_dir: Path) -> SearchRecord:
+    path = Path(search_dir) / RECORD
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return SearchRecord(**data)
+    except (OSError, ValueError, TypeError) as error:
+        raise ConfigError.at(
+            str(search_dir),
+            "search folder",
+            f"has no readable {RECORD} ({error})",
+            "give a folder that `loom search` made: <expdir>/searches/<name>/<date>",
+        ) from error

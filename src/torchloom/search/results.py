@@ -1,0 +1,123 @@
+"""What a search leaves in its folder, read back from the study: trials.csv (one row per
+trial, with its reason when it did not complete), best.yml (the best trial's config, as its
+run saved it: `loom train best.yml` trains that trial again) and importance.json."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchloom.data.atomic_files import write_text_atomic
+from torchloom.search.record import SearchRecord
+from torchloom.search.study import load_study
+
+if TYPE_CHECKING:
+    import optuna
+
+IMPORTANCE_EVALUATORS = ("ped-anova", "fanova")
+# PED-ANOVA asks which parameters it takes to reach the best `target_quantile` of trials.
+# Optuna's 0.1 keeps 20 of 200 trials, and misranks loss = 3x + 2y + z + 0w on one seed of
+# three (y before x); 0.2 ranks it right on all three (docs/benchmarks.md, "Search").
+PED_ANOVA_QUANTILE = 0.2
+
+
+@dataclass
+class SearchResults:
+    study: optuna.Study
+    rows: list[dict[str, Any]]
+    best: Any  # a FrozenTrial, or None when no trial completed
+    importance: dict[str, float]
+    importance_note: str
+
+
+def open_study(search_dir: Path, record: SearchRecord) -> optuna.Study:
+    return load_study(record.storage_url(search_dir), record.study, None, None)
+
+
+def trial_rows(study: optuna.Study, record: SearchRecord) -> list[dict[str, Any]]:
+    names = list(dict.fromkeys(p for t in study.trials for p in t.params))
+    rows = []
+    for trial in study.trials:
+        duration = trial.duration.total_seconds() if trial.duration is not None else None
+        row: dict[str, Any] = {"number": trial.number, "state": trial.state.name.lower()}
+        row[record.monitor] = trial.value if trial.value is not None else ""
+        row.update({name: _shown(trial.params.get(name, "")) for name in names})
+        row["reason"] = trial.user_attrs.get("reason", "")
+        row["retry_of"] = trial.user_attrs.get("retry_of", "")
+        row["duration_s"] = round(duration, 2) if duration is not None else ""
+        row["run_dir"] = trial.user_attrs.get("run_dir", "")
+        rows.append(row)
+    return rows
+
+
+def _shown(value: Any) -> Any:
+    return value if not isinstance(value, float) else float(f"{value:.6g}")
+
+
+def best_trial(study: optuna.Study) -> Any:
+    from optuna.trial import TrialState
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    return study.best_trial
+
+
+def make_evaluator(name: str) -> Any:
+    import optuna
+
+    if name == "fanova":
+        return optuna.importance.FanovaImportanceEvaluator(seed=0)
+    return optuna.importance.PedAnovaImportanceEvaluator(target_quantile=PED_ANOVA_QUANTILE)
+
+
+def importance(study: optuna.Study, evaluator: str = "ped-anova") -> tuple[dict[str, float], str]:
+    """Parameter importance over the completed trials ({} and why when it cannot be told)."""
+    import warnings
+
+    import optuna
+    from optuna.trial import TrialState
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if len(complete) < 3:
+        return {}, f"needs 3 completed trials or more ({len(complete)} so far)"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            values = optuna.importance.get_param_importances(
+                study, evaluator=make_evaluator(evaluator)
+            )
+    except (RuntimeError, ValueError, ImportError) as error:
+        return {}, f"{evaluator} could not tell: {error}"
+    return {k: float(v) for k, v in values.items() if math.isfinite(v)}, evaluator
+
+
+def write_results(
+    search_dir: Path, record: SearchRecord, evaluator: str = "ped-anova"
+) -> SearchResults:
+    study = open_study(search_dir, record)
+    rows = trial_rows(study, record)
+    out = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    write_text_atomic(search_dir / "trials.csv", out.getvalue())
+    best = best_trial(study)
+    if best is not None and best.user_attrs.get("config"):
+        header = (
+            f"# The best trial ({best.number}) of the search {search_dir}: "
+            f"{record.monitor} = {best.value:.6g}.\n"
+            "# `loom train best.yml` trains this config again (its seed included).\n"
+        )
+        write_text_atomic(search_dir / "best.yml", header + best.user_attrs["config"])
+    scores, note = importance(study, evaluator)
+    write_text_atomic(
+        search_dir / "importance.json",
+        json.dumps({"evaluator": evaluator, "importance": scores, "note": note}, indent=2) + "\n",
+    )
+    return SearchResults(study, rows, best, scores, note)

@@ -1,0 +1,164 @@
+"""How a study searches: sampler, pruner, monitored statistic, trials, time limit.
+
+Each comes from the `search:` section's keys without a dot, and the command line wins:
+
+    search:
+      sampler: {type: tpe, n_startup_trials: 5}   # or just `sampler: tpe`
+      pruner: hyperband                            # none | median | percentile | sha | hyperband
+      monitor: validation.accuracy                 # default: the run's early-stopping monitor
+      mode: max
+      trials: 20
+      timeout: 600                                 # seconds; no new trial starts after it
+
+A sampler's or pruner's other keys are its Optuna constructor's arguments, checked by name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.search.space import SearchSpace
+
+SAMPLERS = {
+    "tpe": "TPESampler",
+    "random": "RandomSampler",
+    "grid": "GridSampler",
+    "cmaes": "CmaEsSampler",
+    "nsga2": "NSGAIISampler",
+    "gp": "GPSampler",
+    "qmc": "QMCSampler",
+}
+PRUNERS = {
+    "none": "NopPruner",
+    "median": "MedianPruner",
+    "percentile": "PercentilePruner",
+    "sha": "SuccessiveHalvingPruner",
+    "hyperband": "HyperbandPruner",
+    "threshold": "ThresholdPruner",
+}
+SETTINGS = ("sampler", "pruner", "monitor", "mode", "trials", "timeout")
+
+
+@dataclass
+class SearchSettings:
+    sampler: dict[str, Any] = field(default_factory=lambda: {"type": "tpe"})
+    pruner: dict[str, Any] = field(default_factory=lambda: {"type": "none"})
+    monitor: str | None = None
+    mode: str | None = None
+    trials: int | None = None
+    timeout: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def read_settings(space: SearchSpace, command_line: Mapping[str, Any]) -> SearchSettings:
+    """The section's settings with the command line's (non-None) values over them."""
+    problems: list[Problem] = []
+    raw = dict(space.settings)
+    for key in list(raw):
+        if key not in SETTINGS:
+            problems.append(
+                Problem(
+                    space.settings_where[key],
+                    f"search setting '{key}'",
+                    "unknown setting (search parameters are dotted config keys)",
+                    did_you_mean(key, SETTINGS) or f"settings: {', '.join(SETTINGS)}",
+                )
+            )
+            del raw[key]
+    given = {k: v for k, v in command_line.items() if v is not None}
+    where = {**space.settings_where, **dict.fromkeys(given, "command line")}
+    raw.update(given)
+    settings = SearchSettings()
+    for key, kinds in (("sampler", SAMPLERS), ("pruner", PRUNERS)):
+        if key in raw:
+            try:
+                setattr(settings, key, _component(key, raw[key], kinds, where[key]))
+            except ConfigError as error:
+                problems += error.problems
+    if "mode" in raw:
+        if raw["mode"] not in ("min", "max"):
+            problems.append(Problem(where["mode"], "search setting 'mode'", "must be min or max"))
+        settings.mode = raw["mode"]
+    if "monitor" in raw:
+        if not isinstance(raw["monitor"], str) or "." not in raw["monitor"]:
+            problems.append(
+                Problem(
+                    where["monitor"],
+                    "search setting 'monitor'",
+                    f"must name a statistic as section.name, got {raw['monitor']!r}",
+                    "e.g. validation.accuracy",
+                )
+            )
+        settings.monitor = raw["monitor"]
+    for key in ("trials", "timeout"):
+        if key in raw:
+            value = raw[key]
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                problems.append(
+                    Problem(where[key], f"search setting '{key}'", "must be a positive number")
+                )
+            setattr(settings, key, int(value) if key == "trials" else float(value))
+    if not problems and settings.sampler["type"] == "grid":
+        problems += _grid_problems(space, where.get("sampler", space.source))
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+def _component(key: str, raw: Any, kinds: Mapping[str, str], where: str) -> dict[str, Any]:
+    spec = {"type": raw} if isinstance(raw, str) else raw
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("type"), str):
+        raise ConfigError.at(
+            where, f"search setting '{key}'", f"must be a name or {{type: name, ...}}, got {raw!r}"
+        )
+    spec = dict(spec)
+    if spec["type"] not in kinds:
+        raise ConfigError.at(
+            where,
+            f"search setting '{key}'",
+            f"unknown {key} '{spec['type']}'",
+            did_you_mean(spec["type"], kinds) or f"known: {', '.join(kinds)}",
+        )
+    import optuna
+
+    module = optuna.samplers if key == "sampler" else optuna.pruners
+    cls = getattr(module, kinds[spec["type"]])
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    for name in spec:
+        if name != "type" and name not in accepted:
+            raise ConfigError.at(
+                where,
+                f"search setting '{key}.{name}'",
+                f"is no argument of {cls.__name__}",
+                did_you_mean(name, accepted) or f"it takes {', '.join(accepted)}",
+            )
+    return spec
+
+
+def _grid_problems(space: SearchSpace, where: str) -> list[Problem]:
+    problems = []
+    for parameter in space.parameters.values():
+        if parameter.grid() is None or parameter.when:
+            why = "has a condition" if parameter.when else "is a continuous range"
+            problems.append(
+                Problem(
+                    parameter.where,
+                    f"search parameter '{parameter.path}'",
+                    f"{why}, which the grid sampler ({where}) cannot enumerate",
+                    "use {choice: [...]} or {int: [a, b]} without `when`, or another sampler",
+                )
+            )
+    return problems
+
+
+def grid_size(space: SearchSpace) -> int:
+    size = 1
+    for parameter in space.parameters.values():
+        size *= len(parameter.grid() or [])
+    return size

@@ -1,0 +1,254 @@
+"""The Optuna study of a search: its storage, created once and loaded by every worker, and
+the bookkeeping Optuna leaves to us on a journal.
+
+Storage: a journal file in the search folder by default (JournalStorage + JournalFileBackend:
+the maintainers' choice for several processes on one machine), or any SQLAlchemy URL
+(`postgresql://...`) for several machines, with Optuna's heartbeats. The study is created by
+one process and loaded by the others: several `create_study(load_if_exists=True)` on a fresh
+database race (optuna#1092).
+
+Dead trials. Each trial records its host, PID and the PID's start time (user attributes);
+a trial left RUNNING by a process of this host that is gone (SIGKILL, a crash, a power cut)
+is marked failed with the reason, and its parameters are queued once more (`retry_of`). A
+dead trial whose retry died too stays failed. On an RDB storage, heartbeats do the same for
+other machines (RetryHeartbeatStaleTrialCallback, one retry).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from torchloom.errors import ConfigError, LoomError
+from torchloom.search.settings import PRUNERS, SAMPLERS, SearchSettings
+from torchloom.search.space import SearchSpace
+
+if TYPE_CHECKING:
+    import optuna
+
+JOURNAL = "study.journal"
+ASK_LOCK = ".ask.lock"
+HEARTBEAT_SECONDS = 30
+
+
+class StorageUnreachable(LoomError):
+    headline = "search storage error"
+
+
+def journal_url() -> str:
+    """The default storage, relative to the search folder (SearchRecord.storage_url), so a
+    search folder may be moved or copied and still resumed."""
+    return f"journal:{JOURNAL}"
+
+
+def quiet_optuna() -> None:
+    """Optuna logs every study creation and trial at INFO; the search prints its own lines."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Heartbeats and their retry callback are "experimental" since Optuna 2.8/2.9: said once
+    # here (docs/search.md), not at every trial.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """`journal:PATH` or an SQLAlchemy URL; an unreachable database is a StorageUnreachable
+    naming the host, not a SQLAlchemy traceback."""
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    quiet_optuna()
+    if url.startswith("journal:"):
+        return JournalStorage(JournalFileBackend(url[len("journal:") :]))
+    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+
+    parts = urlsplit(url)
+    where = f"{parts.hostname or 'localhost'}:{parts.port or 'default port'}"
+    last: Exception | None = None
+    for attempt in range(3):  # several machines creating the tables at once: one wins
+        try:
+            return RDBStorage(
+                url,
+                heartbeat_interval=HEARTBEAT_SECONDS,
+                grace_period=3 * HEARTBEAT_SECONDS,
+                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
+            )
+        except ImportError as error:
+            raise StorageUnreachable.at(
+                "--storage",
+                _hide_password(url),
+                f"needs a driver: {error}",
+                "pip install 'torchloom[search]' (psycopg2-binary for PostgreSQL)",
+            ) from error
+        except Exception as error:  # sqlalchemy.exc.OperationalError and friends
+            last = error
+            if "already exists" not in str(error):
+                break
+            time.sleep(0.5 * (attempt + 1))
+    message = str(last).strip().splitlines()[0] if last else "?"
+    raise StorageUnreachable.at(
+        "--storage",
+        _hide_password(url),
+        f"cannot open the database on {where}: {message}",
+        "check that the server runs and accepts this user from this machine",
+    ) from last
+
+
+def _hide_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        return url.replace(f":{parts.password}@", ":***@")
+    return url
+
+
+def make_sampler(settings: SearchSettings, space: SearchSpace | None, seed: int | None) -> Any:
+    import optuna
+
+    spec = dict(settings.sampler)
+    cls = getattr(optuna.samplers, SAMPLERS[spec.pop("type")])
+    if cls is optuna.samplers.GridSampler and space is not None:
+        spec.setdefault("search_space", {p.path: p.grid() for p in space.parameters.values()})
+    if seed is not None and "seed" not in spec and cls is not optuna.samplers.GridSampler:
+        spec["seed"] = seed
+    try:
+        return cls(**spec)
+    except ImportError as error:  # cmaes, and scipy for qmc
+        raise ConfigError.at(
+            "search setting 'sampler'", cls.__name__, f"needs a package: {error}"
+        ) from error
+
+
+def make_pruner(settings: SearchSettings) -> Any:
+    import optuna
+
+    spec = dict(settings.pruner)
+    cls = getattr(optuna.pruners, PRUNERS[spec.pop("type")])
+    if cls is optuna.pruners.SuccessiveHalvingPruner:
+        # Optuna's default (bootstrap_count=0) is kept explicit: a bootstrap_count of k
+        # prunes the first k trials at every rung.
+        spec.setdefault("bootstrap_count", 0)
+    return cls(**spec)
+
+
+def create_study(url: str, name: str, direction: str) -> None:
+    """Create the study, or leave it as it is when another process (another machine) already
+    did; only this process creates, so no two creations race on a fresh file."""
+    import optuna
+
+    storage = open_storage(url)
+    wanted = optuna.study.StudyDirection.MAXIMIZE
+    if direction != "maximize":
+        wanted = optuna.study.StudyDirection.MINIMIZE
+    try:
+        optuna.create_study(storage=storage, study_name=name, direction=wanted)
+    except optuna.exceptions.DuplicatedStudyError:
+        loaded = optuna.load_study(storage=storage, study_name=name)
+        if loaded.direction != wanted:
+            raise ConfigError.at(
+                "--study",
+                name,
+                f"exists with direction {loaded.direction.name.lower()}, not {direction}",
+                "give another --study name or the same --mode",
+            ) from None
+
+
+def load_study(url: str, name: str, sampler: Any, pruner: Any) -> optuna.Study:
+    import optuna
+
+    return optuna.load_study(
+        storage=open_storage(url), study_name=name, sampler=sampler, pruner=pruner
+    )
+
+
+# ---- who runs a trial, and whether it still does ---------------------------------------------
+def process_start(pid: int) -> str:
+    """The kernel's start time of a process (field 22 of /proc/PID/stat), which tells a PID
+    that was reused from the process that had it; '' when unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def identity() -> dict[str, Any]:
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "pid_start": process_start(pid)}
+
+
+def is_dead(attrs: dict[str, Any]) -> bool | None:
+    """Whether the process that runs a trial is gone: None when it ran on another host (or
+    recorded nothing), so this machine cannot tell."""
+    if attrs.get("host") != socket.gethostname() or not isinstance(attrs.get("pid"), int):
+        return None
+    pid = attrs["pid"]
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    started = process_start(pid)
+    return bool(started) and started != attrs.get("pid_start")
+
+
+def reap_dead_trials(study: optuna.Study) -> list[int]:
+    """Fail the RUNNING trials whose process on this host is gone, queue their parameters
+    again (once), and return their numbers. Call with the ask lock held."""
+    from optuna.storages._heartbeat import fail_stale_trials, is_heartbeat_enabled
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    if is_heartbeat_enabled(storage):  # RDB storages: other machines' dead trials too
+        fail_stale_trials(study)
+    reaped = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not is_dead(trial.user_attrs):
+            continue
+        attrs = trial.user_attrs
+        reason = f"its process {attrs['pid']} on {attrs['host']} died"
+        retry = "retry_of" not in attrs
+        storage.set_trial_user_attr(trial._trial_id, "reason", reason)
+        storage.set_trial_user_attr(trial._trial_id, "retried", retry)
+        try:
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        except Exception:  # finished meanwhile by someone else: nothing to do
+            continue
+        if retry:
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        reaped.append(trial.number)
+    return reaped
+
+
+def counted_trials(study: optuna.Study) -> int:
+    """Trials that count toward --trials: finished or running, less the dead ones whose
+    parameters were queued again (their retry counts instead)."""
+    from optuna.trial import TrialState
+
+    count = 0
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state == TrialState.WAITING:
+            continue
+        if trial.state == TrialState.FAIL and trial.user_attrs.get("retried"):
+            continue
+        count += 1
+    return count
+
+
+@contextlib.contextmanager
+def ask_lock(search_dir: Path) -> Iterator[None]:
+    """Held while a worker counts the trials and asks for one, so that the workers of this
+    machine start exactly --trials trials between them."""
+    with open(search_dir / ASK_LOCK, "a+", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

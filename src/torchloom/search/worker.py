@@ -1,0 +1,171 @@
+"""A search worker: asks the study for trials and runs them until the study has its trials
+(or the time limit passed). One process runs one worker; `--workers K` starts K of them on
+the same study (runner.py). Every ending of a trial is told to the study with its reason;
+only Ctrl-C / SIGTERM ends the worker early, its trial failed and queued again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from torchloom.config import load_config
+from torchloom.engine.state import TrainOptions
+from torchloom.engine.trainer import failure_reason
+from torchloom.errors import LoomError
+from torchloom.search.checking import read_space, trial_overrides
+from torchloom.search.record import SearchRecord
+from torchloom.search.study import (
+    ask_lock,
+    counted_trials,
+    identity,
+    load_study,
+    make_pruner,
+    make_sampler,
+    reap_dead_trials,
+)
+from torchloom.search.trial import Objective, Pruned, TrialFailed, run_trial
+
+if TYPE_CHECKING:
+    import optuna
+
+Say = Callable[[str], None]
+
+
+# A trial's config: (config source, overrides, the values sampled for it).
+Proposal = tuple[Any, list[str], dict[str, Any]]
+Propose = Callable[["optuna.Trial"], Proposal]
+
+
+def yaml_proposer(search_dir: Path, record: SearchRecord) -> tuple[Propose, Any]:
+    """Trials of a YAML space: the search folder's config.yaml with the sampled values as
+    overrides; and the space (for the grid sampler)."""
+    loaded = load_config(search_dir / record.config)
+    space = read_space(loaded, search_dir / record.space if record.space else None)
+
+    def propose(trial: optuna.Trial) -> Proposal:
+        values = space.sample(trial, loaded.data)
+        return search_dir / record.config, trial_overrides(loaded, values), values
+
+    return propose, space
+
+
+def work(
+    search_dir: Path,
+    record: SearchRecord,
+    hook_factory: Any = None,
+    say: Say = print,
+    deadline: float | None = None,
+    propose: Propose | None = None,
+    worker: int = 0,
+) -> int:
+    """Run trials until the study counts `record.trials` of them; returns how many ran here.
+    `propose` makes a trial's config (default: the YAML space of the search folder); `worker`
+    numbers the processes of `--workers K` (0 to K-1)."""
+    from optuna.storages._heartbeat import get_heartbeat_thread
+
+    space = None
+    if propose is None:
+        propose, space = yaml_proposer(search_dir, record)
+    settings = record.search_settings()
+    seed = record.seed
+    if seed is not None:
+        # Seeded samplers draw the same values from the same seed: each worker, and each
+        # session of a resumed study, gets its own (the same ones when run again).
+        existing = len(load_study(record.storage_url(search_dir), record.study, None, None).trials)
+        seed += 1000 * existing + worker
+    sampler = make_sampler(settings, space, seed)
+    study = load_study(record.storage_url(search_dir), record.study, sampler, make_pruner(settings))
+    objective = Objective(record.monitor, record.mode)
+    options = TrainOptions(
+        expdir=str(search_dir / "trials"),
+        device=record.device,
+        quiet=True,
+        tensorboard=0,
+        hook_factory=hook_factory,
+    )
+    ran = 0
+    while True:
+        with ask_lock(search_dir):
+            for number in reap_dead_trials(study):
+                say(f"trial {number}: its process died; failed, its parameters queued again")
+            if counted_trials(study) >= record.trials:
+                break
+            if deadline is not None and time.time() >= deadline:
+                say("search: --timeout reached; no new trial starts")
+                break
+            trial = study.ask()
+            for key, value in identity().items():
+                trial.set_user_attr(key, value)
+        with get_heartbeat_thread(trial._trial_id, study._storage):
+            _run_one(study, trial, propose, search_dir, objective, options, say)
+        ran += 1
+    return ran
+
+
+def _run_one(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    propose: Propose,
+    search_dir: Path,
+    objective: Objective,
+    options: TrainOptions,
+    say: Say,
+) -> None:
+    from optuna.trial import TrialState
+
+    started = time.perf_counter()
+    options = replace(options, tag=f"trial{trial.number}")
+
+    def on_run_dir(run_dir: Path) -> None:
+        trial.set_user_attr("run_dir", str(run_dir.relative_to(search_dir)))
+        # In the study too: with a database, the best trial may have run on another machine,
+        # and best.yml is written wherever the search ends.
+        config = (run_dir / "config.yaml").read_text(encoding="utf-8")
+        trial.set_user_attr("config", config)
+
+    shown = ""
+    try:
+        try:
+            source, overrides, values = propose(trial)
+        except LoomError as error:  # a code-first builder refusing its values
+            raise TrialFailed(failure_reason(error)) from error
+        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in values.items())
+        value, _ = run_trial(trial, source, overrides, objective, options, on_run_dir)
+    except Pruned as pruned:
+        trial.set_user_attr("reason", pruned.reason)
+        _tell(study, trial, state=TrialState.PRUNED)
+        say(f"trial {trial.number}: pruned ({pruned.reason}) [{shown}]")
+    except TrialFailed as failed:
+        trial.set_user_attr("reason", failed.reason)
+        _tell(study, trial, state=TrialState.FAIL)
+        say(f"trial {trial.number}: failed: {failed.reason} [{shown}]")
+    except KeyboardInterrupt:
+        trial.set_user_attr("reason", "interrupted (Ctrl-C or SIGTERM)")
+        trial.set_user_attr("retried", True)
+        _tell(study, trial, state=TrialState.FAIL)
+        retry_of = trial.user_attrs.get("retry_of", trial.number)
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
+        say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
+        raise
+    else:
+        _tell(study, trial, value)
+        seconds = time.perf_counter() - started
+        say(f"trial {trial.number}: {objective.monitor}={value:.4g} in {seconds:.1f} s [{shown}]")
+
+
+def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None, **kw: Any) -> None:
+    """study.tell; the trial's state is stored even when the sampler's after_trial raises,
+    as GridSampler's does outside `optimize` when its grid is used up (it calls study.stop):
+    the budget of trials is ours to keep (worker loop), not the sampler's."""
+    try:
+        study.tell(trial, value, **kw)
+    except RuntimeError as error:
+        if "Study.stop" not in str(error):
+            raise
+
+
+def _short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,152 @@
+"""`loom search --storage postgresql://...` against a real PostgreSQL server (Debian's
+`postgresql`, installed by `make test`), started here as an unprivileged user on a port of
+127.0.0.1 and removed afterwards: two searches on one study, as two machines would run them;
+and an unreachable server named plainly."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from search_helpers import tiny_config
+
+import torchloom
+from torchloom.cli.main import main
+
+BINARIES = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+SOURCE = str(Path(torchloom.__file__).parents[1])
+
+
+def _as_server_user(command: list[str]) -> list[str]:
+    # PostgreSQL refuses to run as root: as root (CI), run it as Debian's `postgres` user.
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    if not BINARIES:
+        pytest.skip("Debian postgresql is not installed (make test installs it when root)")
+    bin_dir = BINARIES[-1].parent
+    folder = Path(tempfile.mkdtemp(prefix="torchloom-pg-"))
+    data, log = folder / "data", folder / "server.log"
+    if os.geteuid() == 0:
+        shutil.chown(folder, "postgres")
+    port = _free_port()
+    run = {"check": True, "capture_output": True, "text": True, "timeout": 120}
+    subprocess.run(
+        _as_server_user(
+            [str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "loom", "--no-sync"]
+        ),
+        **run,
+    )
+    options = f"-p {port} -k {folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run(
+        _as_server_user(
+            [str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "start"]
+        ),
+        **run,
+    )
+    try:
+        subprocess.run(
+            [
+                str(bin_dir / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-U",
+                "loom",
+                "studies",
+            ],
+            **run,
+        )
+        yield f"postgresql+psycopg2://loom@127.0.0.1:{port}/studies"
+    finally:
+        subprocess.run(
+            _as_server_user([str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"]),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_two_searches_share_one_study_in_postgresql(
+    tmp_path: Path, mnist_folder: Path, postgres_url: str
+) -> None:
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    env = {**os.environ, "PYTHONPATH": SOURCE, "OMP_NUM_THREADS": "1"}
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torchloom.cli.main",
+                "search",
+                str(config),
+                "--trials",
+                "4",
+                "--storage",
+                postgres_url,
+                "--study",
+                "shared",
+                "--expdir",
+                str(tmp_path / f"machine{index}"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for index in range(2)
+    ]
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    # Each machine's trials.csv lists the whole study; each trial ran in one folder only.
+    tables = []
+    for index in range(2):
+        (search_dir,) = (tmp_path / f"machine{index}").glob("searches/*/*")
+        with open(search_dir / "trials.csv", newline="") as handle:
+            tables.append(list(csv.DictReader(handle)))
+    final = max(tables, key=len)
+    numbers = [int(row["number"]) for row in final]
+    # Two machines may both start a trial when one is left: at most one more than asked.
+    assert numbers == list(range(len(final))) and 4 <= len(final) <= 5
+    assert all(row["state"] == "complete" for row in final)
+    folders = [row["run_dir"] for row in final]
+    assert len(set(folders)) == len(folders)
+    ran = [
+        sum(1 for p in (tmp_path / f"machine{i}").glob("searches/*/*/trials/*/*")) for i in (0, 1)
+    ]
+    assert sum(ran) == len(final) and min(ran) >= 1  # both machines ran trials, none twice
+
+
+def test_an_unreachable_database_is_named_plainly(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    url = f"postgresql+psycopg2://loom@127.0.0.1:{_free_port()}/studies"
+    runs = tmp_path / "runs"
+    assert (
+        main(["search", str(config), "--trials", "1", "--storage", url, "--expdir", str(runs)]) == 2
+    )
+    error = capsys.readouterr().err
+    assert "cannot open the database on 127.0.0.1:" in error
+    assert "Traceback" not in error and not runs.exists()

@@ -1,0 +1,61 @@
+"""What the pruner hears from a run: the monitored statistic after each full validation (step:
+completed epochs), or in online mode after every validation (step: episodes); a pruned trial
+asks its run to stop once."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+from typing import Any
+
+import optuna
+
+from torchloom.search.trial import Objective, PruningReporter
+
+
+class FakeRun:
+    def __init__(self, online: bool) -> None:
+        self.online = online
+        self.progress = SimpleNamespace(epoch=0, episode=0)
+        self.log = logging.getLogger("test")
+        self.stops = 0
+
+    def request_stop(self) -> None:
+        self.stops += 1
+
+
+def _reporter(pruner: Any) -> tuple[optuna.Trial, PruningReporter]:
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    trial = study.ask()
+    return trial, PruningReporter(trial, Objective("validation.accuracy", "max"))
+
+
+def test_full_validations_are_reported_by_epoch_and_partial_ones_skipped() -> None:
+    trial, reporter = _reporter(optuna.pruners.NopPruner())
+    run = FakeRun(online=False)
+    for epoch, accuracy in ((1, 0.5), (2, 0.7), (3, 0.6)):
+        run.progress.epoch, run.progress.episode = epoch, 10 * epoch
+        reporter.after_eval(run, "validation", {"accuracy": accuracy - 0.1}, partial=True)
+        reporter.after_eval(run, "validation", {"accuracy": accuracy}, partial=False)
+        reporter.after_eval(run, "test", {"accuracy": 1.0}, partial=False)
+    frozen = trial.study.trials[0]
+    assert frozen.intermediate_values == {1: 0.5, 2: 0.7, 3: 0.6}
+    assert reporter.best == 0.7 and run.stops == 0  # the value told is the best one
+
+
+def test_online_validations_are_reported_by_episode() -> None:
+    trial, reporter = _reporter(optuna.pruners.NopPruner())
+    run = FakeRun(online=True)
+    for episode in (25, 50):
+        run.progress.episode = episode
+        reporter.after_eval(run, "validation", {"accuracy": episode / 100}, partial=True)
+    assert trial.study.trials[0].intermediate_values == {25: 0.25, 50: 0.5}
+
+
+def test_a_pruned_trial_asks_its_run_to_stop_once() -> None:
+    _, reporter = _reporter(optuna.pruners.ThresholdPruner(lower=0.9))
+    run = FakeRun(online=False)
+    for epoch in (1, 2):
+        run.progress.epoch = epoch
+        reporter.after_eval(run, "validation", {"accuracy": 0.5}, partial=False)
+    assert reporter.pruned_at == 1 and run.stops == 1

@@ -1,0 +1,135 @@
+"""`loom search` in this process, on real MNIST images: the search folder, best.yml training
+the best trial again, failed and pruned trials recorded with their reason."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from search_helpers import tiny_config
+
+import torchloom
+from torchloom.cli.main import main
+
+
+def _search_dir(runs: Path) -> Path:
+    (found,) = (runs / "searches").glob("*/*")
+    return found
+
+
+def _rows(search_dir: Path) -> list[dict[str, str]]:
+    with open(search_dir / "trials.csv", newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_search_writes_trials_best_config_importance_and_page(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    search = """\
+search:
+  sampler: random
+  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}
+  training.dataloader.batch_size: {choice: [16, 32]}
+"""
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--trials", "3", "--seed", "1", "--expdir", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "best: trial" in out
+    found = _search_dir(runs)
+    rows = _rows(found)
+    assert [r["state"] for r in rows] == ["complete"] * 3
+    assert {r["number"] for r in rows} == {"0", "1", "2"}
+    for row in rows:  # each trial's own run folder, inside the search folder
+        summary = json.loads((found / row["run_dir"] / "summary.json").read_text())
+        assert summary["status"] == "epoch_limit"
+        assert float(row["validation.accuracy"]) == summary["monitor"]["best"]
+    best = max(rows, key=lambda r: float(r["validation.accuracy"]))
+    # best.yml is the best trial's config: training it again gives the same value.
+    again = torchloom.train(found / "best.yml", expdir=str(tmp_path / "again"), tensorboard=0)
+    assert again.summary["monitor"]["best"] == float(best["validation.accuracy"])
+    importance = json.loads((found / "importance.json").read_text())
+    assert set(importance["importance"]) == {
+        "training.optimizer.lr",
+        "training.dataloader.batch_size",
+    }
+    page = (found / "search.html").read_text()
+    assert page.count("<img") >= 4 and "best.yml" in page
+    for name in ("history", "slice", "intermediate", "parallel", "importance"):
+        assert (found / "plots" / f"{name}.png").is_file(), name
+
+
+def test_failed_and_pruned_trials_keep_their_reason_and_never_end_the_study(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    # A huge rate diverges (a user error, recorded as failed); the threshold pruner stops
+    # every trial below 99% accuracy after its first epoch.
+    search = """\
+search:
+  sampler: grid
+  pruner: {type: threshold, lower: 0.99}
+  training.optimizer.lr: {choice: [1.0e-3, 1.0e+12]}
+"""
+    config = tiny_config(tmp_path, mnist_folder, search, epochs=2)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--expdir", str(runs)]) == 0
+    rows = {r["training.optimizer.lr"]: r for r in _rows(_search_dir(runs))}
+    assert len(rows) == 2  # the grid's size when --trials is not given
+    diverged, pruned = rows["1000000000000.0"], rows["0.001"]
+    assert diverged["state"] == "fail" and "diverged" in diverged["reason"]
+    assert pruned["state"] == "pruned" and pruned["reason"] == "pruned at step 1"
+    summary = json.loads((_search_dir(runs) / pruned["run_dir"] / "summary.json").read_text())
+    assert summary["epochs"] == 1  # stopped after the epoch the pruner saw
+
+
+def test_a_resumed_search_runs_only_the_missing_trials(tmp_path: Path, mnist_folder: Path) -> None:
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    argv = ["search", str(config), "--trials", "1", "--sampler", "random", "--seed", "0"]
+    assert main([*argv, "--expdir", str(runs)]) == 0
+    found = tmp_path / "moved"  # a search folder can be moved, then resumed
+    shutil.move(_search_dir(runs), found)
+    assert main(["search", "--resume", str(found), "--trials", "2"]) == 0
+    rows = _rows(found)
+    assert [r["number"] for r in rows] == ["0", "1"]
+    # A seeded sampler does not draw the first session's values again.
+    assert rows[0]["training.optimizer.lr"] != rows[1]["training.optimizer.lr"]
+    assert main(["search", "--resume", str(found), "--trials", "2"]) == 0  # nothing left
+    assert len(_rows(found)) == 2
+
+
+def test_a_sampled_config_refused_at_its_start_is_a_failed_trial(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    # Each value passes alone (checked before any trial on the config's Adam); SGD with
+    # `amsgrad` is refused by the optimizer when that trial starts: failed, nothing trained.
+    search = """\
+search:
+  sampler: grid
+  training.optimizer.type: {choice: [SGD, Adam]}
+  training.optimizer.amsgrad: {choice: [true]}
+"""
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--expdir", str(runs)]) == 0
+    rows = {r["training.optimizer.type"]: r for r in _rows(_search_dir(runs))}
+    assert rows["SGD"]["state"] == "fail" and "amsgrad" in rows["SGD"]["reason"]
+    assert rows["SGD"]["run_dir"] == ""  # refused before a run folder was made
+    assert rows["Adam"]["state"] == "complete"
+
+
+def test_no_trial_starts_after_the_timeout(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    argv = ["search", str(config), "--trials", "5", "--timeout", "0.001", "--expdir", str(runs)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "--timeout reached; no new trial starts" in out and "no trial completed" in out
+    assert (_search_dir(runs) / "search.html").is_file()

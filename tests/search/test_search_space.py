@@ -1,0 +1,163 @@
+"""Search spaces: reading, sampling, and every bad space refused before any trial with the
+parameter, its file:line and a suggestion (exit 2, nothing written)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+from search_helpers import tiny_config
+
+from torchloom.cli.main import main
+from torchloom.config import LoadedConfig, load_config
+from torchloom.errors import ConfigError
+from torchloom.search.checking import check_values, read_space
+from torchloom.search.settings import read_settings
+from torchloom.search.space import SearchSpace, overrides_for, yaml_value
+
+
+def _space(tmp_path: Path, data: Path, search: str) -> tuple[Path, LoadedConfig, SearchSpace]:
+    config = tiny_config(tmp_path, data, search)
+    loaded = load_config(config)
+    return config, loaded, read_space(loaded, None)
+
+
+def _error(tmp_path: Path, data: Path, search: str) -> str:
+    with pytest.raises(ConfigError) as caught:
+        config, loaded, space = _space(tmp_path, data, search)
+        read_settings(space, {})
+        check_values(config, [], loaded, space)
+    return caught.value.format()
+
+
+def test_a_space_samples_each_distribution_and_its_conditions(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    search = """\
+search:
+  sampler: random
+  training.optimizer.lr: {loguniform: [1.0e-5, 1.0e-1]}
+  training.optimizer.weight_decay:
+    uniform: [0.0, 0.1]
+    when: {pipeline.image_classifier.type: LeNet5}
+  training.dataloader.batch_size: {int: [16, 64], step: 16}
+  training.optimizer.type: {choice: [Adam, SGD]}
+  training.optimizer.momentum: {uniform: [0.5, 0.9], when: {training.optimizer.type: SGD}}
+  pipeline.image_classifier.globals: {choice: [{prediction_size: num_classes}]}
+"""
+    _, loaded, space = _space(tmp_path, mnist_folder, search)
+    # `momentum` follows `type`, the parameter its condition names.
+    order = list(space.parameters)
+    assert order.index("training.optimizer.type") < order.index("training.optimizer.momentum")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(20):
+        values = space.sample(study.ask(), loaded.data)
+        assert 1e-5 <= values["training.optimizer.lr"] <= 1e-1
+        assert values["training.dataloader.batch_size"] in (16, 32, 48, 64)
+        assert values["pipeline.image_classifier.globals"] == {"prediction_size": "num_classes"}
+        kind = values["training.optimizer.type"]
+        assert ("training.optimizer.momentum" in values) == (kind == "SGD")
+        # weight_decay's condition is on the config's own value (LeNet5): always holds.
+        assert "training.optimizer.weight_decay" in values
+        seen.add(kind)
+    assert seen == {"Adam", "SGD"}
+
+
+def test_trial_values_become_overrides_the_config_reader_reads_back() -> None:
+    assert yaml_value(1e-05) == "1.0e-05"
+    assert yaml_value([64, 32]) == "[64, 32]"
+    assert yaml_value("a b") == '"a b"'
+    assert overrides_for({"training.seed": 3}) == ["++training.seed=3"]
+
+
+@pytest.mark.parametrize(
+    ("search", "expected"),
+    [
+        (
+            "  training.optimizer.lr: {uniform: [0.1, 0.01]}",
+            "tiny.yml:14: search parameter 'training.optimizer.lr': low 0.1 is greater than "
+            "high 0.01",
+        ),
+        (
+            "  training.optimizer.lr: {loguniform: [0, 0.1]}",
+            "tiny.yml:14: search parameter 'training.optimizer.lr': a log range must be above 0",
+        ),
+        (
+            "  training.optimiser.lr: {uniform: [0.1, 0.2]}",
+            "names no key of the config ('training.optimiser' does not exist) "
+            "(did you mean 'optimizer'?)",
+        ),
+        (
+            "  training.optimizer.lr: {loguniforn: [0.1, 0.2]}",
+            "names no distribution (did you mean 'loguniform'?)",
+        ),
+        (
+            "  training.optimizer.lr: {uniform: [0.1, 0.2], when: {pipeline.clasifier.type: X}}",
+            "its condition names 'pipeline.clasifier.type', neither a search parameter nor a "
+            "key of the config",
+        ),
+        (
+            "  training.dataloader.batch_size: {int: [0, 32]}",
+            "tiny.yml:14: search parameter 'training.dataloader.batch_size': value 0 is refused",
+        ),
+        (
+            "  training.optimizer.type: {choice: [Adam, Adamm]}",
+            "search parameter 'training.optimizer.type': value 'Adamm' is refused",
+        ),
+        (
+            "  samplr: tpe\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "tiny.yml:14: search setting 'samplr': unknown setting (search parameters are "
+            "dotted config keys) (did you mean 'sampler'?)",
+        ),
+        (
+            "  sampler: {type: tpe, n_startup: 3}\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'sampler.n_startup': is no argument of TPESampler "
+            "(did you mean 'n_startup_trials'?)",
+        ),
+        (
+            "  sampler: grid\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "is a continuous range, which the grid sampler",
+        ),
+    ],
+)
+def test_a_bad_space_names_the_parameter_and_its_line(
+    tmp_path: Path, mnist_folder: Path, search: str, expected: str
+) -> None:
+    assert expected in _error(tmp_path, mnist_folder, f"search:\n{search}\n")
+
+
+def test_loom_search_and_check_refuse_a_bad_space_before_any_trial(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    search = "search:\n  training.optimizer.lr: {loguniform: [-1, 0.1]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--trials", "2", "--expdir", str(runs)]) == 2
+    error = capsys.readouterr().err
+    assert "tiny.yml:14: search parameter 'training.optimizer.lr'" in error
+    assert not runs.exists()  # nothing written
+    assert main(["check", str(config)]) == 2
+    assert "a log range must be above 0" in capsys.readouterr().err
+
+
+def test_a_space_file_is_read_with_its_own_lines(tmp_path: Path, mnist_folder: Path) -> None:
+    config = tiny_config(tmp_path, mnist_folder)
+    space_file = tmp_path / "space.yml"
+    space_file.write_text(
+        "pruner: median\ntraining.optimizer.lr: {loguniform: [1.0e-4, 0.1]}\n"
+        "training.dataloader.batch_size: {int: [64, 16]}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        read_space(load_config(config), space_file)
+    assert "space.yml:3: search parameter 'training.dataloader.batch_size'" in str(caught.value)
+
+
+def test_a_config_with_a_search_section_still_trains_and_checks(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 0.1]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    assert main(["check", str(config)]) == 0
+    assert "search: ok, sampler tpe: training.optimizer.lr (loguniform" in capsys.readouterr().out
