@@ -17,6 +17,8 @@ _LAZY = {
     "ProcessResult": "torchloom.engine.processor",
     "Trainer": "torchloom.api",
     "outputs": "torchloom.core.outputs",
+    "quantize": "torchloom.api",
+    "export": "torchloom.api",
     "search": "torchloom.search",  # a package that is also a function (search/__init__.py)
 }
 
@@ -41,8 +43,10 @@ __all__ = [
     "RunResult",
     "Trainer",
     "__version__",
+    "export",
     "outputs",
     "process",
+    "quantize",
     "search",
     "train",
 ]
