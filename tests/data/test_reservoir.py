@@ -11,18 +11,23 @@ import pytest
 import torch
 
 from torchloom.data.reservoir import AsyncReservoir, ReservoirError
+from torchloom.errors import DataError
 
 
 class Augmented:
     """Samples carrying their index and a random 'augmentation' drawn in the worker."""
 
-    def __init__(self, size: int, delay: float = 0.0, fail_at: int | None = None) -> None:
-        self.size, self.delay, self.fail_at = size, delay, fail_at
+    def __init__(
+        self, size: int, delay: float = 0.0, fail_at: int | None = None, damaged: bool = False
+    ) -> None:
+        self.size, self.delay, self.fail_at, self.damaged = size, delay, fail_at, damaged
 
     def __len__(self) -> int:
         return self.size
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        if index == self.fail_at and self.damaged:
+            raise DataError.at("images.idx:13", f"sample {index}", "is truncated", "download it")
         if index == self.fail_at:
             raise ValueError(f"cannot read sample {index}")
         if self.delay:
@@ -108,6 +113,19 @@ def test_a_failing_sample_is_an_error_with_its_traceback_and_workers_stop() -> N
     source.close()
     source.close()  # idempotent
     assert not any(alive(pid) for pid in pids)
+
+
+def test_a_sample_the_user_must_fix_is_their_error_not_a_worker_crash() -> None:
+    """A DataError in a worker (a damaged file) reaches training as that DataError, every
+    problem intact, so the CLI prints it and exits 2, not a traceback and exit 1."""
+    source = reservoir(Augmented(30, fail_at=13, damaged=True), deterministic=True)
+    try:
+        with pytest.raises(DataError) as error:
+            for _ in range(20):
+                source.next_batch(8, collate)
+    finally:
+        source.close()
+    assert str(error.value) == ("data error: images.idx:13: sample 13: is truncated (download it)")
 
 
 def test_the_deterministic_mode_continues_exactly_from_its_state() -> None:

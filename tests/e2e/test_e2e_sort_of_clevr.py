@@ -15,7 +15,7 @@ import torch
 import torchloom
 from script_modules import load_script
 from torchloom.config.overrides import parse_override
-from torchloom.engine.checkpoint import FORMAT_VERSION
+from torchloom.engine.checkpoint import save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "src" / "torchloom" / "configs" / "vqa"
@@ -73,7 +73,7 @@ def test_init_from_loads_every_component_with_weights(tmp_path: Path) -> None:
     checkpoint.parent.mkdir()
     weights = {"layer.weight": torch.ones(2, 2), "layer.bias": torch.zeros(2)}
     components = {"encoder": weights, "head": weights, "nllloss": {}, "accuracy": {"seen": 3}}
-    torch.save({"format": FORMAT_VERSION, "components": components}, checkpoint)
+    save_checkpoint(checkpoint, {"components": components})  # as a run saves it
     overrides = [parse_override(text) for text in benchmark().init_overrides(str(checkpoint))]
     assert [(o.action.value, o.dotted_key, o.value) for o in overrides] == [
         ("+", f"pipeline.{name}.load", {"file": str(checkpoint), "key": f"components.{name}"})

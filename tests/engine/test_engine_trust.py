@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torchloom
-from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.checkpoint import DIGEST_KEY, load_checkpoint
 from torchloom.engine.run_folder import RunLock, run_liveness
 from torchloom.engine.state import Hook, RunView
 from torchloom.errors import ComponentError, ConfigError, DataError, StorageError, WeightsError
@@ -217,6 +217,19 @@ def test_a_damaged_last_pt_is_an_error_and_resume_falls_back_to_the_previous(
     assert "resuming from last.prev.pt instead (episode 5)" in log
     for key, tensor in model_weights(reference.run_dir).items():
         assert torch.equal(tensor, model_weights(resumed.run_dir)[key]), key
+
+
+def test_a_checkpoint_whose_digest_was_removed_is_damaged_not_trusted(tmp_path: Path) -> None:
+    """Format 2 always carries its digest: one without it was changed after saving (and the
+    digest of a sharded checkpoint's shards sits in it), so it is refused like a bad digest."""
+    stopped = train(write(tmp_path, toy_config()), tmp_path / "runs", StopAt(2))
+    last = stopped.run_dir / "checkpoints" / "last.pt"
+    state = torch.load(last, map_location="cpu", weights_only=True)
+    assert state["format"] == 2 and DIGEST_KEY in state
+    del state[DIGEST_KEY]
+    torch.save(state, last)
+    with pytest.raises(DataError, match="is damaged: it has no SHA-256 digest"):
+        load_checkpoint(last)
 
 
 def test_another_models_checkpoint_names_the_weight_and_both_shapes(tmp_path: Path) -> None:

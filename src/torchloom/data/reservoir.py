@@ -41,6 +41,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchloom.errors import LoomError
+
 Sample = Any
 _POLL = 0.2  # seconds between liveness checks while waiting
 
@@ -97,6 +99,8 @@ def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None
             random.seed(value)
             np.random.seed(value % 2**32)
             results.put((sequence, index, _packed(dataset[index]), None))
+        except LoomError as error:  # the user's to fix: its problems, raised again in training
+            results.put((sequence, index, None, (type(error), error.problems)))
         except Exception:
             results.put((sequence, index, None, traceback.format_exc()))
 
@@ -208,6 +212,9 @@ class AsyncReservoir:
                     "a reservoir worker died (killed, or out of memory?)"
                 ) from None
             return False
+        if isinstance(failure, tuple):
+            kind, problems = failure
+            raise kind(problems)
         if failure is not None:
             raise ReservoirError(f"a reservoir worker failed on sample {index}:\n{failure}")
         self.waiting[sequence] = (index, pickle.loads(sample))

@@ -128,12 +128,22 @@ def load_checkpoint(path: Path, whole: bool = True) -> dict[str, Any]:
             + (f"; its top-level keys: {keys}" if keys else ""),
             "`load:` reads weights from other files into one component",
         )
-    if DIGEST_KEY in state and content_digest(state) != state[DIGEST_KEY]:
+    # Format 1 predates digests; from format 2 on every checkpoint is saved with one, so a
+    # missing digest means the file was changed after saving, as a wrong one does.
+    if state["format"] >= 2 and DIGEST_KEY not in state:
+        damage = "it has no SHA-256 digest, which every checkpoint of its format is saved with"
+    elif DIGEST_KEY in state and content_digest(state) != state[DIGEST_KEY]:
+        damage = (
+            "its content does not match the SHA-256 digest it was saved with (a disk or copy "
+            "error changed it)"
+        )
+    else:
+        damage = ""
+    if damage:
         raise DataError.at(
             "",
             f"checkpoint '{path}'",
-            "is damaged: its content does not match the SHA-256 digest it was saved "
-            "with (a disk or copy error changed it)",
+            f"is damaged: {damage}",
             f"resume falls back to {previous_path(path).name} when it exists",
         )
     record = state.get(sharded.RECORD)
