@@ -33,6 +33,12 @@ SUBCOMMANDS = {
     "compare": ("compare", "one HTML page comparing runs: statistics, curves, config changes"),
     "lr-find": ("lr_find", "learning-rate range test (Smith 2015): a plot and a suggested rate"),
     "search": ("search", "hyper-parameter search on Optuna: one training run per trial"),
+    "quantize": ("quantize", "int8 models of a run, measured against float (size, latency, stats)"),
+    "export": (
+        "export",
+        "a run's tensor graph as ONNX (checked in ONNX Runtime), pt2 or safetensors",
+    ),
+    "predict": ("predict", "labels for images or texts from an ONNX export, in ONNX Runtime"),
 }
 OVERRIDES_HELP = "Hydra-style overrides: a.b=v, +a.b=v (add), ++a.b=v, ~a.b (delete)"
 
@@ -263,6 +269,86 @@ def _search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
 
 
+def _quantize(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `loom train`")
+    p.add_argument("--mode", default="static", help="dynamic, static or qat (default: static)")
+    p.add_argument("--backend", default="x86", help="x86, onednn or qnnpack (default: x86)")
+    p.add_argument(
+        "--calibration-batches", type=int, default=16, metavar="N", help="static: training batches"
+    )
+    weights = p.add_mutually_exclusive_group()
+    weights.add_argument(
+        "--per-channel",
+        dest="per_channel",
+        action="store_true",
+        default=True,
+        help="one scale per output channel (default)",
+    )
+    weights.add_argument("--per-tensor", dest="per_channel", action="store_false")
+    p.add_argument("--skip", default="", metavar="LAYER,...", help="layers kept in float")
+    p.add_argument("--checkpoint", default=None, metavar="best|last|PATH")
+    p.add_argument("--force", action="store_true", help="replace an earlier result of the mode")
+    p.add_argument("--repeats", type=int, default=30, help="timed runs per latency figure")
+    p.add_argument("--qat-epochs", type=int, default=1, metavar="E", help="qat: fine-tuning epochs")
+    p.add_argument(
+        "--qat-lr",
+        type=float,
+        default=None,
+        metavar="LR",
+        help="qat: fine-tuning rate (default: the run's rate x 0.1)",
+    )
+
+
+def _export(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `loom train`")
+    p.add_argument("--format", default="onnx", help="onnx, pt2 or safetensors (default: onnx)")
+    p.add_argument("--outputs", default="", metavar="STREAM,...", help="streams to output")
+    p.add_argument(
+        "--inputs",
+        default="",
+        metavar="STREAM,...",
+        help="streams to start from (default: the task's), after python-side components",
+    )
+    p.add_argument("--repeats", type=int, default=30, help="timed runs per latency figure")
+    p.add_argument("--opset", type=int, default=None, metavar="N", help="ONNX opset version")
+    p.add_argument(
+        "--int8", action="store_true", help="onnx: also model_int8.onnx (ONNX Runtime QDQ)"
+    )
+    p.add_argument(
+        "--aoti", action="store_true", help="pt2: also an AOTInductor package (C++ compiler)"
+    )
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument(
+        "--dynamic-batch",
+        dest="dynamic_batch",
+        action="store_true",
+        default=True,
+        help="any batch size (default)",
+    )
+    batch.add_argument(
+        "--static-batch",
+        dest="dynamic_batch",
+        action="store_false",
+        help="batch size fixed to 1",
+    )
+    p.add_argument("--checkpoint", default=None, metavar="best|last|PATH")
+    p.add_argument("--force", action="store_true", help="replace an earlier export")
+
+
+def _predict(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "export_dir", metavar="EXPORT_DIR", help="RUN_DIR/exports/onnx, or RUN_DIR itself"
+    )
+    p.add_argument(
+        "inputs",
+        nargs="+",
+        metavar="INPUT",
+        help="image files (PNG, JPEG); for a text export, text files or texts",
+    )
+    p.add_argument("--top", type=int, default=1, metavar="K", help="labels shown per input")
+    p.add_argument("--json", action="store_true", help="print JSON lines")
+
+
 ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "check": _check,
     "config": _config,
@@ -274,6 +360,9 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "compare": _compare,
     "lr-find": _lr_find,
     "search": _search,
+    "quantize": _quantize,
+    "export": _export,
+    "predict": _predict,
 }
 
 
