@@ -143,12 +143,49 @@ def test_pt2_export_reloads_with_torch_export_and_as_an_aoti_package(lenet_run: 
     folder = lenet_run / "exports" / "pt2"
     report = report_of(folder)
     assert report["check"]["max_abs_difference"] <= 1e-6
+    assert report["check"]["tolerance"] == 1e-4
     module = torch.export.load(str(folder / "model.pt2")).module()
     assert module(torch.zeros(3, 1, 28, 28))[0].shape == (3, 10)
     assert report["aoti"]["max_abs_difference"] <= 1e-4
     assert set(report["aoti"]["latency_ms"]) == {"1", "32"}
     package = torch._inductor.aoti_load_package(str(folder / "model_aoti.pt2"))
     assert package(torch.zeros(5, 1, 28, 28))[0].shape == (5, 10)  # any batch size
+
+
+@pytest.mark.parametrize("error", [1.0, float("nan")])
+def test_pt2_export_whose_reloaded_program_differs_is_refused(
+    lenet_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: float,
+) -> None:
+    """The reloaded program is checked against eager torch with the tolerance of the other
+    routes, and a NaN in its outputs does not pass that check."""
+    real_load = torch.export.load
+
+    class Perturbed:
+        def __init__(self, path: str) -> None:
+            self.program = real_load(path)
+
+        def module(self):  # type: ignore[no-untyped-def]
+            module = self.program.module()
+
+            def call(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                outputs = [o.clone() for o in module(*inputs)]
+                outputs[0][0, 0] += error
+                return tuple(outputs)
+
+            return call
+
+    monkeypatch.setattr(torch.export, "load", Perturbed)
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert main(["export", str(run), "--format", "pt2", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "torch.export check" in err and "tolerance 0.0001" in err
+    assert "Traceback" not in err
+    assert not (run / "exports" / "pt2").exists()
 
 
 def test_safetensors_export_holds_every_weight(lenet_run: Path) -> None:
