@@ -325,3 +325,21 @@ def test_saved_weights_of_a_component_the_config_lacks_are_a_plain_error(
     with pytest.raises(DeployError) as caught:
         load_quantized(folder)
     assert "'image_classifier'" in str(caught.value) and "model.pt" in str(caught.value)
+
+
+def test_quantize_force_keeps_earlier_process_results(
+    ffn_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(ffn_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert quantize(run, "--mode", "dynamic") == 0
+    folder = run / "quantized" / "dynamic"
+    capsys.readouterr()
+    assert main(["process", str(folder), "--section", "test"]) == 0
+    written = Path(capsys.readouterr().out.split("written to: ")[1].strip())
+    assert written.parent == folder / "process"
+    summary = (written / "test_summary.json").read_bytes()
+    assert quantize(run, "--mode", "dynamic", "--per-tensor", "--force") == 0
+    assert report_of(folder)["options"]["per_channel"] is False  # the new result
+    assert (written / "test_summary.json").read_bytes() == summary
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]

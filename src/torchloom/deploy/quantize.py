@@ -151,7 +151,8 @@ def quantize(
         },
         "layers": [{**vars(layer), "sqnr_db": layers.get(layer.name)} for layer in plan.layers],
     }
-    with staged_folder(target, force, "loom quantize") as folder:
+    # `loom process` of the folder writes into process/: earlier results outlive --force.
+    with staged_folder(target, force, "loom quantize", keep=("process",)) as folder:
         payload: dict[str, Any] = {
             "format": FORMAT,
             "options": options.record(),
