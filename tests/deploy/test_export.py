@@ -143,12 +143,49 @@ def test_pt2_export_reloads_with_torch_export_and_as_an_aoti_package(lenet_run: 
     folder = lenet_run / "exports" / "pt2"
     report = report_of(folder)
     assert report["check"]["max_abs_difference"] <= 1e-6
+    assert report["check"]["tolerance"] == 1e-4
     module = torch.export.load(str(folder / "model.pt2")).module()
     assert module(torch.zeros(3, 1, 28, 28))[0].shape == (3, 10)
     assert report["aoti"]["max_abs_difference"] <= 1e-4
     assert set(report["aoti"]["latency_ms"]) == {"1", "32"}
     package = torch._inductor.aoti_load_package(str(folder / "model_aoti.pt2"))
     assert package(torch.zeros(5, 1, 28, 28))[0].shape == (5, 10)  # any batch size
+
+
+@pytest.mark.parametrize("error", [1.0, float("nan")])
+def test_pt2_export_whose_reloaded_program_differs_is_refused(
+    lenet_run: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: float,
+) -> None:
+    """The reloaded program is checked against eager torch with the tolerance of the other
+    routes, and a NaN in its outputs does not pass that check."""
+    real_load = torch.export.load
+
+    class Perturbed:
+        def __init__(self, path: str) -> None:
+            self.program = real_load(path)
+
+        def module(self):  # type: ignore[no-untyped-def]
+            module = self.program.module()
+
+            def call(*inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                outputs = [o.clone() for o in module(*inputs)]
+                outputs[0][0, 0] += error
+                return tuple(outputs)
+
+            return call
+
+    monkeypatch.setattr(torch.export, "load", Perturbed)
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert main(["export", str(run), "--format", "pt2", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "torch.export check" in err and "tolerance 0.0001" in err
+    assert "Traceback" not in err
+    assert not (run / "exports" / "pt2").exists()
 
 
 def test_safetensors_export_holds_every_weight(lenet_run: Path) -> None:
@@ -239,3 +276,76 @@ def test_text_export_after_the_tokenizer_predicts_raw_texts_as_torch_does(
     for line, (label, probability) in zip(lines, expected, strict=True):
         assert line["top"][0]["label"] == label
         assert abs(line["top"][0]["probability"] - probability) < 1e-5
+
+
+def _digit_png(folder: Path) -> Path:
+    path = folder / "digit.png"
+    Image.fromarray(np.zeros((28, 28), dtype=np.uint8)).save(path)
+    return path
+
+
+def _export_copy(onnx_folder: Path, tmp_path: Path, kind: str | None = None) -> Path:
+    copy = tmp_path / "onnx"
+    shutil.copytree(onnx_folder, copy)
+    if kind is not None:
+        record = json.loads((copy / "sidecar.json").read_text(encoding="utf-8"))
+        record["outputs"][0]["kind"] = kind
+        (copy / "sidecar.json").write_text(json.dumps(record), encoding="utf-8")
+    return copy
+
+
+@pytest.mark.parametrize("kind", ["values", "probabilities", "embeddings"])
+def test_predict_refuses_an_output_that_holds_no_class_scores(
+    onnx_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    folder = _export_copy(onnx_folder, tmp_path, kind)
+    assert main(["predict", str(folder), str(_digit_png(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert f"export '{folder}'" in err and "output 'predictions'" in err
+    assert "not class logits or log-probabilities" in err and "Traceback" not in err
+
+
+def test_predict_refuses_an_output_that_is_not_batch_by_classes(
+    onnx_folder: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import onnxruntime
+
+    class ThreeDimensional:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def run(self, names: list[str], feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+            return [np.zeros((1, 4, 10), dtype=np.float32)]
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", ThreeDimensional)
+    folder = _export_copy(onnx_folder, tmp_path)
+    assert main(["predict", str(folder), str(_digit_png(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert f"export '{folder}'" in err and "output 'predictions'" in err
+    assert "(1, 4, 10)" in err and "Traceback" not in err
+
+
+def test_predict_gives_exp_of_log_probabilities_and_softmax_of_logits(
+    onnx_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import onnxruntime
+
+    from torchloom.deploy.predict import image_tensor
+
+    record = json.loads((onnx_folder / "sidecar.json").read_text(encoding="utf-8"))
+    assert record["outputs"][0]["kind"] == "log-probabilities"  # LeNet5's log_softmax
+    png = _digit_png(tmp_path)
+    session = onnxruntime.InferenceSession(str(onnx_folder / "model.onnx"))
+    feed = {record["inputs"][0]["name"]: image_tensor(png, record["preprocessing"])}
+    (values,) = session.run(["predictions"], feed)
+    values = values[0].astype(np.float64)
+    softmax = np.exp(values - values.max()) / np.exp(values - values.max()).sum()
+    for kind, expected in (("log-probabilities", np.exp(values)), ("logits", softmax)):
+        folder = _export_copy(onnx_folder, tmp_path / kind, kind)
+        assert main(["predict", str(folder), str(png), "--top", "10", "--json"]) == 0
+        (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines()]
+        found = {int(entry["label"]): entry["probability"] for entry in line["top"]}
+        assert np.allclose([found[i] for i in range(10)], expected, rtol=1e-6, atol=1e-9)

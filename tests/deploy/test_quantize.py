@@ -214,3 +214,132 @@ def test_dynamic_quantization_of_a_text_pipeline_times_the_graph_after_its_token
     assert report["size_ratio"] < 0.3  # a 20,000-word input layer: nearly all weights
     test = report["statistics"]["test"]
     assert abs(test["float"]["accuracy"] - test["int8"]["accuracy"]) <= 0.05
+
+
+def _flipped(tensor: torch.Tensor, what: str) -> torch.Tensor:
+    """A quantized tensor with one bit of its first int8 value flipped, or its first scale
+    changed."""
+    ints = tensor.int_repr().clone()
+    per_channel = tensor.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric)
+    scales = tensor.q_per_channel_scales().clone() if per_channel else None
+    scale = tensor.q_scale() if not per_channel else 0.0
+    if what == "int8 value":
+        ints.view(-1)[0] ^= 1
+    elif scales is not None:
+        scales[0] *= 1.5
+    else:
+        scale *= 1.5
+    if scales is not None:
+        return torch._make_per_channel_quantized_tensor(
+            ints, scales, tensor.q_per_channel_zero_points(), tensor.q_per_channel_axis()
+        )
+    return torch._make_per_tensor_quantized_tensor(ints, scale, tensor.q_zero_point())
+
+
+def _copy_of(folder: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "static"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("process"))
+    return copy
+
+
+def _saved(folder: Path) -> dict:
+    with accepted_deprecations():
+        return torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+
+
+@pytest.mark.parametrize("what", ["int8 value", "scale"])
+def test_damaged_int8_weights_are_refused_not_evaluated(
+    static_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], what: str
+) -> None:
+    folder = _copy_of(static_folder, tmp_path)
+    saved = _saved(folder)
+    state = saved["components"]["image_classifier"]
+    key = next(k for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_quantized)
+    state[key] = _flipped(state[key], what)
+    torch.save(saved, folder / "model.pt")  # the digest it was saved with, unchanged
+    assert main(["process", str(folder), "--section", "test"]) == 2
+    err = capsys.readouterr().err
+    assert f"'{folder / 'model.pt'}'" in err and "is damaged" in err and "SHA-256" in err
+    assert "Traceback" not in err
+    assert not (folder / "process").exists()
+
+
+def test_quantized_model_carries_the_digest_of_its_content(static_folder: Path) -> None:
+    from torchloom.engine.checkpoint import DIGEST_KEY, content_digest
+
+    saved = _saved(static_folder)
+    assert saved[DIGEST_KEY] == content_digest(saved)
+
+
+@pytest.mark.parametrize(
+    "report",
+    ["{not json", json.dumps({"mode": "static"}), json.dumps({"options": {"backend": 3}})],
+)
+def test_a_damaged_quantization_report_is_a_plain_error(
+    static_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], report: str
+) -> None:
+    folder = _copy_of(static_folder, tmp_path)
+    (folder / "quantization_report.json").write_text(report, encoding="utf-8")
+    assert main(["process", str(folder), "--section", "test"]) == 2
+    err = capsys.readouterr().err
+    assert f"'{folder / 'quantization_report.json'}'" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "component"),
+    [
+        (
+            [
+                "+pipeline.second.type=LeNet5",
+                "+pipeline.second.globals.prediction_size=num_classes",
+                "+pipeline.second.streams.predictions=second_predictions",
+            ],
+            "'second'",
+        ),
+        (["+pipeline.image_classifier.padding=0"], "'image_classifier'"),
+    ],
+)
+def test_an_override_that_changes_components_with_weights_is_a_plain_error(
+    static_folder: Path,
+    capsys: pytest.CaptureFixture[str],
+    overrides: list[str],
+    component: str,
+) -> None:
+    assert main(["process", str(static_folder), "--section", "test", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert f"'{static_folder / 'model.pt'}'" in err and component in err
+    assert "Traceback" not in err
+
+
+def test_saved_weights_of_a_component_the_config_lacks_are_a_plain_error(
+    static_folder: Path, tmp_path: Path
+) -> None:
+    from torchloom.engine.checkpoint import DIGEST_KEY, content_digest
+    from torchloom.errors import DeployError
+
+    folder = _copy_of(static_folder, tmp_path)
+    saved = _saved(folder)
+    saved["components"]["renamed"] = saved["components"].pop("image_classifier")
+    saved[DIGEST_KEY] = content_digest(saved)
+    torch.save(saved, folder / "model.pt")
+    with pytest.raises(DeployError) as caught:
+        load_quantized(folder)
+    assert "'image_classifier'" in str(caught.value) and "model.pt" in str(caught.value)
+
+
+def test_quantize_force_keeps_earlier_process_results(
+    ffn_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(ffn_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert quantize(run, "--mode", "dynamic") == 0
+    folder = run / "quantized" / "dynamic"
+    capsys.readouterr()
+    assert main(["process", str(folder), "--section", "test"]) == 0
+    written = Path(capsys.readouterr().out.split("written to: ")[1].strip())
+    assert written.parent == folder / "process"
+    summary = (written / "test_summary.json").read_bytes()
+    assert quantize(run, "--mode", "dynamic", "--per-tensor", "--force") == 0
+    assert report_of(folder)["options"]["per_channel"] is False  # the new result
+    assert (written / "test_summary.json").read_bytes() == summary
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from torchloom.deploy.quantize import is_quantized_folder, load_quantized, quantized_backend
+from torchloom.deploy.quantized_folder import (
+    is_quantized_folder,
+    load_quantized,
+    quantized_backend,
+)
 from torchloom.deploy.quantizer import quantized_engine
 from torchloom.engine.processor import ProcessResult, process
 from torchloom.engine.reporting import format_statistics

@@ -118,3 +118,17 @@ def sync_folder(folder: Path) -> None:
             os.fsync(descriptor)
         finally:
             os.close(descriptor)
+
+
+def sync_tree(folder: Path) -> None:
+    """Flush every file under `folder` and every folder's entries to the disk: a folder that
+    several writers filled (torch.save, ONNX, torch.export), about to be renamed into place,
+    so that a power cut after the rename cannot leave empty or partial files in it."""
+    for root, _, files in os.walk(folder, topdown=False):
+        for name in files:
+            path = Path(root) / name
+            if path.is_symlink():
+                continue
+            with open(path, "rb") as handle:  # a read-only descriptor is enough for fsync
+                os.fsync(handle.fileno())
+        sync_folder(Path(root))

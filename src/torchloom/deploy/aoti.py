@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from torchloom.deploy.graph import InferenceGraph
-from torchloom.deploy.measure import paired_latency_ms, ratio
+from torchloom.deploy.measure import largest_difference, paired_latency_ms, ratio
 from torchloom.deploy.onnx_export import FLOAT_TOLERANCE, exporter_reason
 from torchloom.errors import DeployError
 
@@ -46,7 +46,7 @@ def aoti_package(
     with torch.no_grad():
         for inputs in batches:
             for want, got in zip(graph(*inputs), compiled(*inputs), strict=True):
-                worst = max(worst, float((want - got).abs().max()))
+                worst = max(worst, largest_difference(want, got, "AOTInductor check"))
     if not worst <= FLOAT_TOLERANCE:
         raise DeployError.at(
             "",

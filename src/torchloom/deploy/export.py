@@ -30,7 +30,7 @@ from torch import nn
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.deploy.aoti import aoti_package
 from torchloom.deploy.graph import InferenceGraph, graph_batch, upstream_components
-from torchloom.deploy.measure import machine, paired_latency_ms, ratio
+from torchloom.deploy.measure import largest_difference, machine, paired_latency_ms, ratio
 from torchloom.deploy.onnx_export import (
     FLOAT_TOLERANCE,
     agreement,
@@ -221,11 +221,23 @@ def _pt2(
     with torch.no_grad():
         for inputs in batches:
             for want, got in zip(graph(*inputs), reloaded(*inputs), strict=True):
-                worst = max(worst, float((want - got).abs().max()))
+                worst = max(worst, largest_difference(want, got, "torch.export check"))
+    if not worst <= FLOAT_TOLERANCE:
+        raise DeployError.at(
+            "",
+            "torch.export check",
+            f"the reloaded program's outputs differ from eager torch's by up to {worst:.3g} "
+            f"(tolerance {FLOAT_TOLERANCE:g}): the export would give other results",
+            "report it with the config; --outputs can narrow down the component",
+        )
     found = {
         "file": path.name,
         "bytes": path.stat().st_size,
-        "check": {"max_abs_difference": worst, "batches": len(batches)},
+        "check": {
+            "max_abs_difference": worst,
+            "tolerance": FLOAT_TOLERANCE,
+            "batches": len(batches),
+        },
         "load": "torch.export.load(path).module()(*inputs)",
     }
     if aoti:

@@ -1,4 +1,5 @@
-"""Size and latency, measured the same way for every model a report compares.
+"""Size, latency and output differences, measured the same way for every model a report
+compares.
 
 Latency: one thread (`torch.set_num_threads(1)`, restored after), no gradients, `warmup` calls
 excluded, then the median of `repeats` timed calls (`time.perf_counter`). Size: the bytes of
@@ -9,13 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import platform
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
+
+from torchloom.errors import DeployError
 
 
 @contextlib.contextmanager
@@ -84,3 +89,31 @@ def paired_latency_ms(
                     call()
                     timings[name].append((time.perf_counter() - started) * 1000.0)
     return {name: statistics.median(values) for name, values in timings.items()}
+
+
+def _float64(values: Any) -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().to(torch.float64).numpy()
+    return np.asarray(values, dtype=np.float64)
+
+
+def largest_difference(reference: Any, candidate: Any, subject: str) -> float:
+    """max |reference - candidate| (tensors or arrays), in float64: the one check of an
+    export's outputs against eager torch's. `math.inf` when any difference is not finite (a
+    NaN or an infinity on either side: `max(0.0, nan)` is 0.0, so a NaN must never reach a
+    `max`); shapes that differ are a DeployError naming `subject`, never broadcast."""
+    want, got = _float64(reference), _float64(candidate)
+    if want.shape != got.shape:
+        raise DeployError.at(
+            "",
+            subject,
+            f"gave an output of shape {got.shape} where eager torch gave {want.shape}",
+            "report it with the config; --outputs can narrow down the component",
+        )
+    if want.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore"):  # inf - inf is a NaN: what the next line looks for
+        difference = np.abs(want - got)
+    if not bool(np.isfinite(difference).all()):
+        return math.inf
+    return float(difference.max())

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from torchloom.deploy.graph import InferenceGraph
+from torchloom.deploy.measure import largest_difference
 from torchloom.errors import DeployError
 
 # Float exports must match eager outputs to this (max absolute difference): float32 kernels
@@ -106,22 +107,15 @@ def _feed(graph: InferenceGraph, inputs: Sequence[torch.Tensor]) -> dict[str, np
 def max_difference(
     graph: InferenceGraph, session: Any, batches: Sequence[Sequence[torch.Tensor]]
 ) -> float:
-    """The largest |ONNX Runtime - eager| over every output of every batch."""
+    """The largest |ONNX Runtime - eager| over every output of every batch (`math.inf` when
+    any is not finite)."""
     worst = 0.0
     with torch.no_grad():
         for inputs in batches:
             expected = graph(*inputs)
             produced = session.run(list(graph.output_names), _feed(graph, inputs))
             for want, got in zip(expected, produced, strict=True):
-                if tuple(want.shape) != tuple(got.shape):
-                    raise DeployError.at(
-                        "",
-                        "ONNX check",
-                        f"ONNX Runtime gave shape {tuple(got.shape)} where torch gave "
-                        f"{tuple(want.shape)}",
-                    )
-                difference = np.abs(want.detach().cpu().numpy().astype(np.float64) - got)
-                worst = max(worst, float(difference.max(initial=0.0)))
+                worst = max(worst, largest_difference(want, got, "ONNX check"))
     return worst
 
 

@@ -75,10 +75,39 @@ def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
     return pixels[None].astype(np.float32)
 
 
-def _probabilities(values: np.ndarray) -> np.ndarray:
+# What `loom predict` turns into label probabilities: a classifier's [batch, classes] output
+# as the sidecar records it (sidecar.py: from the output stream's description).
+CLASS_SCORES = ("logits", "log-probabilities")
+
+
+def _probabilities(values: np.ndarray, kind: str) -> np.ndarray:
+    """Per row: softmax of logits; exp of log-probabilities (they are probabilities already,
+    and a softmax of them, equal in exact arithmetic, would only renormalise rounding)."""
+    if kind == "log-probabilities":
+        return np.asarray(np.exp(values))
     shifted = values - values.max(axis=-1, keepdims=True)
     exp = np.exp(shifted)
     return np.asarray(exp / exp.sum(axis=-1, keepdims=True))
+
+
+def class_output(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
+    """The export's first output, when it holds class scores `loom predict` can read; a
+    DeployError naming the export folder and the output otherwise."""
+    outputs = record.get("outputs")
+    if not isinstance(outputs, list) or not outputs or not isinstance(outputs[0], dict):
+        raise DeployError.at("", f"'{folder / 'sidecar.json'}'", "records no outputs")
+    output = outputs[0]
+    if output.get("kind") not in CLASS_SCORES:
+        raise DeployError.at(
+            "",
+            f"export '{folder}'",
+            f"output '{output.get('name')}' holds {output.get('kind')} "
+            f"({output.get('description') or 'no description'}), not class logits or "
+            "log-probabilities: `loom predict` has no label probabilities to give",
+            "export a classifier's output (--outputs), or read this output from your own "
+            "code (see sidecar.json)",
+        )
+    return output
 
 
 def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Prediction]:
@@ -89,6 +118,7 @@ def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Pre
     recipe = record["preprocessing"]
     if top < 1:
         raise DeployError.at("command line", "--top", "must be at least 1")
+    class_output(folder, record)  # before any input is read
     if recipe.get("kind") != "image":
         return _predict_texts(folder, record, inputs, top)
     tensors = []
@@ -102,18 +132,33 @@ def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Pre
     )
     input_name = record["inputs"][0]["name"]
     return [
-        _top(record, session, name, {input_name: tensor}, top)
+        _top(folder, record, session, name, {input_name: tensor}, top)
         for name, tensor in zip(inputs, tensors, strict=True)
     ]
 
 
 def _top(
-    record: dict[str, Any], session: Any, source: str, feed: dict[str, Any], top: int
+    folder: Path,
+    record: dict[str, Any],
+    session: Any,
+    source: str,
+    feed: dict[str, Any],
+    top: int,
 ) -> Prediction:
-    output = record["outputs"][0]["name"]
+    output = class_output(folder, record)
     labels = record.get("labels")
-    (values,) = session.run([output], feed)
-    probabilities = _probabilities(np.asarray(values, dtype=np.float64))[0]
+    (values,) = session.run([output["name"]], feed)
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or values.shape[0] != 1:
+        raise DeployError.at(
+            "",
+            f"export '{folder}'",
+            f"output '{output['name']}' has shape {values.shape} for one input, not "
+            "[batch, classes]: `loom predict` reads only a classifier's 2-D scores",
+            "export a classifier's output (--outputs), or read this output from your own "
+            "code (see sidecar.json)",
+        )
+    probabilities = _probabilities(values, output["kind"])[0]
     order = np.argsort(-probabilities)[:top]
     return Prediction(
         source,
@@ -153,5 +198,5 @@ def _predict_texts(
                 "", f"input '{path}'", f"cannot be read as UTF-8 text: {error}"
             ) from error
         feed = text_feed(folder, record, [text])
-        results.append(_top(record, session, given, feed, top))
+        results.append(_top(folder, record, session, given, feed, top))
     return results

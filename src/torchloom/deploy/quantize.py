@@ -3,9 +3,11 @@ components turned int8 through the route `choose_quantizer` picks, measured agai
 pipeline side by side (weights' size, latency at batch 1 and 32 on one thread, every statistic
 on validation and test, per-layer sensitivity), written to `RUN_DIR/quantized/<mode>/`:
 
-    model.pt                   {"format": "torchloom-quantized", "options", "components"}:
-                               state dicts only, loaded with torch.load(weights_only=True) by
-                               `load_quantized` (which rebuilds the modules from config.yaml)
+    model.pt                   {"format": "torchloom-quantized", "options", "components",
+                               "sha256"}: state dicts only, loaded with
+                               torch.load(weights_only=True) by `load_quantized` (which
+                               rebuilds the modules from config.yaml), its content checked
+                               against the SHA-256 digest (engine/checkpoint.py's)
     config.yaml                the run's config
     quantization_report.json   the figures; quantization_report.md the same as tables
 
@@ -17,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -33,6 +34,10 @@ from torchloom.deploy.graph import InferenceGraph, graph_batch, model_graph, rep
 from torchloom.deploy.measure import machine, paired_latency_ms, ratio, serialized_bytes
 from torchloom.deploy.output_folder import refuse_existing, staged_folder
 from torchloom.deploy.qat import fine_tune
+from torchloom.deploy.quantized_folder import FORMAT
+from torchloom.deploy.quantized_folder import is_quantized_folder as is_quantized_folder
+from torchloom.deploy.quantized_folder import load_quantized as load_quantized
+from torchloom.deploy.quantized_folder import quantized_backend as quantized_backend
 from torchloom.deploy.quantizer import (
     Plan,
     QuantizeOptions,
@@ -44,13 +49,13 @@ from torchloom.deploy.quantizer import (
 )
 from torchloom.deploy.report import quantization_markdown, write_json
 from torchloom.deploy.run_model import TrainedRun, load_trained_run
+from torchloom.engine.checkpoint import DIGEST_KEY, content_digest
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.processor import section_config
 from torchloom.engine.step import Precision, WeightedLoss
 from torchloom.errors import DeployError
 
-FORMAT = "torchloom-quantized"
 LATENCY_BATCHES = (1, 32)
 SENSITIVITY_LIMIT = 40  # layers; beyond, the report says it was not measured
 SENSITIVITY_SAMPLES = 256
@@ -146,16 +151,16 @@ def quantize(
         },
         "layers": [{**vars(layer), "sqnr_db": layers.get(layer.name)} for layer in plan.layers],
     }
-    with staged_folder(target, force, "loom quantize") as folder:
-        with atomic_file(folder / "model.pt") as out:
-            torch.save(
-                {
-                    "format": FORMAT,
-                    "options": options.record(),
-                    "components": {n: c.state_dict() for n, c in pipeline.components.items()},
-                },
-                out,
-            )
+    # `loom process` of the folder writes into process/: earlier results outlive --force.
+    with staged_folder(target, force, "loom quantize", keep=("process",)) as folder:
+        payload: dict[str, Any] = {
+            "format": FORMAT,
+            "options": options.record(),
+            "components": {n: c.state_dict() for n, c in pipeline.components.items()},
+        }
+        payload[DIGEST_KEY] = content_digest(payload)
+        with atomic_file(folder / "model.pt", durable=True) as out:
+            torch.save(payload, out)
         write_text_atomic(
             folder / "config.yaml", (run.run_dir / "config.yaml").read_text(encoding="utf-8")
         )
@@ -302,53 +307,3 @@ def _sensitivity(
         with torch.no_grad():
             found[layer.name] = _sqnr_db(reference, trial_graph(*samples)[0].float())
     return found
-
-
-def is_quantized_folder(folder: str | Path) -> bool:
-    """Whether `folder` is a result folder of `loom quantize`."""
-    folder = Path(folder).expanduser()
-    return (folder / "model.pt").is_file() and (folder / "quantization_report.json").is_file()
-
-
-def quantized_backend(folder: str | Path) -> str:
-    """The quantized engine a `loom quantize` result runs on (its int8 weights are packed for
-    it): what `quantized_engine(...)` must be set to around every call."""
-    report = json.loads((Path(folder).expanduser() / "quantization_report.json").read_text())
-    return str(report["options"]["backend"])
-
-
-def load_quantized(folder: str | Path, overrides: Sequence[str] = ()) -> Pipeline:
-    """The pipeline of a `loom quantize` result folder, int8 models included, in eval mode:
-    rebuilt from its config.yaml, its models prepared and converted as when they were
-    quantized, then given the saved state (read with `weights_only=True`). `overrides` as
-    for `loom process` (a test subset, say); the models' structure must stay as saved."""
-    from torchloom.config import load_config
-    from torchloom.engine.assemble import build_checked
-
-    folder = Path(folder).expanduser()
-    path = folder / "model.pt"
-    if not path.is_file() or not (folder / "config.yaml").is_file():
-        raise DeployError.at(
-            "",
-            f"'{folder}'",
-            "is not a folder of `loom quantize` (it needs model.pt and config.yaml)",
-        )
-    try:
-        with accepted_deprecations():
-            saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise DeployError.at("", f"'{path}'", f"cannot be read: {error}") from error
-    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
-        raise DeployError.at("", f"'{path}'", f"is not a {FORMAT} file")
-    options = QuantizeOptions(**{**saved["options"], "skip": tuple(saved["options"]["skip"])})
-    quantizer = choose_quantizer(options)
-    loaded = load_config(folder / "config.yaml", overrides)
-    pipeline = build_checked(loaded)
-    with quantized_engine(options.backend), accepted_deprecations():
-        for model in pipeline.models:
-            quantizer.prepare(model, Plan())
-            quantizer.convert(model)
-        for name, component in pipeline.components.items():
-            component.load_state_dict(saved["components"][name])
-    pipeline.eval()
-    return pipeline

@@ -47,7 +47,8 @@ def content_digest(state: Mapping[str, Any]) -> str:
 def _feed(digest: Any, value: Any) -> None:
     if isinstance(value, torch.Tensor):
         tensor = value.detach().cpu()
-        if tensor.is_quantized:
+        if tensor.is_quantized:  # its integers, and the scales and zero points that give them
+            _feed(digest, _quantization_parameters(tensor))
             tensor = tensor.int_repr()
         tensor = tensor.contiguous().reshape(-1)
         digest.update(f"T{tensor.dtype}{tuple(value.shape)}:".encode())
@@ -64,6 +65,22 @@ def _feed(digest: Any, value: Any) -> None:
             _feed(digest, item)
     else:
         digest.update(f"V{value!r};".encode())
+
+
+def _quantization_parameters(tensor: torch.Tensor) -> dict[str, Any]:
+    scheme = tensor.qscheme()
+    if scheme in (torch.per_channel_affine, torch.per_channel_symmetric):
+        return {
+            "qscheme": str(scheme),
+            "scales": tensor.q_per_channel_scales(),
+            "zero_points": tensor.q_per_channel_zero_points(),
+            "axis": tensor.q_per_channel_axis(),
+        }
+    return {
+        "qscheme": str(scheme),
+        "scale": tensor.q_scale(),
+        "zero_point": tensor.q_zero_point(),
+    }
 
 
 def save_checkpoint(path: Path, state: dict[str, Any], keep_previous: bool = False) -> None:
