@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from torchloom.config.architecture_search_schema import ArchitectureSearchConfig
 from torchloom.config.sampler_schema import SamplerConfig
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean, validation_problems
 from torchloom.run_names import run_name_problem, shown
@@ -118,6 +119,10 @@ class TrainingConfig(SectionConfig):
         "weighted sum is minimised in one backward pass",
     )
     terminal_conditions: TerminalConditions = Field(default_factory=TerminalConditions)
+    architecture_search: ArchitectureSearchConfig | None = Field(
+        None,
+        description="learn a DARTS architecture while training: see docs/architecture-search.md",
+    )
 
 
 class ValidationConfig(SectionConfig):
