@@ -86,7 +86,7 @@ def _check(tmp_path: Path, capsys: pytest.CaptureFixture[str], entry: str) -> tu
     config.write_text(
         f"""\
 training:
-  task: {{type: FashionMNIST, split: train, data_folder: {tmp_path}, download: false}}
+  task: {{type: MNIST, split: train, data_folder: {tmp_path}, download: false}}
   terminal_conditions: {{epoch_limit: 1}}
 pipeline:
   image_classifier:
@@ -136,7 +136,7 @@ def test_architecture_split_of_one_is_refused(
     config.write_text(
         f"""\
 training:
-  task: {{type: FashionMNIST, split: train, data_folder: {tmp_path}, download: false}}
+  task: {{type: MNIST, split: train, data_folder: {tmp_path}, download: false}}
   terminal_conditions: {{epoch_limit: 1}}
   architecture_search: {{split: 1}}
 pipeline:
