@@ -18,6 +18,7 @@ import pytest
 import torch
 import yaml
 
+from torchloom.analysis.plotting import png_data
 from torchloom.cli.main import main
 from torchloom.engine.checkpoint import load_checkpoint
 from toy_runs import only_run, summary, train
@@ -60,7 +61,8 @@ def test_search_writes_genotype_and_a_trainable_derived_config(
     tmp_path: Path, order: str, one_thread: None
 ) -> None:
     config = search_config(tmp_path, order)
-    result = train(config, tmp_path / "runs")
+    # Through the command, so that the run's analysis draws the heat maps.
+    assert main(["train", str(config), "--expdir", str(tmp_path / "runs"), "--quiet"]) == 0
     run = only_run(tmp_path / "runs")
     assert summary(run)["status"] == "epoch_limit", summary(run)
     checkpoint = load_checkpoint(run / "checkpoints" / "last.pt")
@@ -79,7 +81,9 @@ def test_search_writes_genotype_and_a_trainable_derived_config(
     assert entry["type"] == "DartsFixedNetwork" and entry["channels"] == 6
     assert entry["genotype"] == genotype
     assert main(["check", str(run / "derived.yml")]) == 0
-    assert result is not None
+    heat_map = png_data(run / "reports" / "architecture" / "image_classifier-alphas.png")
+    assert heat_map["epoch"] == 2 and heat_map["normal"] == softmax
+    assert len(heat_map["operations"]) == 8 and heat_map["edges"][0] == "2<-0"
     if order == "first":
         trained = train(
             run / "derived.yml",

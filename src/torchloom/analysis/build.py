@@ -36,6 +36,7 @@ HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "SampleExport": ("torchloom.analysis.sample_export", ("random_samples", "augmentation")),
     "EmbeddingExport": ("torchloom.analysis.embeddings", ("embeddings",)),
     "LayerStatistics": ("torchloom.analysis.layer_statistics", ("layer_statistics",)),
+    "ArchitecturePlots": ("torchloom.analysis.architecture", ("architecture",)),
 }
 # Items that read the classification outputs' streams.
 NEEDS_OUTPUTS = (

@@ -121,6 +121,9 @@ class DartsNetwork(DartsBase):
             for source in range(node + 2)
         ]
 
+    def operation_labels(self) -> list[str]:
+        return list(PRIMITIVES)
+
     def alpha_softmax(self) -> dict[str, list[list[float]]]:
         return {
             kind: torch.softmax(alpha.detach().float(), dim=-1).tolist()
