@@ -86,8 +86,8 @@ def genotype_problems(
                         subject,
                         f"wires node {target} to node {node}, which is "
                         + ("not earlier in the cell" if node >= 0 else "not a node"),
-                        f"node {target} may read nodes 0 to {target - 1} (0 and 1 are the "
-                        "cell's inputs)",
+                        f"node {target} may read nodes 0 to {target - 1}; 0 and 1 are the "
+                        "cell's inputs",
                     )
                 )
         nodes = len(edges) // 2 + 2
