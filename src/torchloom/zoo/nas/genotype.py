@@ -14,6 +14,7 @@ paper does: per node, the two strongest non-`none` operations from distinct pred
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
@@ -153,3 +154,39 @@ def derive(alpha_normal: torch.Tensor, alpha_reduce: torch.Tensor, steps: int) -
 
 def edge_count(steps: int) -> int:
     return sum(node + 2 for node in range(steps))
+
+
+# ---- the space regularized evolution searches (torchloom.nas.evolution) -------------------
+OPERATIONS = PRIMITIVES[1:]  # a discrete cell has no `none` edges
+
+
+def random_genotype(rng: random.Random, steps: int = 4) -> Genotype:
+    """Each intermediate node: two operations on two distinct earlier nodes, uniformly."""
+
+    def cell() -> list[tuple[str, int]]:
+        edges = []
+        for node in range(2, steps + 2):
+            for source in sorted(rng.sample(range(node), 2)):
+                edges.append((rng.choice(OPERATIONS), source))
+        return edges
+
+    concat = list(range(2, steps + 2))
+    return Genotype(normal=cell(), normal_concat=concat, reduce=cell(), reduce_concat=concat)
+
+
+def mutate_genotype(genotype: Genotype, rng: random.Random) -> Genotype:
+    """Real et al.'s two mutations, on one edge of one cell kind chosen at random: an
+    operation mutation (another operation) or a hidden-state mutation (another earlier
+    input node, not the one the node's other edge reads)."""
+    kind = rng.choice(CELL_KINDS)
+    edges = genotype.edges(kind)
+    index = rng.randrange(len(edges))
+    name, source = edges[index]
+    node = index // 2 + 2
+    other = edges[index ^ 1][1]
+    inputs = [n for n in range(node) if n not in (source, other)]
+    if rng.random() < 0.5 or not inputs:
+        edges[index] = (rng.choice([o for o in OPERATIONS if o != name]), source)
+    else:
+        edges[index] = (name, rng.choice(inputs))
+    return genotype.model_copy(update={kind: edges})
