@@ -157,7 +157,8 @@ def evolution(args: argparse.Namespace, folder: Path, common: list[str]) -> None
         f"{search.best().fitness:.4f} ({search.best().extra['parameters']:,} parameters)"
     )
     for individual in front:
-        print(f"  Pareto: {individual.extra['parameters']:>8,} parameters  {individual.fitness:.4f}")
+        count = individual.extra["parameters"]
+        print(f"  Pareto: {count:>8,} parameters  {individual.fitness:.4f}")
     plot_front(search.history, front, args.out / "nas_pareto.png")
 
 

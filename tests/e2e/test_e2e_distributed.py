@@ -30,9 +30,17 @@ ENV = {
 }
 
 
-def toy_config(folder: Path, epochs: int = 2, size: int = 44, **extra: Any) -> Path:
+def toy_config(
+    folder: Path,
+    epochs: int = 2,
+    size: int = 44,
+    strategy: str | None = None,
+    training: dict[str, Any] | None = None,
+    **extra: Any,
+) -> Path:
     """44 samples in global batches of 8: the last batch has 4, cut 2 + 2. No dropout, so one
-    process and two compute the same steps."""
+    process and two compute the same steps. `strategy`: training.distributed.strategy;
+    `training`: more training keys; `extra`: more pipeline components."""
     config: dict[str, Any] = {
         "name": "toy",
         "training": {
@@ -56,6 +64,9 @@ def toy_config(folder: Path, epochs: int = 2, size: int = 44, **extra: Any) -> P
             **extra,
         },
     }
+    if strategy is not None:
+        config["training"]["distributed"] = {"strategy": strategy}
+    config["training"].update(training or {})
     path = folder / "toy.yml"
     path.write_text(dump_config(config), encoding="utf-8")
     return path
@@ -273,3 +284,131 @@ def test_what_cannot_start_is_a_clear_error(tmp_path: Path, one_process: Path) -
     assert f"is in use by process {os.getpid()}" in taken_run.stderr
     assert "Traceback" not in taken_run.stderr
     assert spawned_workers() - before == set(), "a worker outlived its command"
+
+
+# ---- FSDP2 and sharded checkpoints -----------------------------------------------------------
+def shard_folders(run: Path) -> set[str]:
+    return {f"shards/{p.name}" for p in (run / "checkpoints" / "shards").iterdir()}
+
+
+def named_shards(run: Path) -> set[str]:
+    """The shard folders last.pt and last.prev.pt name (their `sharded` records)."""
+    named = set()
+    for name in ("last.pt", "last.prev.pt"):
+        path = run / "checkpoints" / name
+        if path.exists():
+            named.add(torch.load(path, weights_only=True)["sharded"]["folder"])
+    return named
+
+
+def test_fsdp_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) -> None:
+    expdir = tmp_path / "runs"
+    done = loom(
+        "train",
+        str(toy_config(tmp_path, strategy="fsdp")),
+        "--expdir",
+        str(expdir),
+        "--quiet",
+        "--nproc",
+        "2",
+        "--tensorboard",
+        "2",  # histograms gather the sharded weights and gradients: every process takes part
+    )
+    assert done.returncode == 0, done.stderr
+    run = only_run(expdir)
+    assert any((run / "tensorboard").iterdir())
+    assert "FSDP2 fully_shard: model" in (run / "run.log").read_text()
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)
+    assert last["components"] is None and last["optimizer"] is None  # in the shards
+    assert shard_folders(run) == named_shards(run)  # older shard folders are removed
+    assert_close(weights(one_process), weights(run))  # read from the shards by one process
+    two, one = summary(run)["final"], summary(one_process)["final"]
+    for section in ("validation", "test"):
+        assert two[section]["accuracy"] == one[section]["accuracy"]
+        assert two[section]["loss"] == pytest.approx(one[section]["loss"], abs=1e-6)
+    best = load_checkpoint(run / "checkpoints" / "best.pt")["components"]["model"]
+    assert best["linear.weight"].shape == weights(one_process)["linear.weight"].shape  # whole
+    processed = loom(
+        "process", str(run), "--checkpoint", "last", "--expdir", str(tmp_path / "processed")
+    )
+    assert processed.returncode == 0, processed.stderr
+
+
+# Adam (sharded states), clipping over sharded gradients, and gradient accumulation, so that
+# a save after episode 3 is mid-window: its gradients are in the shards too.
+HARDER = {
+    "optimizer": {"type": "Adam", "lr": 0.01},
+    "gradient_clipping": {"norm": 0.05},
+    "gradient_accumulation": 2,
+}
+
+
+def harder_config(folder: Path, strategy: str) -> Path:
+    return toy_config(folder, strategy=strategy, training=HARDER)
+
+
+def test_fsdp_resumes_with_another_number_of_processes(tmp_path: Path) -> None:
+    """2 -> 1 and 1 -> 2 processes, from a save in the middle of an accumulation window: the
+    shards (weights, Adam's states, the window's gradients) are read at another world size,
+    and the run ends with the weights of an uninterrupted one-process DDP-strategy run."""
+    (tmp_path / "reference").mkdir()
+    reference = loom(
+        "train",
+        str(harder_config(tmp_path / "reference", "ddp")),
+        "--expdir",
+        str(tmp_path / "reference" / "runs"),
+        "--quiet",
+    )
+    assert reference.returncode == 0, reference.stderr
+    expected = weights(only_run(tmp_path / "reference" / "runs"))
+    limit = "training.terminal_conditions.episode_limit"
+    for first, then in (("2", "1"), ("1", "2")):
+        folder = tmp_path / f"{first}to{then}"
+        folder.mkdir()
+        config, expdir = str(harder_config(folder, "fsdp")), str(folder / "runs")
+        started = loom(
+            "train", config, "--expdir", expdir, "--quiet", "--nproc", first, f"+{limit}=3"
+        )
+        assert started.returncode == 0, started.stderr
+        run = only_run(folder / "runs")
+        saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["sharded"]
+        assert saved["optimizer"] and saved["gradients"]  # Adam's states, a window's gradients
+        resumed = loom("train", "--resume", str(run), "--quiet", "--nproc", then, f"{limit}=12")
+        assert resumed.returncode == 0, resumed.stderr
+        assert summary(run)["episodes"] == 12
+        assert_close(expected, weights(run))
+
+
+def test_a_damaged_shard_falls_back_to_last_prev(tmp_path: Path, one_process: Path) -> None:
+    """One process with strategy fsdp saves shards too (no process group: DCP in-process);
+    a flipped byte in a shard of last.pt makes resume read last.prev.pt and its shards."""
+    config = toy_config(tmp_path, strategy="fsdp")
+    config.write_text(
+        config.read_text().replace("  seed: 3\n", "  seed: 3\n  checkpoint_interval: 4\n")
+    )
+    limit = "training.terminal_conditions.epoch_limit"
+    expdir = str(tmp_path / "runs")
+    started = loom("train", str(config), "--expdir", expdir, "--quiet", f"{limit}=1")
+    assert started.returncode == 0, started.stderr
+    run = only_run(tmp_path / "runs")
+    last = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["sharded"]
+    shard = run / "checkpoints" / last["folder"] / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    resumed = loom("train", "--resume", str(run), "--quiet", f"{limit}=2")
+    assert resumed.returncode == 0, resumed.stderr
+    log = (run / "run.log").read_text()
+    assert "does not match its SHA-256 digest" in log and "resuming from last.prev.pt" in log
+    assert "resumed from episode 4" in log
+    assert_close(weights(one_process), weights(run))
+
+
+def test_fsdp_refuses_analysis_that_would_wait_on_rank_0_alone(tmp_path: Path) -> None:
+    config = toy_config(tmp_path, strategy="fsdp")
+    config.write_text(config.read_text() + "analysis:\n  layer_statistics: true\n")
+    expdir = tmp_path / "runs"
+    done = loom("train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2")
+    assert done.returncode == 2, done.stderr
+    assert "analysis.layer_statistics" in done.stderr and "FSDP shards" in done.stderr
+    assert "Traceback" not in done.stderr and not expdir.exists()

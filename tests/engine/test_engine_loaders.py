@@ -11,6 +11,7 @@ import torch
 from torchloom.config.schema import SectionConfig
 from torchloom.core.component import Batch
 from torchloom.engine.loaders import SectionLoader
+from torchloom.errors import ConfigError
 from toy_components import ToyTask
 
 
@@ -53,3 +54,54 @@ def test_the_default_fetch_collates_the_samples() -> None:
     batch = task.fetch([3, 0, 11])
     assert torch.equal(batch["inputs"], task.inputs[[3, 0, 11]])
     assert batch["labels"] == [task[i]["labels"] for i in (3, 0, 11)]
+
+
+def reservoir_section(size: int = 8) -> SectionConfig:
+    reservoir = {"size": size, "replacement_rate": 0.25, "workers": 1, "deterministic": True}
+    return SectionConfig.model_validate(
+        {"task": {}, "dataloader": {"batch_size": 4, "reservoir": reservoir}}
+    )
+
+
+def test_a_reservoir_loader_gives_the_epochs_batches_renamed_and_stops_its_workers() -> None:
+    task = ToyTask.create(size=10)
+    task._context.stream_names["inputs"] = "vectors"
+    loader = SectionLoader("training", task, reservoir_section(), 3, where, reservoir=True)
+    try:
+        batches = list(loader.epoch(0))
+        assert len(batches) == loader.batches_per_epoch() == 3  # the sampler's epoch
+        assert all(b["vectors"].shape == (4, 4) and len(b["labels"]) == 4 for b in batches)
+        assert len(list(loader.epoch(1, start_batch=2))) == 1
+        workers = list(loader.reservoir.processes) if loader.reservoir else []
+    finally:
+        loader.close()
+    assert workers and not any(process.is_alive() for process in workers)
+
+
+def where(*keys: str) -> str:
+    return "cfg.yml:" + ".".join(keys)
+
+
+@pytest.mark.parametrize(
+    ("section_name", "size", "world", "message"),
+    [
+        ("validation", 8, 1, "is for training only"),
+        ("training", 8, 2, "cannot be used by 2 processes"),
+    ],
+)
+def test_a_reservoir_that_cannot_work_is_a_config_error(
+    section_name: str, size: int, world: int, message: str
+) -> None:
+    task = ToyTask.create(size=10)
+    config = reservoir_section(size)
+    with pytest.raises(ConfigError, match=message) as error:
+        SectionLoader(section_name, task, config, 3, where, world=world, reservoir=True)
+    assert "dataloader.reservoir" in str(error.value)
+
+
+def test_a_reservoir_smaller_than_a_batch_is_refused_by_the_schema() -> None:
+    from torchloom.config.schema import validate_sections
+
+    training = {"task": {}, "dataloader": {"batch_size": 4, "reservoir": {"size": 3}}}
+    with pytest.raises(ConfigError, match=r"reservoir\.size 3 is smaller than batch_size 4"):
+        validate_sections({"training": training}, where)

@@ -129,8 +129,19 @@ def test_genotype_errors_at_check(
     assert "bad.yml:" in err  # file:line
 
 
-def test_architecture_split_of_one_is_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("search", "model", "expected"),
+    [
+        ("{split: 1}", "DartsNetwork", "split.yml:4"),
+        ("{split: 0}", "DartsNetwork", "split.yml:4"),
+        ("{order: third}", "DartsNetwork", "split.yml:4"),
+        ("{arch_optimizer: {type: Adamm}}", "DartsNetwork", "did you mean 'Adam'"),
+        ("{}", "LeNet5", "needs a searchable component"),
+    ],
+    ids=["split-1", "split-0", "order", "arch-optimizer", "nothing-to-search"],
+)
+def test_bad_architecture_search_settings_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], search: str, model: str, expected: str
 ) -> None:
     config = tmp_path / "split.yml"
     config.write_text(
@@ -138,14 +149,13 @@ def test_architecture_split_of_one_is_refused(
 training:
   task: {{type: MNIST, split: train, data_folder: {tmp_path}, download: false}}
   terminal_conditions: {{epoch_limit: 1}}
-  architecture_search: {{split: 1}}
+  architecture_search: {search}
 pipeline:
   image_classifier:
-    {{type: DartsNetwork, cells: 3, channels: 4, globals: {{prediction_size: num_classes}}}}
+    {{type: {model}, globals: {{prediction_size: num_classes}}}}
   loss: {{type: CrossEntropyLoss}}
 """,
         encoding="utf-8",
     )
     assert main(["check", str(config)]) == 2
-    err = capsys.readouterr().err
-    assert "split.yml:4" in err and "split" in err
+    assert expected in capsys.readouterr().err

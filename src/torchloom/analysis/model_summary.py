@@ -112,6 +112,10 @@ def measure(run: RunView) -> Summary:
         (name, type(c).__name__, *c.parameter_counts()) for name, c in pipeline.components.items()
     ]
     summary = Summary(components, list(layers.values()), 0)
+    if run.sharded_models:
+        # Each process holds a shard: a forward on rank 0 alone would wait for the others.
+        summary.note = "output shapes not measured: the models are sharded among processes"
+        return summary
     if any(is_lazy(p) for p in pipeline.parameters()):
         # A forward would initialise lazy modules here instead of in the first training
         # step, drawing their weights from a different point of the RNG stream.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from torchloom.config.architecture_search_schema import ArchitectureSearchConfig
 from torchloom.config.sampler_schema import SamplerConfig
@@ -21,6 +21,26 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: faster import
 
 
+class ReservoirConfig(_Strict):
+    """`training.dataloader.reservoir`: worker processes keep a reservoir of processed
+    (augmented) samples filled, and training draws its batches from it without waiting for
+    them (data/reservoir.py)."""
+
+    size: int = Field(gt=0, description="samples the reservoir holds (at least batch_size)")
+    replacement_rate: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="at most this fraction of the reservoir is replaced by new samples per step",
+    )
+    workers: int = Field(2, ge=1, description="worker processes that produce samples")
+    deterministic: bool = Field(
+        False,
+        description="wait for exactly the samples a step is due (in order), so that a run does "
+        "not depend on timing: for tests and exact comparisons, slower",
+    )
+
+
 class DataLoaderConfig(_Strict):
     """Arguments of the section's torch DataLoader."""
 
@@ -30,6 +50,18 @@ class DataLoaderConfig(_Strict):
     pin_memory: bool = Field(False, description="page-locked host memory for faster GPU copies")
     persistent_workers: bool = Field(False, description="keep workers alive between epochs")
     drop_last: bool = Field(False, description="drop the last incomplete batch")
+    reservoir: ReservoirConfig | None = Field(
+        None, description="training only: draw batches from an asynchronous reservoir"
+    )
+
+    @model_validator(mode="after")
+    def _reservoir_holds_a_batch(self) -> DataLoaderConfig:
+        if self.reservoir is not None and self.reservoir.size < self.batch_size:
+            raise ValueError(
+                f"reservoir.size {self.reservoir.size} is smaller than batch_size "
+                f"{self.batch_size}: the reservoir must hold a batch (a few is usual)"
+            )
+        return self
 
 
 class OptimizerConfig(BaseModel):
@@ -55,6 +87,18 @@ class GradientClippingConfig(_Strict):
     norm: float | None = Field(None, gt=0, description="clip the total gradient norm to this")
     value: float | None = Field(None, gt=0, description="clip every gradient element to ±this")
     norm_type: float = Field(2.0, gt=0, description="p of the p-norm used with `norm`")
+
+
+class DistributedConfig(_Strict):
+    """`training.distributed`: how several processes (`loom train --nproc N`) share a run."""
+
+    strategy: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every process holds the whole model (DistributedDataParallel); "
+        "fsdp: parameters, gradients and optimizer states are sharded among the processes "
+        "(FSDP2, fully_shard) and last.pt's weights are saved as shards "
+        "(torch.distributed.checkpoint)",
+    )
 
 
 class EarlyStoppingConfig(_Strict):
@@ -119,6 +163,7 @@ class TrainingConfig(SectionConfig):
         "weighted sum is minimised in one backward pass",
     )
     terminal_conditions: TerminalConditions = Field(default_factory=TerminalConditions)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     architecture_search: ArchitectureSearchConfig | None = Field(
         None,
         description="learn a DARTS architecture while training: see docs/architecture-search.md",

@@ -74,19 +74,25 @@ def check_search(pipeline: Pipeline, training: TrainingConfig, where: Where) -> 
             )
         )
     clashes = {
-        "sampler": training.sampler is not None,
-        "precision": training.precision == "fp16",
-        "compile": training.compile is not False,
+        ("sampler",): training.sampler is not None,  # the search splits the set itself
+        ("precision",): training.precision == "fp16",
+        ("compile",): training.compile is not False,
+        ("dataloader", "reservoir"): training.dataloader.reservoir is not None,
     }
     for key, clash in clashes.items():
         if clash:
+            name = "training." + ".".join(key)
             problems.append(
                 Problem(
-                    where("training", key),
-                    f"training.{key}",
+                    where("training", *key),
+                    name,
                     "cannot be used with training.architecture_search"
-                    + (" (the search splits the training set itself)" if key == "sampler" else ""),
-                    f"remove training.{key}",
+                    + (
+                        " (the search splits the training set itself)"
+                        if key == ("sampler",)
+                        else ""
+                    ),
+                    f"remove {name}",
                 )
             )
     try:

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from torchloom.data.atomic_files import atomic_file, sync_folder
+from torchloom.engine import sharded
 from torchloom.errors import DataError, StorageError
 
 FORMAT_VERSION = 2
@@ -100,8 +101,11 @@ def previous_path(path: Path) -> Path:
     return path.with_name(f"{path.stem}.prev{path.suffix}")
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """A checkpoint, checked: readable, torchloom's, and with the digest it was saved with."""
+def load_checkpoint(path: Path, whole: bool = True) -> dict[str, Any]:
+    """A checkpoint, checked: readable, torchloom's, and with the digest it was saved with.
+    A sharded one's shard files are checked against their digests too, and its `components`
+    are read from the shards (engine/sharded.py): whole weights, or with `whole=False` meta
+    tensors giving only their shapes (resume reads the shards itself, each process its own)."""
     if not path.is_file():
         raise DataError.at(
             "",
@@ -132,6 +136,18 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             "with (a disk or copy error changed it)",
             f"resume falls back to {previous_path(path).name} when it exists",
         )
+    record = state.get(sharded.RECORD)
+    if record is not None:
+        problem = sharded.damage(path.parent, record)
+        if problem is not None:
+            raise DataError.at(
+                "",
+                f"checkpoint '{path}'",
+                f"is damaged: {problem}",
+                f"resume falls back to {previous_path(path).name} when it exists",
+            )
+        read = sharded.whole_components if whole else sharded.shape_components
+        state["components"] = read(path.parent, record)
     return state
 
 
@@ -154,15 +170,16 @@ def _first_reason(error: Exception) -> str:
 
 def load_resume_checkpoint(folder: Path) -> tuple[dict[str, Any], str | None]:
     """`last.pt` of a run folder's checkpoints, or `last.prev.pt` when `last.pt` is missing
-    or damaged; also a note saying so (for the run's log), else None."""
+    or damaged; also a note saying so (for the run's log), else None. A sharded checkpoint's
+    `components` are meta tensors (see load_checkpoint)."""
     last = folder / "last.pt"
     try:
-        return load_checkpoint(last), None
+        return load_checkpoint(last, whole=False), None
     except DataError as error:
         previous = previous_path(last)
         if not previous.is_file():
             raise
-        state = load_checkpoint(previous)
+        state = load_checkpoint(previous, whole=False)
         note = (
             f"{error.problems[0].format()}; resuming from {previous.name} instead "
             f"(episode {state['progress']['episode']})"

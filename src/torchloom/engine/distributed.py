@@ -171,13 +171,55 @@ def check_shardable(train_data: Any, pipeline: Any, dist: Distributed, where: An
         raise ConfigError(problems)
 
 
-def wrap_models(pipeline: Any, device: torch.device) -> list[str]:
-    """DistributedDataParallel around every model with trainable weights (frozen parameters
-    are left out by DDP itself); checkpoints keep the models' own state dicts."""
+# Analysis items that run on rank 0 alone but need a model's whole weights or gradients:
+# under FSDP they are sharded, and gathering them is a collective rank 0 alone would wait on
+# forever. (model_summary skips its side forward pass instead: RunView.sharded_models.)
+NOT_UNDER_FSDP = {
+    "layer_statistics": "reads per-layer gradients, which FSDP shards among the processes",
+}
+
+
+def check_strategy_hooks(hooks: Any, strategy: str, dist: Distributed, where: Any) -> None:
+    """What FSDP with several processes cannot run, refused before anything is written."""
+    if strategy != "fsdp" or not dist.active:
+        return
+    problems = [
+        Problem(
+            where("analysis", hook.name),
+            f"analysis.{hook.name}",
+            f"{NOT_UNDER_FSDP[hook.name]}, so it cannot run under "
+            "training.distributed.strategy: fsdp with several processes",
+            f"disable analysis.{hook.name}, train with strategy: ddp, or with one process",
+        )
+        for hook in hooks
+        if getattr(hook, "name", None) in NOT_UNDER_FSDP
+    ]
+    if problems:
+        raise ConfigError(problems)
+
+
+def wrap_models(pipeline: Any, device: torch.device, strategy: str = "ddp") -> list[str]:
+    """Every model with trainable weights wrapped for several processes: `ddp`,
+    DistributedDataParallel around it (frozen parameters are left out by DDP itself; the
+    components and their state dicts stay the models' own); `fsdp`, FSDP2's `fully_shard`
+    in place (its parameters become DTensors, each process holding a shard: an optimizer
+    must be built after this, and checkpoints go through engine/sharded.py)."""
+    if strategy == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        return list(pipeline.wrap_models(fully_shard))
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
     return list(pipeline.wrap_models(lambda model: DistributedDataParallel(model, device_ids=ids)))
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor as one process would hold it: a DTensor (FSDP) gathered from every process
+    (collective: every process must call it), anything else as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 # ---- launching ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ RNG earlier code consumed — the basis of exact resume.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import torch
@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from torchloom.config.schema import SectionConfig
 from torchloom.core.component import Batch, Task
+from torchloom.data.reservoir import AsyncReservoir
 from torchloom.data.samplers import RankShard, ResumableSampler, build_sampler
 from torchloom.engine.checkpoint import worker_init
 from torchloom.errors import ConfigError, Where
@@ -63,9 +64,12 @@ class SectionLoader:
         pin_memory: bool = False,
         rank: int = 0,
         world: int = 1,
+        reservoir: bool = False,
     ) -> None:
         """`rank`/`world`: this process's share of every global batch of `batch_size` (see
-        RankShard); the config's batch size must divide among the processes."""
+        RankShard); the config's batch size must divide among the processes. `reservoir`:
+        draw from `dataloader.reservoir` when the config has one (a training run's loop;
+        passes that visit each sample once, such as `loom process`, read the task in order)."""
         task.prepare()
         self.section = section
         self.task = task
@@ -95,9 +99,65 @@ class SectionLoader:
         self.collate = RenamingCollate(task)
         self.pin_memory = pin_memory or self.config.pin_memory
         self._loader: DataLoader[Any] | None = None
+        self.reservoir: AsyncReservoir | None = None
+        if self.config.reservoir is not None and section != "training":
+            raise ConfigError.at(
+                where(section, "dataloader", "reservoir"),
+                f"{section}.dataloader.reservoir",
+                "is for training only (a pass that evaluates visits every sample once)",
+                "remove it here",
+            )
+        if reservoir and self.config.reservoir is not None:
+            self.reservoir = self._reservoir(config, where)
 
-    def epoch(self, epoch: int, start_batch: int = 0) -> DataLoader[Any]:
-        """The loader for `epoch`, skipping its first `start_batch` batches (resume)."""
+    def _reservoir(self, config: SectionConfig, where: Where) -> AsyncReservoir:
+        """`dataloader.reservoir` (training only, one process): its workers draw their
+        indices from a sampler of their own, one pass over the data per virtual epoch."""
+        settings = self.config.reservoir
+        assert settings is not None
+        key = where(self.section, "dataloader", "reservoir")
+        shown = f"{self.section}.dataloader.reservoir"
+        if self.world > 1:
+            raise ConfigError.at(
+                key,
+                shown,
+                f"cannot be used by {self.world} processes yet (each would need its own "
+                "share of the data)",
+                "train with one process, or remove the reservoir",
+            )
+        order_sampler = build_sampler(
+            config.sampler,
+            len(self.task),
+            seed=self.seed,
+            shuffle=self.config.shuffle is not False,
+            targets=self.task.sample_targets(),
+        )
+
+        def order(virtual_epoch: int) -> list[int]:
+            order_sampler.set_epoch(virtual_epoch)
+            order_sampler.set_start(0)
+            return list(order_sampler)
+
+        return AsyncReservoir(
+            self.task,
+            order,
+            size=settings.size,
+            replacement_rate=settings.replacement_rate,
+            workers=settings.workers,
+            seed=self.seed,
+            deterministic=settings.deterministic,
+        )
+
+    def epoch(self, epoch: int, start_batch: int = 0) -> Iterable[Any]:
+        """The loader for `epoch`, skipping its first `start_batch` batches (resume). With a
+        reservoir, the epoch's number of batches drawn from it."""
+        if self.reservoir is not None:
+            return ReservoirEpoch(
+                self.reservoir,
+                self.batches_per_epoch() - min(start_batch, self.batches_per_epoch()),
+                self.config.batch_size,
+                self._collate_samples,
+            )
         self.sampler.set_epoch(epoch)
         # A save after the epoch's last batch, shorter than batch_size when the epoch does
         # not divide evenly, resumes at the epoch's end: nothing left to load.
@@ -123,6 +183,35 @@ class SectionLoader:
             )
         return self._loader
 
+    def _collate_samples(self, samples: list[Any]) -> Batch:
+        return self.collate(self.task.collate(samples))
+
+    def reservoir_state(self) -> dict[str, Any] | None:
+        """The reservoir's state for a checkpoint: only a deterministic one resumes exactly
+        (engine/resume), so only its state is kept; None otherwise."""
+        reservoir = self.reservoir
+        if reservoir is None or not reservoir.deterministic:
+            return None
+        return reservoir.state_dict()
+
+    def load_reservoir_state(self, state: dict[str, Any] | None) -> str | None:
+        """Continue the reservoir from a checkpoint's state; a note for the run's log when a
+        reservoir starts afresh instead (the resumed run is then not bit-identical)."""
+        if self.reservoir is None:
+            return None
+        if state is None or not self.reservoir.deterministic:
+            return (
+                "the reservoir starts afresh: a run resumed with a non-deterministic reservoir "
+                "is not bit-identical to one left alone (reservoir.deterministic: true is)"
+            )
+        self.reservoir.load_state_dict(state)
+        return None
+
+    def close(self) -> None:
+        """Stop the reservoir's workers, if any (DataLoader workers stop by themselves)."""
+        if self.reservoir is not None:
+            self.reservoir.close()
+
     def batches_per_epoch(self) -> int:
         """Global batches an epoch has (each process trains its share of each)."""
         size, batch = self.sampler.epoch_length(), self.config.batch_size
@@ -132,6 +221,27 @@ class SectionLoader:
         """Samples in the epoch's last global batch."""
         size, batch = self.sampler.epoch_length(), self.config.batch_size
         return batch if self.config.drop_last or size % batch == 0 else size % batch
+
+
+class ReservoirEpoch:
+    """An epoch's batches drawn from a reservoir (as many as the sampler's epoch has)."""
+
+    def __init__(
+        self,
+        reservoir: AsyncReservoir,
+        batches: int,
+        batch_size: int,
+        collate: Callable[[list[Any]], Batch],
+    ) -> None:
+        self.reservoir, self.batches, self.batch_size = reservoir, batches, batch_size
+        self.collate = collate
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        for _ in range(self.batches):
+            yield self.reservoir.next_batch(self.batch_size, self.collate)
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:

@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from torchloom.core.pipeline import Pipeline
+from torchloom.engine.distributed import whole
 from torchloom.statistics.csv_log import CsvLog
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -94,6 +95,8 @@ class Reporter:
         process other than rank 0 of several, which writes nothing."""
         self.run_dir, self.logger = run_dir, logger
         self.tensorboard_level = tensorboard if writing else 0
+        # Every process takes part in gathering sharded (FSDP) weights; rank 0 writes them.
+        self.histograms_wanted = tensorboard >= 2
         self.writing = writing
         rows = resume_rows or {}
         self.csv = {
@@ -131,16 +134,18 @@ class Reporter:
     def histograms(self, pipeline: Pipeline, episode: int) -> None:
         """Weight and gradient histograms per component (`--tensorboard 2`); called at an
         optimizer step, before the gradients are cleared."""
-        if self.tensorboard_level < 2 or self.writer is None:
+        if not self.histograms_wanted:
             return
         for component, module in pipeline.components.items():
             for name, parameter in module.named_parameters():
                 tag = f"{component}/{name}"
-                self.writer.add_histogram(f"weights/{tag}", parameter.detach().cpu(), episode)
-                if parameter.grad is not None:
-                    self.writer.add_histogram(
-                        f"gradients/{tag}", parameter.grad.detach().cpu(), episode
-                    )
+                weights = whole(parameter.detach())
+                gradient = None if parameter.grad is None else whole(parameter.grad.detach())
+                if self.writer is None:
+                    continue
+                self.writer.add_histogram(f"weights/{tag}", weights.cpu(), episode)
+                if gradient is not None:
+                    self.writer.add_histogram(f"gradients/{tag}", gradient.cpu(), episode)
 
     def close(self) -> None:
         if self._writer is not None:

@@ -32,7 +32,13 @@ from torchloom.engine.assemble import (
     resolve_device,
 )
 from torchloom.engine.checkpoint import load_resume_checkpoint, seed_everything, set_deterministic
-from torchloom.engine.distributed import check_shardable, current, process_device, wrap_models
+from torchloom.engine.distributed import (
+    check_shardable,
+    check_strategy_hooks,
+    current,
+    process_device,
+    wrap_models,
+)
 from torchloom.engine.evaluation import statistic_names
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.optim import build_optimizer, build_scheduler
@@ -310,6 +316,7 @@ def _section_loader(
         pin_memory=device.type == "cuda",
         rank=dist.rank,
         world=dist.world,
+        reservoir=section == "training",
     )
 
 
@@ -338,6 +345,7 @@ def _setup(
     assert train_data is not None, "a training run has a training task"
     if dist.active:
         check_shardable(train_data, pipeline, dist, where)
+        check_strategy_hooks(options.hooks, training.distributed.strategy, dist, where)
     # Everything is checked: only now is anything written (by rank 0 alone, of several).
     lock: RunLock | NoLock = NoLock()
     if resume is not None:
@@ -376,14 +384,22 @@ def _setup(
             parts.compile_options or "(defaults)",
             ", ".join(compiled) or "no model with weights",
         )
+    optimizer, scheduler = parts.optimizer, parts.scheduler
+    strategy = training.distributed.strategy
     if dist.active:
-        wrapped = wrap_models(pipeline, device)
-        log.info("%d processes train (DistributedDataParallel: %s)", dist.world, ", ".join(wrapped))
+        wrapped = wrap_models(pipeline, device, strategy)
+        kind = "FSDP2 fully_shard" if strategy == "fsdp" else "DistributedDataParallel"
+        log.info("%d processes train (%s: %s)", dist.world, kind, ", ".join(wrapped))
+        if strategy == "fsdp":  # the parameters are DTensors now: the optimizer must see them
+            optimizer = build_optimizer(training.optimizer.model_dump(), pipeline, where)
+            scheduler = build_scheduler(
+                training.scheduler.model_dump() if training.scheduler else None, optimizer, where
+            )
     validation = sections.get("validation")
     running = resume.checkpoint if resume is not None else None
     precision = Precision(training.precision, device)
     search = build_search(
-        pipeline, training, parts.loss, precision, parts.optimizer, seed, where, dist.active
+        pipeline, training, parts.loss, precision, optimizer, seed, where, dist.active
     )
     return RunSetup(
         name=name,
@@ -397,8 +413,8 @@ def _setup(
         train_data=train_data,
         validation_data=loaders["validation"],
         test_data=loaders["test"],
-        optimizer=parts.optimizer,
-        scheduler=parts.scheduler,
+        optimizer=optimizer,
+        scheduler=scheduler,
         precision=precision,
         loss=parts.loss,
         guard=DivergenceGuard(device, parts.loss.streams),

@@ -120,6 +120,11 @@ class RunSetup:
         return [p for g in self.optimizer.param_groups for p in g["params"] if p.requires_grad]
 
     @property
+    def sharded(self) -> bool:
+        """Whether last.pt's weights and optimizer states are saved as shards (FSDP)."""
+        return self.config.distributed.strategy == "fsdp"
+
+    @property
     def accumulation(self) -> int:
         return self.config.gradient_accumulation
 
@@ -151,6 +156,8 @@ class RunView:
     optimizer, precision: the optimizer (its param groups' rates) and the precision (autocast,
                           the fp16 GradScaler) the step uses
     compiled_models:      names of the models `training.compile` compiled
+    sharded_models:       whether the models are sharded among processes (FSDP): then a
+                          forward pass or whole weights need every process, not a hook alone
     train_data, validation_data: the sections' loaders (their tasks, one batch to look at)
     online, logging_interval: the config's validation mode and interval
     progress:             completed epochs, episodes, position in the epoch (live)
@@ -167,6 +174,9 @@ class RunView:
         self.compiled_models = list(setup.compiled_models)
         self.train_data, self.validation_data = setup.train_data, setup.validation_data
         self.online, self.logging_interval = setup.online, setup.config.logging_interval
+        # FSDP with several processes: a model's forward is a collective, so nothing may run
+        # one on rank 0 alone (hooks run there only).
+        self.sharded_models = setup.sharded and setup.distributed.active
 
     @property
     def tensorboard(self) -> Any:

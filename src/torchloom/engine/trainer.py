@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from torchloom.core.weights import load_pipeline_weights
+from torchloom.core.weights import load_pipeline_weights, match_pipeline_weights
+from torchloom.engine import sharded
 from torchloom.engine.checkpoint import (
     capture_rng_state,
     load_checkpoint,
@@ -295,10 +296,24 @@ class TrainingLoop:
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, name: str) -> None:
+        setup = self.setup
         state = self.state_dict()  # with several processes, every one takes part
-        if self.setup.distributed.main:
-            path = self.setup.run_dir / "checkpoints" / name
-            save_checkpoint(path, state, keep_previous=name == "last.pt")
+        folder = setup.run_dir / "checkpoints"
+        if setup.sharded:  # FSDP: last.pt's weights as shards, best.pt's whole (sharded.py)
+            gradients = bool(self.progress.batch_in_epoch % setup.accumulation)
+            state = sharded.checkpoint_state(
+                state,
+                folder,
+                setup.pipeline.registered,
+                setup.optimizer,
+                setup.distributed,
+                last=name == "last.pt",
+                gradients=gradients,
+            )
+        if setup.distributed.main:
+            save_checkpoint(folder / name, state, keep_previous=name == "last.pt")
+            if setup.sharded and name == "last.pt":
+                sharded.prune_unused(folder)
 
     def wall_time(self) -> float:
         """Seconds of training over every session of this run, this one included."""
@@ -310,8 +325,8 @@ class TrainingLoop:
         mid_window = self.progress.batch_in_epoch % setup.accumulation
         search = setup.architecture_search
         return {
-            "components": setup.pipeline.component_states(),
-            "optimizer": setup.optimizer.state_dict(),
+            "components": None if setup.sharded else setup.pipeline.component_states(),
+            "optimizer": None if setup.sharded else setup.optimizer.state_dict(),
             "scheduler": setup.scheduler.state_dict() if setup.scheduler is not None else None,
             "precision": setup.precision.scaler.state_dict(),
             "rng": capture_rng_state(),
@@ -329,9 +344,12 @@ class TrainingLoop:
                 **self.train_statistics.state_dict(),
                 "latest": self.latest,
                 "csv_rows": setup.reporter.row_counts(),
+                "reservoir": setup.train_data.reservoir_state(),
                 # Gradients summed so far in an unfinished accumulation window (a save between
                 # two optimizer steps): without them a resumed run would step on fewer batches.
-                "gradients": [p.grad for p in setup.parameters] if mid_window else None,
+                "gradients": [p.grad for p in setup.parameters]
+                if mid_window and not setup.sharded
+                else None,
             },
             "hooks": setup.hooks.state_dict(),
             "architecture_search": search.state_dict() if search is not None else None,
@@ -343,8 +361,15 @@ class TrainingLoop:
         while restoring shifts the resumed run."""
         setup = self.setup
         source = f"checkpoint of {setup.run_dir}"
-        load_pipeline_weights(setup.pipeline.components, checkpoint["components"], source)
-        setup.optimizer.load_state_dict(checkpoint["optimizer"])
+        record = checkpoint.get(sharded.RECORD)
+        if record is not None:  # FSDP: each process reads its shards, at any world size
+            folder = setup.run_dir / "checkpoints"
+            sharded.load_shards(
+                folder, record, setup.pipeline.registered, setup.optimizer, setup.distributed
+            )
+        else:
+            load_pipeline_weights(setup.pipeline.components, checkpoint["components"], source)
+            setup.optimizer.load_state_dict(checkpoint["optimizer"])
         if setup.scheduler is not None and checkpoint["scheduler"] is not None:
             setup.scheduler.load_state_dict(checkpoint["scheduler"])
         setup.precision.scaler.load_state_dict(checkpoint["precision"])
@@ -360,6 +385,9 @@ class TrainingLoop:
             for parameter, gradient in zip(setup.parameters, running["gradients"], strict=True):
                 parameter.grad = None if gradient is None else gradient.to(parameter.device)
         self.latest = running["latest"]
+        note = setup.train_data.load_reservoir_state(running.get("reservoir"))
+        if note is not None:
+            setup.log.warning("%s", note)
         setup.hooks.load_state_dict(checkpoint.get("hooks", {}))
         if setup.architecture_search is not None:
             setup.architecture_search.load_state_dict(checkpoint["architecture_search"])
@@ -381,7 +409,11 @@ class TrainingLoop:
         setup.log.info("test pass with %s", "best.pt" if best.exists() else "the last weights")
         if best.exists():
             components = load_checkpoint(best)["components"]
-            load_pipeline_weights(setup.pipeline.components, components, f"'{best}'")
+            if setup.sharded:
+                match_pipeline_weights(setup.pipeline.components, components, f"'{best}'")
+                sharded.load_whole(setup.pipeline.registered, components)
+            else:
+                load_pipeline_weights(setup.pipeline.components, components, f"'{best}'")
         setup.pipeline.check_next_batch("test")
         values = evaluate(
             setup.pipeline,
@@ -438,6 +470,7 @@ class TrainingLoop:
         """Close the run's files and release its folder (run() does it; a loop that was set
         up and is not run must be closed)."""
         self.setup.hooks.release()
+        self.setup.train_data.close()  # a reservoir's workers
         self.setup.reporter.close()
         close_logger(self.setup.log)
         self.setup.lock.release()

@@ -1,0 +1,322 @@
+"""An asynchronous reservoir of processed samples (Torch Research Workflows' idea,
+SequenceAsyncReservoir): worker processes keep producing processed (augmented) samples, and
+training draws its batches from a reservoir of them without waiting for the workers.
+
+    reservoir = AsyncReservoir(task, order, size=512, replacement_rate=0.05, workers=2, seed=7)
+    batch = reservoir.next_batch(64, collate)   # never waits once the reservoir is full
+    reservoir.close()                           # also when the run fails or is interrupted
+
+How it works. The main process hands out jobs (a sequence number and a dataset index), in
+the order `order(virtual_epoch)` gives for each pass over the data (a *virtual epoch*), and
+keeps at most `prefetch` jobs outstanding, so idle workers cost nothing. Workers fetch
+`dataset[index]` (augmentations included), seeded from (seed, sequence number) so a sample's
+content does not depend on which worker made it, and send it back. Each step at most
+`replacement_rate * size` new samples enter the reservoir, each replacing a sample that was
+already delivered; a batch takes the samples not yet delivered first (oldest first) and fills
+up with random delivered ones. So every sample of a virtual epoch is delivered at least once,
+and when augmentation is slower than training, samples are reused instead of waited for.
+
+`deterministic`: each step takes in exactly its quota of new samples, in sequence order,
+waiting for them if need be: a run then depends on the seed only (tests, comparisons).
+
+Shutdown never hangs: workers ignore SIGINT (the main process stops them), leave when the
+main process dies, and `close()` stops them with a deadline and then terminates them; it runs
+at garbage collection and interpreter exit too.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import queue
+import random
+import signal
+import traceback
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+Sample = Any
+_POLL = 0.2  # seconds between liveness checks while waiting
+
+
+class ReservoirError(RuntimeError):
+    """A worker failed (its traceback is in the message) or died."""
+
+
+def _sample_seed(seed: int, sequence: int) -> int:
+    return (seed * 1_000_003 + sequence) % 2**63
+
+
+def _compact(value: Any) -> Any:
+    """A sample as it travels to the main process: a tensor that views a larger storage (a
+    row of a data set held in one tensor) would be pickled with the whole storage."""
+    if isinstance(value, torch.Tensor):
+        whole = value.untyped_storage().nbytes()
+        return value.clone() if whole > value.numel() * value.element_size() else value
+    if isinstance(value, dict):
+        return {key: _compact(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_compact(item) for item in value)
+    return value
+
+
+def _packed(sample: Any) -> bytes:
+    """A sample as bytes, tensors by value. Not through torch's shared-memory pickling: each
+    tensor would cost a round trip to a helper thread of this worker, which waits for the
+    GIL while the worker augments (milliseconds a tensor, on the training's side)."""
+    return pickle.dumps(_compact(sample), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
+    """A worker: fetch samples for jobs until told to stop or the parent is gone."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    # A forked worker inherits the run's SIGTERM handler (a graceful stop of the training):
+    # here SIGTERM, which close() sends after its grace period, must end the worker.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch.set_num_threads(1)
+    results.cancel_join_thread()  # exit at once even when nobody reads what is queued
+    while True:
+        try:
+            job = jobs.get(timeout=_POLL)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return
+            continue
+        if job is None:
+            return
+        sequence, index = job
+        try:
+            value = _sample_seed(seed, sequence)
+            torch.manual_seed(value)
+            random.seed(value)
+            np.random.seed(value % 2**32)
+            results.put((sequence, index, _packed(dataset[index]), None))
+        except Exception:
+            results.put((sequence, index, None, traceback.format_exc()))
+
+
+def _stop(processes: list[Any], jobs: Any, results: Any) -> None:
+    """Stop the workers: a sentinel each, a short grace, then terminate; never blocks long."""
+    for _ in processes:
+        try:
+            jobs.put_nowait(None)
+        except Exception:
+            break
+    for process in processes:
+        process.join(timeout=2.0)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=2.0)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for channel in (jobs, results):
+        channel.cancel_join_thread()
+        channel.close()
+
+
+class AsyncReservoir:
+    def __init__(
+        self,
+        dataset: Any,
+        order: Callable[[int], Sequence[int]],
+        *,
+        size: int,
+        replacement_rate: float,
+        workers: int,
+        seed: int,
+        deterministic: bool = False,
+        record: bool = False,
+    ) -> None:
+        """`dataset[index]` gives a processed sample (it is copied into each worker);
+        `order(virtual_epoch)` the indices of one pass over the data."""
+        self.dataset, self.order = dataset, order
+        self.size, self.workers, self.seed = size, workers, seed
+        self.deterministic = deterministic
+        self.quota = max(1, int(replacement_rate * size))  # new samples per step, at most
+        self.prefetch = max(2 * self.quota, 2 * workers)
+        self.slots: list[Sample] = []  # the reservoir
+        self.origins: list[tuple[int, int]] = []  # each slot's (virtual epoch, index)
+        self.fresh: deque[int] = deque()  # slots not yet delivered, oldest first
+        self.stale: list[int] = []  # slots delivered at least once (replaceable)
+        self.waiting: dict[int, tuple[int, Sample]] = {}  # arrived, not yet taken in
+        self.sequences: list[int] = []  # each slot's sequence number (its augmentation seed)
+        self.job_of: dict[int, tuple[int, int]] = {}  # (virtual epoch, position) of jobs out
+        self.refill: dict[int, int] = {}  # after load_state_dict: sequence -> slot to remake
+        self.issued = 0  # jobs handed out
+        self.taken = 0  # samples taken into the reservoir (deterministic: in order)
+        self.virtual_epoch, self.position, self.current = 0, 0, list(order(0))
+        self.steps = self.fresh_delivered = 0  # batches drawn; never-delivered samples in them
+        # (virtual epoch, index) of every sample of every batch, when asked for (tests)
+        self.deliveries: list[tuple[int, int]] | None = [] if record else None
+        self.generator = torch.Generator().manual_seed(_sample_seed(seed, 0x5E5E))
+        self.processes: list[Any] = []
+        self._finalizer: Any = None
+
+    # ---- workers ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self.processes:
+            return
+        methods = multiprocessing.get_all_start_methods()
+        context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        self.jobs, self.results = context.Queue(), context.Queue()
+        for number in range(self.workers):
+            process = context.Process(
+                target=_work,
+                args=(self.dataset, self.seed, self.jobs, self.results, os.getpid()),
+                name=f"torchloom-reservoir-{number}",
+                daemon=True,
+            )
+            process.start()
+            self.processes.append(process)
+        self._finalizer = weakref.finalize(self, _stop, self.processes, self.jobs, self.results)
+
+    def close(self) -> None:
+        """Stop the workers (idempotent; also at garbage collection and exit)."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.processes) and self._finalizer is not None and self._finalizer.alive
+
+    def _issue(self) -> None:
+        while self.issued - self.taken < self.prefetch:  # in workers or arrived, not taken
+            if self.position == len(self.current):
+                self.virtual_epoch += 1
+                self.current, self.position = list(self.order(self.virtual_epoch)), 0
+                if not self.current:
+                    raise ReservoirError("the sampler's order for a virtual epoch is empty")
+            self.jobs.put((self.issued, self.current[self.position]))
+            self.job_of[self.issued] = (self.virtual_epoch, self.position)
+            self.issued, self.position = self.issued + 1, self.position + 1
+
+    def _receive(self, block: bool) -> bool:
+        """One result into `waiting`; False when none came (not blocking, or a poll passed)."""
+        try:
+            sequence, index, sample, failure = self.results.get(block, _POLL if block else None)
+        except queue.Empty:
+            if block and not all(p.is_alive() for p in self.processes):
+                raise ReservoirError(
+                    "a reservoir worker died (killed, or out of memory?)"
+                ) from None
+            return False
+        if failure is not None:
+            raise ReservoirError(f"a reservoir worker failed on sample {index}:\n{failure}")
+        self.waiting[sequence] = (index, pickle.loads(sample))
+        return True
+
+    # ---- the reservoir ---------------------------------------------------------------------
+    def _take(self, count: int, block: bool) -> None:
+        """Take up to `count` arrived samples in (deterministic: exactly `count`, in sequence
+        order, waiting for them), into empty slots first, then over delivered ones; never
+        over a sample not yet delivered."""
+        taken = 0
+        while taken < count and (len(self.slots) < self.size or self.stale):
+            self._issue()
+            sequence = self._next_arrival(block)
+            if sequence is None:
+                break
+            index, sample = self.waiting.pop(sequence)
+            self._place(sequence, index, sample)
+            self.taken, taken = self.taken + 1, taken + 1
+        self._issue()
+
+    def _next_arrival(self, block: bool) -> int | None:
+        if self.deterministic:
+            while self.taken not in self.waiting:  # in order: the next sequence number
+                self._receive(block=True)
+            return self.taken
+        while self._receive(block=False):  # whatever arrived meanwhile
+            pass
+        while block and not self.waiting:
+            self._receive(block=True)
+        return min(self.waiting) if self.waiting else None
+
+    def _place(self, sequence: int, index: int, sample: Sample) -> None:
+        if len(self.slots) < self.size:
+            self.slots.append(sample)
+            self.origins.append((0, 0))
+            self.sequences.append(sequence)
+            slot = len(self.slots) - 1
+        else:
+            pick = int(torch.randint(len(self.stale), (1,), generator=self.generator))
+            slot = self.stale[pick]
+            self.stale[pick] = self.stale[-1]
+            self.stale.pop()
+            self.slots[slot], self.sequences[slot] = sample, sequence
+        self.origins[slot] = (self.job_of.pop(sequence)[0], index)
+        self.fresh.append(slot)
+
+    def next_batch(self, batch_size: int, collate: Callable[[list[Sample]], Any]) -> Any:
+        """A batch of `batch_size` samples (at most `size`): the first call waits until the
+        reservoir is full; later ones take in what arrived (up to the step's quota) and
+        never wait, unless `deterministic`."""
+        if batch_size > self.size:
+            raise ValueError(f"a batch of {batch_size} exceeds the reservoir's {self.size}")
+        self.start()
+        if self.refill:
+            self._remake()
+        if len(self.slots) < self.size:
+            self._take(self.size - len(self.slots), block=True)
+        else:
+            self._take(self.quota, block=self.deterministic)
+        fresh = [self.fresh.popleft() for _ in range(min(batch_size, len(self.fresh)))]
+        chosen = list(fresh)
+        if len(chosen) < batch_size:  # every fresh sample is in: fill up with delivered ones
+            picks = torch.randperm(len(self.stale), generator=self.generator)
+            chosen += [self.stale[int(i)] for i in picks[: batch_size - len(chosen)]]
+        self.stale.extend(fresh)  # delivered now: replaceable
+        self.steps, self.fresh_delivered = self.steps + 1, self.fresh_delivered + len(fresh)
+        if self.deliveries is not None:
+            self.deliveries.extend(self.origins[slot] for slot in chosen)
+        return collate([self.slots[slot] for slot in chosen])
+
+    # ---- exact resume (deterministic mode) --------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the reservoir stands: which sample (sequence number, index) each slot holds,
+        which are not yet delivered, the draws' generator and the next job. Samples are not
+        saved: they are made again from (seed, sequence number), so this is exact only in
+        the deterministic mode, where what arrives when does not matter."""
+        following = self.job_of.get(self.taken, (self.virtual_epoch, self.position))
+        return {
+            "taken": self.taken,
+            "next": list(following),
+            "sequences": list(self.sequences),
+            "origins": [list(origin) for origin in self.origins],
+            "fresh": list(self.fresh),
+            "stale": list(self.stale),
+            "generator": self.generator.get_state(),
+            "steps": self.steps,
+            "fresh_delivered": self.fresh_delivered,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict()`; the slots' samples are made again by the workers at
+        the next batch."""
+        self.taken = self.issued = state["taken"]
+        self.virtual_epoch, self.position = state["next"]
+        self.current = list(self.order(self.virtual_epoch))
+        self.sequences = list(state["sequences"])
+        self.origins = [(int(e), int(i)) for e, i in state["origins"]]
+        self.slots = [None] * len(self.sequences)
+        self.fresh, self.stale = deque(state["fresh"]), list(state["stale"])
+        self.generator.set_state(state["generator"])
+        self.steps, self.fresh_delivered = state["steps"], state["fresh_delivered"]
+        self.job_of, self.waiting = {}, {}
+        self.refill = {sequence: slot for slot, sequence in enumerate(self.sequences)}
+
+    def _remake(self) -> None:
+        for sequence, slot in self.refill.items():
+            self.jobs.put((sequence, self.origins[slot][1]))
+        while self.refill:
+            self._receive(block=True)
+            for sequence in [s for s in self.waiting if s in self.refill]:
+                self.slots[self.refill.pop(sequence)] = self.waiting.pop(sequence)[1]

@@ -1,0 +1,132 @@
+"""The asynchronous reservoir: every sample delivered at least once per virtual epoch,
+deterministic in its test mode, never waiting once full, and no worker outliving it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from torchloom.data.reservoir import AsyncReservoir, ReservoirError
+
+
+class Augmented:
+    """Samples carrying their index and a random 'augmentation' drawn in the worker."""
+
+    def __init__(self, size: int, delay: float = 0.0, fail_at: int | None = None) -> None:
+        self.size, self.delay, self.fail_at = size, delay, fail_at
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if index == self.fail_at:
+            raise ValueError(f"cannot read sample {index}")
+        if self.delay:
+            time.sleep(self.delay)
+        return {"index": torch.tensor(index), "noise": torch.rand(2)}
+
+
+def order_of(size: int) -> Any:
+    def order(epoch: int) -> list[int]:
+        return torch.randperm(size, generator=torch.Generator().manual_seed(epoch)).tolist()
+
+    return order
+
+
+def collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def reservoir(dataset: Any, **settings: Any) -> AsyncReservoir:
+    options = {"size": 16, "replacement_rate": 0.25, "workers": 2, "seed": 5, "record": True}
+    return AsyncReservoir(dataset, order_of(len(dataset)), **{**options, **settings})
+
+
+def test_the_deterministic_mode_repeats_itself_and_delivers_every_sample() -> None:
+    runs = []
+    for _ in range(2):
+        source = reservoir(Augmented(50), deterministic=True)
+        try:
+            batches = [source.next_batch(8, collate) for _ in range(30)]
+        finally:
+            source.close()
+        runs.append((batches, source.deliveries))
+        assert source.quota == 4
+    (first, deliveries), (second, _) = runs
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["noise"], b["noise"])
+    # 16 samples to fill, 4 new per step after: 16 + 29 * 4 = 132 > 100, two virtual epochs
+    assert deliveries is not None
+    for epoch in (0, 1):
+        assert {index for e, index in deliveries if e == epoch} == set(range(50))
+
+
+def test_training_draws_without_waiting_and_still_sees_every_sample() -> None:
+    source = reservoir(Augmented(40, delay=0.05), replacement_rate=0.5)
+    processes = []
+    try:
+        source.next_batch(8, collate)  # the first batch waits for a full reservoir
+        processes = [p.pid for p in source.processes]
+        started = time.perf_counter()
+        for _ in range(10):
+            source.next_batch(8, collate)
+        # Waiting for the 8 new samples a step allows would take 10 * 8 * 0.05 / 2 = 2 s.
+        assert time.perf_counter() - started < 0.5
+        assert source.taken < 16 + 10 * 8  # replacing at most 8 a step; fewer arrived
+        while source.virtual_epoch < 2:  # keep drawing until a second pass was handed out
+            source.next_batch(8, collate)
+            time.sleep(0.01)
+        while any(e == 0 for e, _ in source.job_of.values()) or source.fresh:
+            source.next_batch(8, collate)  # pass 0's samples not yet taken in or delivered
+        deliveries = source.deliveries
+        assert deliveries is not None
+        assert {index for e, index in deliveries if e == 0} == set(range(40))
+    finally:
+        source.close()
+    assert processes and not any(alive(pid) for pid in processes)
+
+
+def test_a_failing_sample_is_an_error_with_its_traceback_and_workers_stop() -> None:
+    source = reservoir(Augmented(30, fail_at=13), deterministic=True)  # waits for sample 13
+    with pytest.raises(ReservoirError, match="failed on sample 13") as error:
+        for _ in range(20):
+            source.next_batch(8, collate)
+    assert "cannot read sample 13" in str(error.value)
+    pids = [p.pid for p in source.processes]
+    source.close()
+    source.close()  # idempotent
+    assert not any(alive(pid) for pid in pids)
+
+
+def test_the_deterministic_mode_continues_exactly_from_its_state() -> None:
+    whole = reservoir(Augmented(50), deterministic=True)
+    try:
+        expected = [whole.next_batch(8, collate) for _ in range(12)]
+    finally:
+        whole.close()
+    first = reservoir(Augmented(50), deterministic=True)
+    try:
+        got = [first.next_batch(8, collate) for _ in range(5)]
+        state = first.state_dict()
+    finally:
+        first.close()
+    second = reservoir(Augmented(50), deterministic=True)
+    try:
+        second.load_state_dict(state)
+        got += [second.next_batch(8, collate) for _ in range(7)]
+    finally:
+        second.close()
+    for a, b in zip(expected, got, strict=True):
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["noise"], b["noise"])
