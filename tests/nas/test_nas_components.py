@@ -137,8 +137,9 @@ def test_genotype_errors_at_check(
         ("{order: third}", "DartsNetwork", "split.yml:4"),
         ("{arch_optimizer: {type: Adamm}}", "DartsNetwork", "did you mean 'Adam'"),
         ("{}", "LeNet5", "needs a searchable component"),
+        ("{derived: {channls: 8}}", "DartsNetwork", "did you mean 'channels'"),
     ],
-    ids=["split-1", "split-0", "order", "arch-optimizer", "nothing-to-search"],
+    ids=["split-1", "split-0", "order", "arch-optimizer", "nothing-to-search", "derived"],
 )
 def test_bad_architecture_search_settings_are_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], search: str, model: str, expected: str

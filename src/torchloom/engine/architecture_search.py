@@ -30,17 +30,19 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 import yaml
+from pydantic import ValidationError
 
 from torchloom.config.architecture_search_schema import ArchitectureSearchConfig
 from torchloom.config.sampler_schema import SubsetSamplerConfig
 from torchloom.config.schema import TrainingConfig
 from torchloom.core.component import Batch
 from torchloom.core.pipeline import Pipeline
+from torchloom.core.registry import resolve
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.engine.loaders import SectionLoader, to_device
 from torchloom.engine.optim import _check_kwargs, _lookup, _refused_values
 from torchloom.engine.step import Precision, WeightedLoss
-from torchloom.errors import ConfigError, Problem, Where
+from torchloom.errors import ConfigError, LoomError, Problem, Where, validation_problems
 
 KEY = ("training", "architecture_search")
 
@@ -99,7 +101,25 @@ def check_search(pipeline: Pipeline, training: TrainingConfig, where: Where) -> 
         build_arch_optimizer(search, [torch.nn.Parameter(torch.zeros(1))], where)
     except ConfigError as error:
         problems += error.problems
+    for component in searchable_components(pipeline).values():
+        problems += derived_problems(component, search, where)
     return problems
+
+
+def derived_problems(
+    component: Searchable, search: ArchitectureSearchConfig, where: Where
+) -> list[Problem]:
+    """A misspelt or invalid `derived` parameter found now, not when derived.yml is trained."""
+    entry = {**component.derived_entry(), **search.derived}
+    key = where(*KEY, "derived")
+    try:
+        cls = resolve(entry.pop("type"), key)
+        cls.Params.model_validate(entry)
+    except LoomError as error:
+        return list(error.problems)
+    except ValidationError as error:
+        return validation_problems(error, where, (*KEY, "derived"), cls.Params)
+    return []
 
 
 def build_arch_optimizer(
