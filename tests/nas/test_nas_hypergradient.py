@@ -134,9 +134,15 @@ def _references(net, train, val, alphas, ours):  # type: ignore[no-untyped-def]
     return exact, numeric, analytic
 
 
-def test_second_order_gradient_on_a_smooth_problem_at_the_papers_step(one_thread: None) -> None:
+@pytest.mark.parametrize(
+    "rates", [[0.5] * 4, [0.5, 0.5, 0.1, 0.2]], ids=["one-rate", "param-groups"]
+)
+def test_second_order_gradient_on_a_smooth_problem_at_the_papers_step(
+    one_thread: None, rates: list[float]
+) -> None:
     """A softmax(alpha)-weighted mixture of tanh layers: smooth, so the paper's epsilon gives
-    the hypergradient to a small relative error."""
+    the hypergradient to a small relative error; with a learning rate per weight tensor (the
+    optimizer's param_groups) too."""
     torch.manual_seed(0)
     candidates = [torch.randn(5, 3, dtype=torch.float64, requires_grad=True) for _ in range(4)]
     alpha = torch.randn(4, dtype=torch.float64, requires_grad=True)
@@ -153,11 +159,10 @@ def test_second_order_gradient_on_a_smooth_problem_at_the_papers_step(one_thread
         logits = sum(w * torch.tanh(x @ c) for w, c in zip(weights, ws, strict=True))
         return torch.nn.functional.cross_entropy(logits, y)  # type: ignore[arg-type]
 
-    xi = 0.5
     ours = second_order_gradient(
         [alpha],
         candidates,
-        [xi] * 4,
+        rates,
         lambda: loss(candidates, alpha, x_train, y_train),
         lambda: loss(candidates, alpha, x_val, y_val),
     )[0]
@@ -166,7 +171,8 @@ def test_second_order_gradient_on_a_smooth_problem_at_the_papers_step(one_thread
         grads = torch.autograd.grad(
             loss(candidates, a, x_train, y_train), candidates, create_graph=True
         )
-        return loss([c - xi * g for c, g in zip(candidates, grads, strict=True)], a, x_val, y_val)
+        stepped = [c - xi * g for c, g, xi in zip(candidates, grads, rates, strict=True)]
+        return loss(stepped, a, x_val, y_val)
 
     exact = torch.autograd.grad(objective(alpha), alpha)[0]
     h = 1e-5

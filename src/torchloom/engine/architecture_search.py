@@ -162,7 +162,10 @@ def second_order_gradient(
     epsilon: float = 0.01,
 ) -> list[torch.Tensor]:
     """The unrolled hypergradient (module docstring); `weights` are changed in place during
-    the computation and restored exactly. `learning_rates` is xi per weight tensor."""
+    the computation and restored exactly. `learning_rates` is xi per weight tensor: with
+    param_groups of other rates, the Hessian-vector product is taken along each tensor's
+    xi / xi_0 times its gradient (xi_0: the first one's), which is the exact derivative of
+    the virtual step they make and the paper's formula when all rates are equal."""
     alphas, weights = list(alphas), list(weights)
     saved = [w.detach().clone() for w in weights]
     with torch.enable_grad():
@@ -184,10 +187,13 @@ def second_order_gradient(
         norm = torch.sqrt(sum((d.double() ** 2).sum() for d in direction))  # type: ignore[arg-type]
         eps = epsilon / max(float(norm), 1e-12)
 
+        xi = learning_rates[0] if learning_rates else 0.0
+        ratios = [rate / xi if xi else 1.0 for rate in learning_rates]
+
         def train_alpha_gradients(sign: float) -> list[torch.Tensor]:
             with torch.no_grad():
-                for w, w0, d in zip(weights, saved, direction, strict=True):
-                    w.copy_(w0 + sign * eps * d)
+                for w, w0, d, ratio in zip(weights, saved, direction, ratios, strict=True):
+                    w.copy_(w0 + (sign * eps * ratio) * d)
             found = torch.autograd.grad(train_loss(), alphas, allow_unused=True)
             return [
                 g if g is not None else torch.zeros_like(a)
@@ -199,8 +205,6 @@ def second_order_gradient(
         with torch.no_grad():
             for w, w0 in zip(weights, saved, strict=True):
                 w.copy_(w0)
-    # xi differs per weight only with param_groups; the paper's single xi is the first group's.
-    xi = learning_rates[0] if learning_rates else 0.0
     return [
         g - xi * (p - m) / (2 * eps) for g, p, m in zip(alpha_gradients, plus, minus, strict=True)
     ]
