@@ -5,7 +5,8 @@
 2. A first-order DARTS search (DartsNetwork, `--cells` cells of `--channels` channels) for
    `--search-epochs` epochs, then its derived.yml trained from scratch exactly as LeNet-5 is
    (same epochs, data, seed): test accuracy, parameters, search wall time.
-3. The same with the second order: its cost beside the first order's, and its result.
+3. The same with the second order (`--orders first second`): its cost beside the first
+   order's, and its result.
 4. Regularized evolution (torchloom.nas.evolution) over the same space: `--evaluations`
    architectures, each trained `--evolution-epochs` epoch(s) and scored on validation
    accuracy; the Pareto front of accuracy versus parameters, printed and plotted.
@@ -188,7 +189,9 @@ def main() -> None:
     parser.add_argument("--search-epochs", type=int, default=2)
     parser.add_argument("--cells", type=int, default=5)
     parser.add_argument("--channels", type=int, default=8)
-    parser.add_argument("--second-order", action="store_true", help="also search second order")
+    parser.add_argument(
+        "--orders", nargs="+", default=["first"], choices=["first", "second"], help="searches run"
+    )
     parser.add_argument("--evaluations", type=int, default=30)
     parser.add_argument("--population", type=int, default=10)
     parser.add_argument("--sample", type=int, default=3)
@@ -216,7 +219,7 @@ def main() -> None:
                 flush=True,
             )
         if "darts" not in args.skip:
-            for order in ("first", "second") if args.second_order else ("first",):
+            for order in args.orders:
                 darts(args, order, folder, common)
         if "evolution" not in args.skip:
             evolution(args, folder, common)

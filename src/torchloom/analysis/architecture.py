@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchloom.analysis.plotting import PlotBudget, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
+from torchloom.core.pipeline import Pipeline
 from torchloom.engine.state import Hook
 
 if TYPE_CHECKING:
@@ -22,13 +23,17 @@ if TYPE_CHECKING:
 KIND = "architecture"
 
 
-def searchable(run: RunView) -> dict[str, Any]:
+def searchable_components(pipeline: Pipeline) -> dict[str, Any]:
     names = ("alpha_softmax", "edge_labels", "operation_labels")
     return {
         name: component
-        for name, component in run.pipeline.components.items()
+        for name, component in pipeline.components.items()
         if all(callable(getattr(component, n, None)) for n in names)
     }
+
+
+def searchable(run: RunView) -> dict[str, Any]:
+    return searchable_components(run.pipeline)
 
 
 def draw_alphas(run: RunView, name: str, component: Any, epoch: int) -> None:
@@ -50,6 +55,11 @@ def draw_alphas(run: RunView, name: str, component: Any, epoch: int) -> None:
 
 class ArchitecturePlots(Hook):
     name = "architecture_plots"
+
+    @staticmethod
+    def applies(pipeline: Pipeline) -> bool:
+        """Built only for a pipeline with a searchable component."""
+        return bool(searchable_components(pipeline))
 
     def __init__(self, config: AnalysisConfig, budget: PlotBudget | None = None) -> None:
         self.budget = budget or PlotBudget()
