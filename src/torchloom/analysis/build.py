@@ -36,6 +36,7 @@ HOOKS: dict[str, tuple[str, tuple[str, ...]]] = {
     "SampleExport": ("torchloom.analysis.sample_export", ("random_samples", "augmentation")),
     "EmbeddingExport": ("torchloom.analysis.embeddings", ("embeddings",)),
     "LayerStatistics": ("torchloom.analysis.layer_statistics", ("layer_statistics",)),
+    "ArchitecturePlots": ("torchloom.analysis.architecture", ("architecture",)),
 }
 # Items that read the classification outputs' streams.
 NEEDS_OUTPUTS = (
@@ -105,6 +106,9 @@ def build_hooks(data: Mapping[str, Any], pipeline: Pipeline, where: Where) -> li
         wanted = [i for i in items if config.enabled(i)]
         if wanted:
             cls = getattr(importlib.import_module(module), class_name)
+            applies = getattr(cls, "applies", None)  # a hook for some pipelines only
+            if applies is not None and not applies(pipeline):
+                continue
             takes_budget = "budget" in inspect.signature(cls).parameters
             hooks.append(cls(config, budget) if takes_budget else cls(config))
     if skipped:

@@ -120,11 +120,12 @@ ITEMS = (
     "layer_statistics",
     "learning_rate",
     "model_summary",
+    "architecture",
 )
 
 # What each preset switches on. `minimal` is for search runs: cheap, no files per sample.
 PRESETS: dict[str, frozenset[str]] = {
-    "minimal": frozenset({"history", "learning_rate"}),
+    "minimal": frozenset({"history", "learning_rate", "architecture"}),
     "default": frozenset(
         {
             "confusion_matrix",
@@ -136,6 +137,7 @@ PRESETS: dict[str, frozenset[str]] = {
             "random_samples",
             "learning_rate",
             "model_summary",
+            "architecture",
         }
     ),
     "full": frozenset(ITEMS),
@@ -199,6 +201,11 @@ class AnalysisConfig(_Strict):
         None,
         description="`reports/model_summary.md`: parameters per component, output shape per "
         "layer, a memory estimate",
+    )
+    architecture: bool | None = Field(
+        None,
+        description="`reports/architecture/<component>-alphas.png`: a DARTS search's "
+        "architecture weights per edge and operation (heat maps); only with a searchable model",
     )
 
     def enabled(self, item: str) -> bool:

@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from torchloom.config.architecture_search_schema import ArchitectureSearchConfig
 from torchloom.config.sampler_schema import SamplerConfig
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean, validation_problems
 from torchloom.run_names import run_name_problem, shown
@@ -163,6 +164,10 @@ class TrainingConfig(SectionConfig):
     )
     terminal_conditions: TerminalConditions = Field(default_factory=TerminalConditions)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    architecture_search: ArchitectureSearchConfig | None = Field(
+        None,
+        description="learn a DARTS architecture while training: see docs/architecture-search.md",
+    )
 
 
 class ValidationConfig(SectionConfig):

@@ -24,6 +24,7 @@ from torchloom.config.loading import ConfigSource
 from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.weights import match_pipeline_weights
+from torchloom.engine.architecture_search import build_search, check_search, with_search_split
 from torchloom.engine.assemble import (
     build_checked,
     load_and_validate,
@@ -125,6 +126,7 @@ def build_training_parts(
             check_monitor(monitor, names, monitor_key)
         except LoomError as error:
             problems += error.problems
+    problems += check_search(pipeline, training, where)
     if problems:
         raise ConfigError(problems)
     assert optimizer is not None and loss is not None
@@ -334,6 +336,7 @@ def _setup(
     device = process_device(resolve_device(options.device), dist)
     pipeline.to(device)
     parts = build_training_parts(pipeline, training, where)  # config checks before any data
+    sections = with_search_split(sections)  # the weights' part, when searching an architecture
     loaders = {
         s: _section_loader(s, pipeline, sections, seed, where, device)
         for s in ("training", "validation", "test")
@@ -394,6 +397,10 @@ def _setup(
             )
     validation = sections.get("validation")
     running = resume.checkpoint if resume is not None else None
+    precision = Precision(training.precision, device)
+    search = build_search(
+        pipeline, training, parts.loss, precision, optimizer, seed, where, dist.active
+    )
     return RunSetup(
         name=name,
         config=training,
@@ -408,7 +415,7 @@ def _setup(
         test_data=loaders["test"],
         optimizer=optimizer,
         scheduler=scheduler,
-        precision=Precision(training.precision, device),
+        precision=precision,
         loss=parts.loss,
         guard=DivergenceGuard(device, parts.loss.streams),
         monitor=parts.monitor,
@@ -426,4 +433,5 @@ def _setup(
         compiled_models=compiled,
         show_progress=not options.quiet and dist.main,
         distributed=dist,
+        architecture_search=search,
     )

@@ -43,6 +43,7 @@ import torch
 from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.component import Batch
 from torchloom.core.pipeline import Pipeline
+from torchloom.engine.architecture_search import ArchitectureSearch
 from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.reporting import Reporter
@@ -112,6 +113,7 @@ class RunSetup:
     compiled_models: list[str] = field(default_factory=list)  # by `training.compile`
     show_progress: bool = True
     distributed: Distributed = SINGLE  # this process among those training the run
+    architecture_search: ArchitectureSearch | None = None  # training.architecture_search
 
     @property
     def parameters(self) -> list[torch.nn.Parameter]:

@@ -114,6 +114,8 @@ class TrainingLoop:
         setup, progress = self.setup, self.progress
         # Compiled models run eagerly for a step a hook observes through forward hooks.
         eager = bool(setup.compiled_models) and setup.hooks.needs_eager_step(self.view)
+        if setup.architecture_search is not None:  # DARTS: the architecture's step first
+            setup.architecture_search.step(batch, setup.device)
         with running_eagerly(eager), setup.precision.autocast():
             setup.pipeline(batch)
             loss = setup.loss(batch)
@@ -216,6 +218,10 @@ class TrainingLoop:
             "lr": setup.optimizer.param_groups[0]["lr"],
         }
         self.latest["training"] = {f"training.{k}": v for k, v in row.items()}
+        if setup.architecture_search is not None and setup.distributed.main:
+            setup.architecture_search.end_epoch(
+                progress.epoch, setup.run_dir, setup.config_text, setup.log
+            )
         setup.hooks.after_training_epoch(self.view, row)
         setup.reporter.row("training_epoch_statistics", row, progress.episode)
         setup.log.info(
@@ -317,6 +323,7 @@ class TrainingLoop:
         """Everything exact resume needs (engine/checkpoint.py)."""
         setup = self.setup
         mid_window = self.progress.batch_in_epoch % setup.accumulation
+        search = setup.architecture_search
         return {
             "components": None if setup.sharded else setup.pipeline.component_states(),
             "optimizer": None if setup.sharded else setup.optimizer.state_dict(),
@@ -345,6 +352,7 @@ class TrainingLoop:
                 else None,
             },
             "hooks": setup.hooks.state_dict(),
+            "architecture_search": search.state_dict() if search is not None else None,
             "config": setup.config_text,
         }
 
@@ -381,6 +389,8 @@ class TrainingLoop:
         if note is not None:
             setup.log.warning("%s", note)
         setup.hooks.load_state_dict(checkpoint.get("hooks", {}))
+        if setup.architecture_search is not None:
+            setup.architecture_search.load_state_dict(checkpoint["architecture_search"])
         dist, ranks = setup.distributed, checkpoint.get("rng_ranks")
         if ranks is not None and len(ranks) == dist.world:
             restore_rng_state(ranks[dist.rank])

@@ -1,0 +1,1 @@
+"""Architecture learning: DARTS's searchable and fixed networks and their genotypes."""

@@ -1,0 +1,126 @@
+"""DARTS's candidate operations (Liu, Simonyan & Yang 2019) and the blocks around them.
+
+Every operation maps `channels` maps to `channels` maps, halving the resolution when its
+stride is 2 (the edges of a reduction cell that leave its two input nodes). `affine` is off
+during the search, as in the paper: a learned BatchNorm scale would let an operation's
+weights compete with the architecture parameters that weigh it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+PRIMITIVES = (
+    "none",
+    "max_pool_3x3",
+    "avg_pool_3x3",
+    "skip_connect",
+    "sep_conv_3x3",
+    "sep_conv_5x5",
+    "dil_conv_3x3",
+    "dil_conv_5x5",
+)
+
+
+class ReLUConvBN(nn.Sequential):
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int, padding: int, affine: bool):
+        super().__init__(
+            nn.ReLU(),
+            nn.Conv2d(c_in, c_out, kernel, stride=stride, padding=padding, bias=False),
+            nn.BatchNorm2d(c_out, affine=affine),
+        )
+
+
+class DilatedConv(nn.Sequential):
+    """ReLU, a depthwise dilated convolution, a pointwise one, BatchNorm."""
+
+    def __init__(self, c: int, kernel: int, stride: int, padding: int, dilation: int, affine: bool):
+        super().__init__(
+            nn.ReLU(),
+            nn.Conv2d(c, c, kernel, stride, padding, dilation=dilation, groups=c, bias=False),
+            nn.Conv2d(c, c, 1, bias=False),
+            nn.BatchNorm2d(c, affine=affine),
+        )
+
+
+class SeparableConv(nn.Sequential):
+    """Two depthwise-separable convolutions in a row (the first one strided), as in DARTS."""
+
+    def __init__(self, c: int, kernel: int, stride: int, padding: int, affine: bool):
+        super().__init__(
+            DilatedConv(c, kernel, stride, padding, 1, affine),
+            DilatedConv(c, kernel, 1, padding, 1, affine),
+        )
+
+
+class Zero(nn.Module):
+    """The `none` operation: zeros of the output's shape (its weight in a mixed operation is
+    how strongly the search prefers no connection)."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, :, :: self.stride, :: self.stride] * 0.0
+
+
+class FactorizedReduce(nn.Module):
+    """Halves the resolution without losing every other pixel: two strided 1x1 convolutions,
+    the second shifted by one pixel, concatenated. Needs an even input size."""
+
+    def __init__(self, c_in: int, c_out: int, affine: bool) -> None:
+        super().__init__()
+        self.relu = nn.ReLU()
+        self.conv_1 = nn.Conv2d(c_in, c_out // 2, 1, stride=2, bias=False)
+        self.conv_2 = nn.Conv2d(c_in, c_out - c_out // 2, 1, stride=2, bias=False)
+        self.bn = nn.BatchNorm2d(c_out, affine=affine)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(x)
+        return self.bn(torch.cat([self.conv_1(x), self.conv_2(x[:, :, 1:, 1:])], dim=1))
+
+
+OPERATIONS: dict[str, Callable[[int, int, bool], nn.Module]] = {
+    "none": lambda c, stride, affine: Zero(stride),
+    "max_pool_3x3": lambda c, stride, affine: nn.MaxPool2d(3, stride=stride, padding=1),
+    "avg_pool_3x3": lambda c, stride, affine: nn.AvgPool2d(
+        3, stride=stride, padding=1, count_include_pad=False
+    ),
+    "skip_connect": lambda c, stride, affine: (
+        nn.Identity() if stride == 1 else FactorizedReduce(c, c, affine)
+    ),
+    "sep_conv_3x3": lambda c, stride, affine: SeparableConv(c, 3, stride, 1, affine),
+    "sep_conv_5x5": lambda c, stride, affine: SeparableConv(c, 5, stride, 2, affine),
+    "dil_conv_3x3": lambda c, stride, affine: DilatedConv(c, 3, stride, 2, 2, affine),
+    "dil_conv_5x5": lambda c, stride, affine: DilatedConv(c, 5, stride, 4, 2, affine),
+}
+assert tuple(OPERATIONS) == PRIMITIVES
+
+
+def operation(name: str, channels: int, stride: int, affine: bool) -> nn.Module:
+    return OPERATIONS[name](channels, stride, affine)
+
+
+def drop_path(x: torch.Tensor, drop_probability: float) -> torch.Tensor:
+    """Zero whole samples of an operation's output with this probability, scaling the kept
+    ones so that the expectation is unchanged (Zoph et al. 2018's ScheduledDropPath)."""
+    keep = 1.0 - drop_probability
+    mask = torch.empty(x.shape[0], 1, 1, 1, device=x.device, dtype=x.dtype).bernoulli_(keep)
+    return x * mask / keep
+
+
+def preprocessing(
+    c_previous_previous: int, c_previous: int, channels: int, reduction_previous: bool, affine: bool
+) -> tuple[nn.Module, nn.Module]:
+    """The 1x1 blocks that bring a cell's two inputs to `channels` maps (and the older one to
+    this cell's resolution when the previous cell halved it)."""
+    first = (
+        FactorizedReduce(c_previous_previous, channels, affine)
+        if reduction_previous
+        else ReLUConvBN(c_previous_previous, channels, 1, 1, 0, affine)
+    )
+    return first, ReLUConvBN(c_previous, channels, 1, 1, 0, affine)
