@@ -195,7 +195,10 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-def test_no_worker_outlives_a_killed_loom_search(tmp_path: Path, mnist_folder: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGHUP])
+def test_no_worker_outlives_a_killed_loom_search(
+    tmp_path: Path, mnist_folder: Path, signum: int
+) -> None:
     config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=3)
     runs = tmp_path / "runs"
     path = os.pathsep.join(p for p in (SOURCE, os.environ.get("PYTHONPATH", "")) if p)
@@ -215,8 +218,10 @@ def test_no_worker_outlives_a_killed_loom_search(tmp_path: Path, mnist_folder: P
     assert workers, "no worker started"
     time.sleep(3)
     workers |= {int(p) for p in _children(process.pid)}
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process.send_signal(signum)
+    code = process.wait(timeout=180)
+    if signum == signal.SIGHUP:  # a closed terminal stops the search as Ctrl-C does
+        assert code == 130
     deadline = time.time() + 90
     while time.time() < deadline and any(_alive(pid) for pid in workers):
         time.sleep(0.5)
@@ -232,3 +237,31 @@ def _children(pid: int) -> list[str]:
         with contextlib.suppress(OSError):
             found += (task / "children").read_text().split()
     return found
+
+
+def test_search_uses_the_public_training_api_not_engine_internals() -> None:
+    """DESIGN.md: search runs trials through the public training API (torchloom.api)."""
+    import ast
+
+    folder = Path(runner.__file__).parent
+    internal = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "torchloom.engine"
+            ):
+                internal.append(f"{path.name}: {node.module}")
+            if isinstance(node, ast.Import):
+                internal += [
+                    f"{path.name}: {a.name}"
+                    for a in node.names
+                    if a.name.startswith("torchloom.engine")
+                ]
+    assert not internal
+
+
+def test_check_training_returns_the_run_statistics(tmp_path: Path, mnist_folder: Path) -> None:
+    from torchloom.api import check_training
+
+    statistics = check_training(tiny_config(tmp_path, mnist_folder))
+    assert {"training.loss", "validation.loss", "validation.accuracy"} <= statistics

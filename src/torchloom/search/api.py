@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchloom.analysis.build import build_hooks
+from torchloom.api import create_run_folder, load_and_validate, pipeline_name
 from torchloom.config import dump_config
 from torchloom.config.loading import ConfigSource
-from torchloom.engine.assemble import load_and_validate, pipeline_name
-from torchloom.engine.run_folder import create_run_folder
 from torchloom.errors import ConfigError
 from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource
 from torchloom.search.page import write_page

@@ -23,10 +23,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from torchloom.api import create_run_folder, pipeline_name
 from torchloom.config import dump_config, load_config
 from torchloom.config.loading import ConfigSource
-from torchloom.engine.assemble import pipeline_name
-from torchloom.engine.run_folder import create_run_folder
 from torchloom.errors import ConfigError, did_you_mean
 from torchloom.search.checking import (
     SpaceSource,

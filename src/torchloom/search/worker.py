@@ -11,9 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchloom.api import TrainOptions, failure_reason
 from torchloom.config import load_config
-from torchloom.engine.state import TrainOptions
-from torchloom.engine.trainer import failure_reason
 from torchloom.errors import LoomError
 from torchloom.search.checking import read_space, trial_overrides
 from torchloom.search.record import SearchRecord
