@@ -20,14 +20,22 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+# Imported `as` themselves: also the seam of the training API for the tools built on it
+# (torchloom.search), re-exported (see check_training below).
 from torchloom.analysis.build import build_hooks
 from torchloom.config.loading import ConfigSource
+from torchloom.engine.assemble import load_and_validate as load_and_validate
+from torchloom.engine.assemble import pipeline_name as pipeline_name
 from torchloom.engine.code_first import CodeFirstTrainer
 from torchloom.engine.processor import ProcessResult
 from torchloom.engine.processor import process as _process
-from torchloom.engine.run_folder import RunResult
-from torchloom.engine.setup import prepare_training
-from torchloom.engine.state import TrainOptions
+from torchloom.engine.run_folder import RunResult as RunResult
+from torchloom.engine.run_folder import create_run_folder as create_run_folder
+from torchloom.engine.setup import prepare_training as prepare_training
+from torchloom.engine.state import Hook as Hook
+from torchloom.engine.state import RunView as RunView
+from torchloom.engine.state import TrainOptions as TrainOptions
+from torchloom.engine.trainer import failure_reason as failure_reason
 
 
 def train(
@@ -114,3 +122,39 @@ def export(run_dir: str | os.PathLike[str], format: str = "onnx", **options: Any
     from torchloom.deploy.export import export as run_export
 
     return run_export(Path(run_dir), format, **options)
+
+
+# ---- the training API's seam for tools built on it (torchloom.search) ----------------------
+# What a tool that runs training runs may use, and all it uses of the engine (imported at the
+# top of this module): a tool imports these names from here, never from torchloom.engine.*,
+# so the engine may change inside.
+#   prepare_training(config, overrides, options)   a run set up as `loom train` sets it up
+#   TrainOptions, Hook, RunView, RunResult         its options, hooks, live view and result
+#   failure_reason(error)                          one line for why a run failed
+#   load_and_validate(config), pipeline_name(...)  a config read and checked; its run name
+#   create_run_folder(parent, name)                a dated run folder
+#   check_training(config, overrides)              what `loom train` checks before any data
+
+
+def check_training(config: ConfigSource, overrides: Sequence[str] = ()) -> set[str]:
+    """What `loom train` checks before it reads data: schema, build, handshake, optimizer,
+    scheduler, loss weights and monitor (a LoomError when something is wrong). Returns the
+    statistics the run would have (`training.loss`, `validation.accuracy`, ...)."""
+    from torchloom.config.schema import TrainingConfig
+    from torchloom.engine.assemble import assemble
+    from torchloom.engine.evaluation import statistic_names
+    from torchloom.engine.optim import checking_only
+    from torchloom.engine.setup import build_training_parts
+    from torchloom.errors import ConfigError
+
+    assembled = assemble(config, overrides)
+    training = assembled.sections.get("training")
+    if not isinstance(training, TrainingConfig):
+        raise ConfigError.at(
+            assembled.config.where(), "section 'training'", "is required to train", ""
+        )
+    with checking_only():
+        parts = build_training_parts(assembled.pipeline, training, assembled.config.where)
+    pipeline = assembled.pipeline
+    sections = ["training", *(["validation"] if "validation" in pipeline.tasks else [])]
+    return set(statistic_names(pipeline, parts.loss, sections))

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchloom.analysis.build import build_hooks
+from torchloom.api import create_run_folder, load_and_validate, pipeline_name
+from torchloom.config import dump_config
 from torchloom.config.loading import ConfigSource
-from torchloom.engine.assemble import load_and_validate, pipeline_name
-from torchloom.engine.run_folder import create_run_folder
 from torchloom.errors import ConfigError
 from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource
 from torchloom.search.page import write_page
@@ -37,13 +37,14 @@ from torchloom.search.record import SearchRecord, read_record
 from torchloom.search.results import write_results
 from torchloom.search.runner import (
     SearchRequest,
+    check_budget,
     monitor_of,
     prepare_search,
     resume_search,
     run_workers,
 )
 from torchloom.search.settings import SearchSettings
-from torchloom.search.study import create_study, journal_url
+from torchloom.search.study import config_digest, create_study, journal_url, load_study
 from torchloom.search.worker import Proposal, work
 
 if TYPE_CHECKING:
@@ -222,7 +223,10 @@ def _code_first(
 ) -> tuple[Path, SearchRecord]:
     if resume is not None:
         search_dir = Path(resume)
+        check_budget(trials, timeout)
         record = read_record(search_dir)
+        url = record.storage_url(search_dir)
+        load_study(url, record.study, None, None, record.study_identity())
         record.trials = trials or record.trials
         record.save(search_dir)
         return search_dir, record
@@ -241,7 +245,6 @@ def _code_first(
         timeout=timeout,
     )
     name = pipeline_name(loaded)
-    search_dir = create_run_folder(Path(expdir).expanduser() / "searches", name)
     record = SearchRecord(
         name=name,
         study=study or name,
@@ -253,7 +256,14 @@ def _code_first(
         seed=seed,
         device=device,
         config="",
+        digest=config_digest(dump_config(loaded.data)),
     )
+    identity = record.study_identity()
+    assert identity is not None
+    if not record.storage_in_folder():  # checked before any folder (runner.prepare_search)
+        create_study(record.storage, record.study, identity)
+    search_dir = create_run_folder(Path(expdir).expanduser() / "searches", name)
     record.save(search_dir)
-    create_study(record.storage_url(search_dir), record.study, record.direction)
+    if record.storage_in_folder():
+        create_study(record.storage_url(search_dir), record.study, identity)
     return search_dir, record

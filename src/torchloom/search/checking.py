@@ -119,23 +119,8 @@ def _condition_values(space: SearchSpace, path: str, config: Mapping[str, Any]) 
 
 
 def check_trial_config(source: ConfigSource, overrides: Sequence[str]) -> set[str]:
-    """What `loom train` checks before it reads data: schema, build, handshake, optimizer,
-    scheduler, loss weights and monitor. Returns the statistics the run would have
-    (`validation.accuracy`, ...)."""
-    from torchloom.config.schema import TrainingConfig
-    from torchloom.engine.assemble import assemble
-    from torchloom.engine.evaluation import statistic_names
-    from torchloom.engine.optim import checking_only
-    from torchloom.engine.setup import build_training_parts
+    """What `loom train` checks before it reads data (torchloom.api.check_training), for the
+    search's config: returns the statistics the run would have (`validation.accuracy`, ...)."""
+    from torchloom.api import check_training
 
-    assembled = assemble(source, overrides)
-    training = assembled.sections.get("training")
-    if not isinstance(training, TrainingConfig):
-        raise ConfigError.at(
-            assembled.config.where(), "section 'training'", "is required to search", ""
-        )
-    with checking_only():
-        parts = build_training_parts(assembled.pipeline, training, assembled.config.where)
-    pipeline = assembled.pipeline
-    sections = ["training", *(["validation"] if "validation" in pipeline.tasks else [])]
-    return set(statistic_names(pipeline, parts.loss, sections))
+    return check_training(source, overrides)

@@ -30,10 +30,25 @@ class SearchRecord:
     device: str | None = None
     config: str = "config.yaml"
     space: str | None = None  # space.yml when the space came from --space
+    digest: str = ""  # of the config and the space (study.config_digest); "" before it was kept
 
     @property
     def direction(self) -> str:
         return "maximize" if self.mode == "max" else "minimize"
+
+    def study_identity(self) -> dict[str, str] | None:
+        """What the study keeps of the search that made it (study.create_study), to tell it
+        from another search's study of the same name; None for a folder that kept none."""
+        if not self.digest:
+            return None
+        return {"monitor": self.monitor, "direction": self.direction, "digest": self.digest}
+
+    def storage_in_folder(self) -> bool:
+        """Whether the storage is a journal inside the search folder (a relative path)."""
+        return (
+            self.storage.startswith("journal:")
+            and not Path(self.storage[len("journal:") :]).is_absolute()
+        )
 
     def storage_url(self, search_dir: Path) -> str:
         """The storage to open: a journal's relative path is the search folder's."""

@@ -36,7 +36,8 @@ class SearchResults:
 
 
 def open_study(search_dir: Path, record: SearchRecord) -> optuna.Study:
-    return load_study(record.storage_url(search_dir), record.study, None, None)
+    url = record.storage_url(search_dir)
+    return load_study(url, record.study, None, None, record.study_identity())
 
 
 def trial_rows(study: optuna.Study, record: SearchRecord) -> list[dict[str, Any]]:

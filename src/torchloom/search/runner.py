@@ -10,21 +10,22 @@ the workers (this process, or K processes sharing the study), write the results.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
+from torchloom.api import create_run_folder, pipeline_name
 from torchloom.config import dump_config, load_config
 from torchloom.config.loading import ConfigSource
-from torchloom.engine.assemble import pipeline_name
-from torchloom.engine.run_folder import create_run_folder
 from torchloom.errors import ConfigError, did_you_mean
 from torchloom.search.checking import (
     SpaceSource,
@@ -34,7 +35,7 @@ from torchloom.search.checking import (
 )
 from torchloom.search.record import SearchRecord, read_record
 from torchloom.search.settings import grid_size, read_settings
-from torchloom.search.study import create_study, journal_url, open_storage
+from torchloom.search.study import config_digest, create_study, journal_url, load_study
 from torchloom.search.worker import Say, work
 
 
@@ -88,17 +89,15 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
         raise ConfigError.at(
             "command line", "--trials", "says how many trials to run", "e.g. --trials 20"
         )
-    if request.storage is not None:
-        open_storage(request.storage)  # an unreachable database: refused before any folder
     name = pipeline_name(loaded)
-    search_dir = create_run_folder(Path(request.expdir).expanduser() / "searches", name)
     # Named: trials' run folders and best.yml keep the pipeline's name, not "config".
     saved = {"name": name, **{k: v for k, v in loaded.data.items() if k != "name"}}
-    (search_dir / "config.yaml").write_text(dump_config(saved), encoding="utf-8")
+    config_text = dump_config(saved)
+    space_text = ""
     if isinstance(request.space, Mapping):
-        (search_dir / "space.yml").write_text(dump_config(dict(request.space)), encoding="utf-8")
+        space_text = dump_config(dict(request.space))
     elif request.space is not None:
-        shutil.copyfile(request.space, search_dir / "space.yml")
+        space_text = Path(request.space).read_text(encoding="utf-8")
     record = SearchRecord(
         name=name,
         study=request.study or name,
@@ -110,17 +109,68 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
         seed=request.seed,
         device=request.device,
         space="space.yml" if request.space is not None else None,
+        digest=config_digest(config_text, space_text),
     )
+    if not record.storage_in_folder():
+        # A shared storage: its study is created, or checked to be this search's, before any
+        # folder; an unreachable database or another search's study leaves nothing behind.
+        create_study(record.storage, record.study, _identity(record))
+    search_dir = create_run_folder(Path(request.expdir).expanduser() / "searches", name)
+    (search_dir / "config.yaml").write_text(config_text, encoding="utf-8")
+    if request.space is not None:
+        (search_dir / "space.yml").write_text(space_text, encoding="utf-8")
     record.save(search_dir)
-    create_study(record.storage_url(search_dir), record.study, record.direction)
+    if record.storage_in_folder():  # a fresh journal: no other search's study in it
+        create_study(record.storage_url(search_dir), record.study, _identity(record))
     return search_dir, record
 
 
+def _identity(record: SearchRecord) -> dict[str, str]:
+    identity = record.study_identity()
+    assert identity is not None  # a new record has its digest
+    return identity
+
+
+# What a resumed search keeps from its start: the command line may not change them.
+KEPT_ON_RESUME = {
+    "sampler": "--sampler",
+    "pruner": "--pruner",
+    "seed": "--seed",
+    "storage": "--storage",
+    "study": "--study",
+    "monitor": "--monitor",
+    "mode": "--mode",
+    "space": "--space",
+    "device": "--device",
+}
+
+
+def check_budget(trials: int | None, timeout: float | None) -> None:
+    """--trials and --timeout, when given, are positive (0 trials or a past time limit would
+    run nothing and say nothing)."""
+    if trials is not None and trials <= 0:
+        raise ConfigError.at("command line", "--trials", f"must be 1 or more, got {trials}")
+    if timeout is not None and not timeout > 0:
+        raise ConfigError.at("command line", "--timeout", f"must be above 0 s, got {timeout}")
+
+
 def resume_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
-    """A search folder to continue, with --trials / --timeout given again when set."""
+    """A search folder to continue, with --trials / --timeout given again when set; what the
+    search started with (sampler, study, space, ...) is refused, not silently ignored."""
     assert request.resume is not None
+    for key, option in KEPT_ON_RESUME.items():
+        if getattr(request, key) is not None:
+            raise ConfigError.at(
+                "command line",
+                option,
+                "cannot change a resumed search: it keeps what it started with",
+                f"drop {option}, or start a new search",
+            )
+    check_budget(request.trials, request.timeout)
     search_dir = Path(request.resume).expanduser()
     record = read_record(search_dir)
+    # The study must still exist, and still be this search's (not deleted and made again).
+    load_study(record.storage_url(search_dir), record.study, None, None, record.study_identity())
     if request.trials is not None:
         record.trials = request.trials
     if request.timeout is not None:
@@ -164,49 +214,158 @@ def run_workers(
     say: Say = print,
 ) -> int:
     """Run the study's remaining trials with `workers` processes; returns 130 when stopped by
-    Ctrl-C / SIGTERM (the study keeps what finished; `--resume` continues), else 0."""
+    Ctrl-C / SIGTERM / SIGHUP (the study keeps what finished; `--resume` continues), else the
+    first worker's non-zero exit status (a crashed worker), else 0."""
     timeout = record.settings.get("timeout")
     deadline = time.time() + float(timeout) if timeout else None
-    if workers <= 1:
-        try:
-            work(search_dir, record, hook_factory, say, deadline)
-        except KeyboardInterrupt:
-            return 130
-        return 0
+    with _hangup_stops():
+        if workers <= 1:
+            try:
+                work(search_dir, record, hook_factory, say, deadline)
+            except KeyboardInterrupt:
+                return 130
+            return 0
+        return _run_processes(search_dir, workers, deadline)
+
+
+def _run_processes(search_dir: Path, workers: int, deadline: float | None) -> int:
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # one torch thread per worker unless told otherwise
     env.setdefault("MKL_NUM_THREADS", env["OMP_NUM_THREADS"])
+    env[PARENT_ENV] = str(os.getpid())  # a worker stops when this process is gone
     command = [sys.executable, "-m", "torchloom.cli.main", "search", "--worker", str(search_dir)]
     if deadline is not None:
         command += ["--deadline", str(deadline)]
     # Sessions of their own: a Ctrl-C at the terminal reaches this process alone, which hands
     # each worker exactly one SIGINT (a second one would stop its run at once, unsaved).
-    processes = [
-        subprocess.Popen([*command, "--worker-index", str(index)], env=env, start_new_session=True)
-        for index in range(workers)
-    ]
-    status = 0
+    processes: list[subprocess.Popen[bytes]] = []
+    codes: list[int] = []
     try:
-        for process in processes:
-            code = process.wait()
-            status = 130 if code == 130 else status
-    except KeyboardInterrupt:
-        for process in processes:
+        try:
+            for index in range(workers):
+                processes.append(
+                    subprocess.Popen(
+                        [*command, "--worker-index", str(index)], env=env, start_new_session=True
+                    )
+                )
+            codes = [process.wait() for process in processes]
+        except KeyboardInterrupt:
+            for process in processes:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGINT)
+            # Each fails its trial, queues it again and exits; a second Ctrl-C ends the wait
+            # (the finally below stops whoever is left).
+            _wait_all(processes, STOP_GRACE_SECONDS)
+            return 130
+    finally:
+        _stop_all(processes)
+    return worker_status(codes)
+
+
+PARENT_ENV = "TORCHLOOM_SEARCH_PARENT"
+STOP_GRACE_SECONDS = 120.0  # for a worker to end its trial after Ctrl-C before SIGTERM
+
+
+def worker_status(codes: Sequence[int]) -> int:
+    """The search's exit status from its workers': 130 when one was interrupted, else the
+    first non-zero one (a signal's as the shell shows it, 128 + N), else 0."""
+    shown = [128 - code if code < 0 else code for code in codes]
+    if 130 in shown:
+        return 130
+    return next((code for code in shown if code != 0), 0)
+
+
+def _wait_all(processes: Sequence[subprocess.Popen[bytes]], seconds: float) -> None:
+    end = time.monotonic() + seconds
+    for process in processes:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=max(0.0, end - time.monotonic()))
+
+
+def _stop_all(processes: Sequence[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM the workers still running (a second Ctrl-C, an error here), then SIGKILL
+    those that outlive a short grace: no worker outlives `loom search`."""
+    alive = [p for p in processes if p.poll() is None]
+    if not alive:
+        return
+    with _ignoring_interrupts():
+        for process in alive:
+            with contextlib.suppress(OSError):
+                process.terminate()
+        _wait_all(alive, 10.0)
+        for process in alive:
             if process.poll() is None:
-                process.send_signal(signal.SIGINT)
-        for process in processes:  # each fails its trial, queues it again and exits
-            process.wait()
-        status = 130
-    return status
+                with contextlib.suppress(OSError):
+                    process.kill()
+                process.wait()
+
+
+@contextlib.contextmanager
+def _ignoring_interrupts() -> Iterator[None]:
+    """While the workers are being stopped, a further Ctrl-C must not abandon them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _hang_up(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # a closed terminal or SSH session stops the search as Ctrl-C
+
+
+@contextlib.contextmanager
+def _hangup_stops() -> Iterator[None]:
+    """SIGHUP stops a search as SIGTERM and Ctrl-C do: its workers stopped, its trials
+    queued again (by default it would kill this process and leave the workers running)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGHUP, _hang_up)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def continue_worker(
     search_dir: Path, deadline: float | None, hook_factory: Any, index: int = 0
 ) -> int:
-    """One worker process of `--workers K` (the hidden `loom search --worker DIR`)."""
+    """One worker process of `--workers K` (the hidden `loom search --worker DIR`): it stops
+    as on Ctrl-C when the `loom search` that started it is gone."""
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
+    if parent:
+        stop_with_parent(parent)
     record = read_record(search_dir)
     try:
-        work(search_dir, record, hook_factory, print, deadline, worker=index)
+        work(
+            search_dir,
+            record,
+            hook_factory,
+            print,
+            deadline,
+            worker=index,
+            orphaned=(lambda: os.getppid() != parent) if parent else None,
+        )
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def stop_with_parent(parent: int) -> None:
+    """Ask Linux for a SIGTERM when the parent goes (SIGKILL included); then check it is
+    still there, as it may have gone before. Elsewhere the worker loop checks its parent."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        raise KeyboardInterrupt

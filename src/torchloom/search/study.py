@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import socket
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 JOURNAL = "study.journal"
 ASK_LOCK = ".ask.lock"
 HEARTBEAT_SECONDS = 30
+# The user attribute of a study that says which search made it: {monitor, direction, digest}.
+IDENTITY = "torchloom_search"
 
 
 class StorageUnreachable(LoomError):
@@ -137,34 +140,93 @@ def make_pruner(settings: SearchSettings) -> Any:
     return cls(**spec)
 
 
-def create_study(url: str, name: str, direction: str) -> None:
-    """Create the study, or leave it as it is when another process (another machine) already
-    did; only this process creates, so no two creations race on a fresh file."""
+def config_digest(*texts: str) -> str:
+    """A short digest of what a search is (its config, its space): two searches with the same
+    digest search the same thing and may share a study."""
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8") + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def create_study(url: str, name: str, identity: Mapping[str, str]) -> None:
+    """Create the study with the search's identity ({monitor, direction, digest}) in its user
+    attributes, or, when another process (another machine) already created it, check that it
+    is the same search's; only this process creates, so no two creations race on a fresh
+    file. A study of another search is refused: joining it would mix unrelated trials."""
     import optuna
 
     storage = open_storage(url)
     wanted = optuna.study.StudyDirection.MAXIMIZE
-    if direction != "maximize":
+    if identity["direction"] != "maximize":
         wanted = optuna.study.StudyDirection.MINIMIZE
     try:
-        optuna.create_study(storage=storage, study_name=name, direction=wanted)
+        created = optuna.create_study(storage=storage, study_name=name, direction=wanted)
     except optuna.exceptions.DuplicatedStudyError:
         loaded = optuna.load_study(storage=storage, study_name=name)
-        if loaded.direction != wanted:
-            raise ConfigError.at(
-                "--study",
-                name,
-                f"exists with direction {loaded.direction.name.lower()}, not {direction}",
-                "give another --study name or the same --mode",
-            ) from None
+        # Another machine may have created it a moment ago and not yet written its identity.
+        for attempt in range(5):
+            if IDENTITY in loaded.user_attrs:
+                break
+            time.sleep(0.2 * (attempt + 1))
+            loaded = optuna.load_study(storage=storage, study_name=name)
+        check_identity(url, name, loaded.user_attrs.get(IDENTITY), identity)
+    else:
+        created.set_user_attr(IDENTITY, dict(identity))
 
 
-def load_study(url: str, name: str, sampler: Any, pruner: Any) -> optuna.Study:
+def check_identity(url: str, name: str, found: Any, wanted: Mapping[str, str] | None) -> None:
+    """Refuse a study whose identity is not the search's (None: an older search folder that
+    recorded none, nothing to compare)."""
+    if wanted is None:
+        return
+    if not isinstance(found, Mapping):
+        differs = "was not made by a torchloom search (it has no search identity)"
+    else:
+        names = {"digest": "config and space digest"}
+        changed = [
+            f"its {names.get(key, key)} is {found.get(key)}, this search's is {value}"
+            for key, value in wanted.items()
+            if found.get(key) != value
+        ]
+        if not changed:
+            return
+        differs = "belongs to another search: " + "; ".join(changed)
+    raise ConfigError.at(
+        _hide_password(url),
+        f"study '{name}'",
+        differs,
+        "give this search a study of its own: --study NAME",
+    )
+
+
+def load_study(
+    url: str, name: str, sampler: Any, pruner: Any, identity: Mapping[str, str] | None = None
+) -> optuna.Study:
+    """The study `name` of the storage `url`, checked to be the search's (`identity`, see
+    create_study); a missing journal or study is a ConfigError, and a missing journal file is
+    not created."""
     import optuna
 
-    return optuna.load_study(
-        storage=open_storage(url), study_name=name, sampler=sampler, pruner=pruner
-    )
+    if url.startswith("journal:") and not Path(url[len("journal:") :]).is_file():
+        raise ConfigError.at(
+            url,
+            f"study '{name}'",
+            "cannot be loaded: the journal file does not exist",
+            "a search folder keeps its study in study.journal; was it deleted or moved?",
+        )
+    storage = open_storage(url)
+    try:
+        study = optuna.load_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner)
+    except KeyError:
+        raise ConfigError.at(
+            _hide_password(url),
+            f"study '{name}'",
+            "is not in this storage (deleted or renamed?)",
+            "the study a search folder records (search.json) must still exist",
+        ) from None
+    check_identity(url, name, study.user_attrs.get(IDENTITY), identity)
+    return study
 
 
 # ---- who runs a trial, and whether it still does ---------------------------------------------

@@ -1,4 +1,4 @@
-"""One trial: a full training run through the engine's public set-up (`prepare_training`),
+"""One trial: a full training run through the public training API (`prepare_training`),
 in its own run folder under the search folder, with a hook that reports the monitored
 statistic to Optuna after every validation and stops the run when the pruner says so.
 
@@ -15,11 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchloom.api import Hook, RunResult, RunView, TrainOptions, failure_reason, prepare_training
 from torchloom.config.loading import ConfigSource
-from torchloom.engine.run_folder import RunResult
-from torchloom.engine.setup import prepare_training
-from torchloom.engine.state import Hook, RunView, TrainOptions
-from torchloom.engine.trainer import failure_reason
 from torchloom.errors import LoomError
 
 if TYPE_CHECKING:

@@ -11,9 +11,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchloom.api import TrainOptions, failure_reason
 from torchloom.config import load_config
-from torchloom.engine.state import TrainOptions
-from torchloom.engine.trainer import failure_reason
 from torchloom.errors import LoomError
 from torchloom.search.checking import read_space, trial_overrides
 from torchloom.search.record import SearchRecord
@@ -60,10 +59,12 @@ def work(
     deadline: float | None = None,
     propose: Propose | None = None,
     worker: int = 0,
+    orphaned: Callable[[], bool] | None = None,
 ) -> int:
     """Run trials until the study counts `record.trials` of them; returns how many ran here.
     `propose` makes a trial's config (default: the YAML space of the search folder); `worker`
-    numbers the processes of `--workers K` (0 to K-1)."""
+    numbers the processes of `--workers K` (0 to K-1); `orphaned` says, between trials,
+    whether the `loom search` that started this worker is gone (then it stops)."""
     from optuna.storages._heartbeat import get_heartbeat_thread
 
     space = None
@@ -74,10 +75,17 @@ def work(
     if seed is not None:
         # Seeded samplers draw the same values from the same seed: each worker, and each
         # session of a resumed study, gets its own (the same ones when run again).
-        existing = len(load_study(record.storage_url(search_dir), record.study, None, None).trials)
+        url = record.storage_url(search_dir)
+        existing = len(load_study(url, record.study, None, None, record.study_identity()).trials)
         seed += 1000 * existing + worker
     sampler = make_sampler(settings, space, seed)
-    study = load_study(record.storage_url(search_dir), record.study, sampler, make_pruner(settings))
+    study = load_study(
+        record.storage_url(search_dir),
+        record.study,
+        sampler,
+        make_pruner(settings),
+        record.study_identity(),
+    )
     objective = Objective(record.monitor, record.mode)
     options = TrainOptions(
         expdir=str(search_dir / "trials"),
@@ -88,6 +96,9 @@ def work(
     )
     ran = 0
     while True:
+        if orphaned is not None and orphaned():
+            say("search worker: `loom search` is gone; no new trial starts")
+            break
         with ask_lock(search_dir):
             for number in reap_dead_trials(study):
                 say(f"trial {number}: its process died; failed, its parameters queued again")

@@ -1,0 +1,267 @@
+"""What a search refuses or cleans up rather than going wrong quietly: another search's study
+in a shared storage, a study that is gone, options a resumed search cannot change, workers
+that crash or outlive `loom search`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from search_helpers import tiny_config
+
+import torchloom
+from torchloom.cli.main import main
+from torchloom.search import runner
+
+SEARCH = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+OTHER = "search:\n  training.optimizer.lr: {loguniform: [1.0e-3, 1.0e-1]}\n"
+SOURCE = str(Path(torchloom.__file__).parents[1])
+
+
+def _search_dir(runs: Path) -> Path:
+    (found,) = (runs / "searches").glob("*/*")
+    return found
+
+
+def _search(config: Path, runs: Path, *extra: str) -> int:
+    return main(["search", str(config), "--trials", "1", "--expdir", str(runs), *extra])
+
+
+def _journal(path: Path) -> optuna.storages.BaseStorage:
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory, mnist_folder: Path) -> Path:
+    """One finished search of one trial, for the tests that only read it."""
+    folder = tmp_path_factory.mktemp("searched")
+    config = tiny_config(folder, mnist_folder, SEARCH)
+    assert _search(config, folder / "runs") == 0
+    return _search_dir(folder / "runs")
+
+
+def test_a_search_refuses_another_searchs_study_in_a_shared_storage(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shared = tmp_path / "shared.journal"
+    storage = ["--storage", f"journal:{shared}"]
+    first = tmp_path / "first"
+    first.mkdir()
+    assert _search(tiny_config(first, mnist_folder, SEARCH), tmp_path / "runs1", *storage) == 0
+    capsys.readouterr()
+    second = tmp_path / "second"
+    second.mkdir()
+    other = tiny_config(second, mnist_folder, OTHER)  # the same name, 'tiny'; another space
+    runs = tmp_path / "runs2"
+    assert _search(other, runs, *storage) == 2
+    error = capsys.readouterr().err
+    assert str(shared) in error and "study 'tiny'" in error and "--study NAME" in error
+    assert "config and space digest" in error
+    assert not runs.exists()  # nothing left behind
+    assert _search(other, runs, *storage, "--mode", "min") == 2
+    error = capsys.readouterr().err
+    assert "its direction is maximize, this search's is minimize" in error, error
+    # The same search again (another machine, say) joins its study: nothing left to run.
+    again = tmp_path / "runs3"
+    assert _search(tiny_config(first, mnist_folder, SEARCH), again, *storage) == 0
+    assert len(optuna.load_study(storage=_journal(shared), study_name="tiny").trials) == 1
+    # Its own name: a study of its own in the same storage.
+    assert _search(other, runs, *storage, "--study", "other") == 0
+
+
+def test_resume_and_report_refuse_a_study_made_again_by_another_search(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shared = tmp_path / "shared.journal"
+    storage = ["--storage", f"journal:{shared}"]
+    assert _search(tiny_config(tmp_path, mnist_folder, SEARCH), tmp_path / "runs1", *storage) == 0
+    search_dir = _search_dir(tmp_path / "runs1")
+    optuna.delete_study(study_name="tiny", storage=_journal(shared))
+    other = tiny_config(tmp_path, mnist_folder, OTHER)
+    # Another search takes the name, with a timeout so short that it runs no trial.
+    assert _search(other, tmp_path / "runs2", *storage, "--timeout", "1e-9") == 0
+    capsys.readouterr()
+    assert main(["search", "--resume", str(search_dir), "--trials", "2"]) == 2
+    error = capsys.readouterr().err
+    assert "study 'tiny'" in error and "belongs to another search" in error
+    assert main(["report", str(search_dir)]) == 2
+    assert "belongs to another search" in capsys.readouterr().err
+    assert len(optuna.load_study(storage=_journal(shared), study_name="tiny").trials) == 0
+
+
+def test_a_missing_journal_or_study_is_a_config_error_not_a_traceback(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tiny_config(tmp_path, mnist_folder, SEARCH)
+    assert _search(config, tmp_path / "runs", "--timeout", "1e-9") == 0
+    search_dir = _search_dir(tmp_path / "runs")
+    journal = search_dir / "study.journal"
+    journal.unlink()
+    capsys.readouterr()
+    assert main(["search", "--resume", str(search_dir)]) == 2
+    error = capsys.readouterr().err
+    assert str(journal) in error and "study 'tiny'" in error and "does not exist" in error
+    assert main(["report", str(search_dir)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not journal.exists()  # not made again, empty, by opening it
+    # A study deleted (or renamed) in its storage.
+    shared = tmp_path / "shared.journal"
+    runs = tmp_path / "runs2"
+    assert _search(config, runs, "--storage", f"journal:{shared}", "--timeout", "1e-9") == 0
+    optuna.delete_study(study_name="tiny", storage=_journal(shared))
+    capsys.readouterr()
+    assert main(["search", "--resume", str(_search_dir(runs))]) == 2
+    error = capsys.readouterr().err
+    assert str(shared) in error and "study 'tiny'" in error and "not in this storage" in error
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--sampler", "random"],
+        ["--pruner", "median"],
+        ["--seed", "3"],
+        ["--storage", "journal:/tmp/elsewhere.journal"],
+        ["--study", "other"],
+        ["--monitor", "validation.accuracy"],
+        ["--mode", "max"],
+        ["--space", "space.yml"],
+        ["--device", "cpu"],
+        ["--trials", "0"],
+        ["--trials", "-2"],
+        ["--timeout", "-1"],
+        ["--timeout", "0"],
+    ],
+)
+def test_resume_refuses_what_a_resumed_search_cannot_change(
+    searched: Path, option: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = (searched / "search.json").read_text()
+    assert main(["search", "--resume", str(searched), *option]) == 2
+    assert f"command line: {option[0]}: " in capsys.readouterr().err
+    assert (searched / "search.json").read_text() == before
+
+
+class _Worker:
+    """A stand-in for a worker process that exits with `code`."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+        self.returncode: int | None = None
+        self.pid = 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.returncode = self.code
+        return self.code
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        pass
+
+    terminate = kill = lambda self: None
+
+
+@pytest.mark.parametrize(
+    ("codes", "status"),
+    [((0, 0), 0), ((0, 1), 1), ((2, 1), 2), ((1, 130), 130), ((0, -9), 137)],
+)
+def test_the_search_fails_when_a_worker_does(
+    searched: Path, monkeypatch: pytest.MonkeyPatch, codes: tuple[int, ...], status: int
+) -> None:
+    pending = list(codes)
+    monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: _Worker(pending.pop(0)))
+    record = runner.read_record(searched)
+    assert runner.run_workers(searched, record, len(codes)) == status
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGHUP])
+def test_no_worker_outlives_a_killed_loom_search(
+    tmp_path: Path, mnist_folder: Path, signum: int
+) -> None:
+    config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=3)
+    runs = tmp_path / "runs"
+    path = os.pathsep.join(p for p in (SOURCE, os.environ.get("PYTHONPATH", "")) if p)
+    command = [sys.executable, "-m", "torchloom.cli.main", "search", str(config)]
+    command += ["--trials", "50", "--expdir", str(runs), "--workers", "2"]
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, "PYTHONPATH": path},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    workers: set[int] = set()
+    deadline = time.time() + 180
+    while time.time() < deadline and not workers:
+        workers = {int(p) for p in _children(process.pid)}
+        time.sleep(0.2)
+    assert workers, "no worker started"
+    time.sleep(3)
+    workers |= {int(p) for p in _children(process.pid)}
+    process.send_signal(signum)
+    code = process.wait(timeout=180)
+    if signum == signal.SIGHUP:  # a closed terminal stops the search as Ctrl-C does
+        assert code == 130
+    deadline = time.time() + 90
+    while time.time() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.5)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:  # not to leave them running after a failure either
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"workers {left} outlived loom search"
+
+
+def _children(pid: int) -> list[str]:
+    found: list[str] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += (task / "children").read_text().split()
+    return found
+
+
+def test_search_uses_the_public_training_api_not_engine_internals() -> None:
+    """DESIGN.md: search runs trials through the public training API (torchloom.api)."""
+    import ast
+
+    folder = Path(runner.__file__).parent
+    internal = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "torchloom.engine"
+            ):
+                internal.append(f"{path.name}: {node.module}")
+            if isinstance(node, ast.Import):
+                internal += [
+                    f"{path.name}: {a.name}"
+                    for a in node.names
+                    if a.name.startswith("torchloom.engine")
+                ]
+    assert not internal
+
+
+def test_check_training_returns_the_run_statistics(tmp_path: Path, mnist_folder: Path) -> None:
+    from torchloom.api import check_training
+
+    statistics = check_training(tiny_config(tmp_path, mnist_folder))
+    assert {"training.loss", "validation.loss", "validation.accuracy"} <= statistics
