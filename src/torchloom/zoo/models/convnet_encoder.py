@@ -10,6 +10,7 @@ from torch import nn
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
 from torchloom.core.streams import FLOATING, StreamSpec
 from torchloom.errors import ComponentError
+from torchloom.zoo.models.image_inputs import IMAGE_EXAMPLE, IMAGE_GLOBALS, image_size
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {
     "relu": nn.ReLU,
@@ -75,12 +76,8 @@ class ConvNetEncoder(Model):
 
     Params = ConvNetEncoderParams
     params: ConvNetEncoderParams
-    EXAMPLE_GLOBALS = {"input_depth": 1, "input_height": 28, "input_width": 28}
-    NEEDS_GLOBALS = {
-        "input_depth": "number of channels of the input images",
-        "input_height": "height of the input images",
-        "input_width": "width of the input images",
-    }
+    EXAMPLE_GLOBALS = IMAGE_EXAMPLE
+    NEEDS_GLOBALS = IMAGE_GLOBALS
     PUBLISHES_GLOBALS = {
         "feature_map_depth": "number of feature maps the encoder produces",
         "feature_map_height": "height of the feature maps",
@@ -89,9 +86,7 @@ class ConvNetEncoder(Model):
 
     def __init__(self, params: ConvNetEncoderParams, context: BuildContext) -> None:
         super().__init__(params, context)
-        self.input_depth = int(self.global_value("input_depth"))
-        self.input_height = int(self.global_value("input_height"))
-        self.input_width = int(self.global_value("input_width"))
+        self.input_depth, self.input_height, self.input_width = image_size(self)
 
         modules: list[nn.Module] = []
         depth, height, width = self.input_depth, self.input_height, self.input_width

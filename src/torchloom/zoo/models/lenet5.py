@@ -9,6 +9,12 @@ from torch import nn
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
 from torchloom.core.streams import FLOATING, Dim, StreamSpec
 from torchloom.errors import ComponentError
+from torchloom.zoo.models.image_inputs import (
+    CLASSES_GLOBAL,
+    IMAGE_EXAMPLE,
+    IMAGE_GLOBALS,
+    image_size,
+)
 
 _KERNEL = 5
 _POOL = 2
@@ -63,24 +69,12 @@ class LeNet5(Model):
 
     Params = LeNet5Params
     params: LeNet5Params
-    EXAMPLE_GLOBALS = {
-        "input_depth": 1,
-        "input_height": 28,
-        "input_width": 28,
-        "prediction_size": 10,
-    }
-    NEEDS_GLOBALS = {
-        "input_depth": "number of channels of the input images",
-        "input_height": "height of the input images",
-        "input_width": "width of the input images",
-        "prediction_size": "number of outputs, usually the number of classes",
-    }
+    EXAMPLE_GLOBALS = {**IMAGE_EXAMPLE, "prediction_size": 10}
+    NEEDS_GLOBALS = {**IMAGE_GLOBALS, **CLASSES_GLOBAL}
 
     def __init__(self, params: LeNet5Params, context: BuildContext) -> None:
         super().__init__(params, context)
-        self.input_depth = int(self.global_value("input_depth"))
-        self.input_height = int(self.global_value("input_height"))
-        self.input_width = int(self.global_value("input_width"))
+        self.input_depth, self.input_height, self.input_width = image_size(self)
         self.prediction_size = int(self.global_value("prediction_size"))
 
         feature_height = _size_after_features(self.input_height, params.padding)

@@ -12,6 +12,12 @@ from torch import nn
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
 from torchloom.core.streams import FLOATING, Dim, StreamSpec
 from torchloom.errors import ComponentError
+from torchloom.zoo.models.image_inputs import (
+    CLASSES_GLOBAL,
+    IMAGE_EXAMPLE,
+    IMAGE_GLOBALS,
+    image_size,
+)
 from torchloom.zoo.nas.genotype import reduction_positions, reduction_problem
 
 
@@ -66,24 +72,12 @@ class DartsBase(Model):
     """Stem -> cells -> global average pooling -> linear classifier, over images."""
 
     params: DartsParams
-    EXAMPLE_GLOBALS = {
-        "input_depth": 1,
-        "input_height": 28,
-        "input_width": 28,
-        "prediction_size": 10,
-    }
-    NEEDS_GLOBALS = {
-        "input_depth": "number of channels of the input images",
-        "input_height": "height of the input images",
-        "input_width": "width of the input images",
-        "prediction_size": "number of outputs, usually the number of classes",
-    }
+    EXAMPLE_GLOBALS = {**IMAGE_EXAMPLE, "prediction_size": 10}
+    NEEDS_GLOBALS = {**IMAGE_GLOBALS, **CLASSES_GLOBAL}
 
     def __init__(self, params: DartsParams, context: BuildContext) -> None:
         super().__init__(params, context)
-        self.input_depth = int(self.global_value("input_depth"))
-        self.input_height = int(self.global_value("input_height"))
-        self.input_width = int(self.global_value("input_width"))
+        self.input_depth, self.input_height, self.input_width = image_size(self)
         self.prediction_size = int(self.global_value("prediction_size"))
         problem = reduction_problem(
             params.cells, params.reductions, self.where("reductions"), self.label
