@@ -27,6 +27,18 @@ def _number(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _speedups(
+    latency_ms: dict[Any, dict[str, Any]], baseline: tuple[str, str], candidate: tuple[str, str]
+) -> list[str]:
+    """A latency table per batch size: (column title, report key) of the baseline and the
+    candidate, and the speedup the report recorded."""
+    rows = [
+        [batch, e[baseline[1]], e[candidate[1]], f"{e['speedup']:.2f}x"]
+        for batch, e in latency_ms.items()
+    ]
+    return _table(["batch", baseline[0], candidate[0], "speedup"], rows)
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_number(v) for v in row) + " |" for row in rows]
@@ -134,12 +146,8 @@ def export_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- load with: `{report['load']}`")
     if report.get("latency_ms"):
         lines += ["", "## Latency (ms)", ""]
-        lines += _table(
-            ["batch", "torch eager", "ONNX Runtime", "speedup"],
-            [
-                [batch, e["torch_eager"], e["onnxruntime"], f"{e['speedup']:.2f}x"]
-                for batch, e in report["latency_ms"].items()
-            ],
+        lines += _speedups(
+            report["latency_ms"], ("torch eager", "torch_eager"), ("ONNX Runtime", "onnxruntime")
         )
     aoti = report.get("aoti")
     if aoti:
@@ -152,12 +160,8 @@ def export_markdown(report: dict[str, Any]) -> str:
             f"(tolerance {aoti['tolerance']:g})",
             "",
         ]
-        lines += _table(
-            ["batch", "torch eager", "AOTInductor", "speedup"],
-            [
-                [batch, e["torch_eager"], e["aoti"], f"{e['speedup']:.2f}x"]
-                for batch, e in aoti["latency_ms"].items()
-            ],
+        lines += _speedups(
+            aoti["latency_ms"], ("torch eager", "torch_eager"), ("AOTInductor", "aoti")
         )
     int8 = report.get("int8")
     if int8:
@@ -173,11 +177,7 @@ def export_markdown(report: dict[str, Any]) -> str:
             f"{int8['max_abs_difference_to_torch']:.3g}",
             "",
         ]
-        lines += _table(
-            ["batch", "ONNX Runtime float", "ONNX Runtime int8", "speedup"],
-            [
-                [batch, e["float"], e["int8"], f"{e['speedup']:.2f}x"]
-                for batch, e in int8["latency_ms"].items()
-            ],
+        lines += _speedups(
+            int8["latency_ms"], ("ONNX Runtime float", "float"), ("ONNX Runtime int8", "int8")
         )
     return "\n".join(lines) + "\n"
