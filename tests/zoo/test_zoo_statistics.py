@@ -69,3 +69,68 @@ def test_num_classes_is_needed() -> None:
         AccuracyStatistics.create(name="accuracy")
     assert "num_classes" in str(error.value)
     assert "'accuracy' (AccuracyStatistics)" in str(error.value)
+
+
+def test_ignore_index_inside_the_classes_is_left_out_of_both_counts() -> None:
+    # <PAD> = 0 for word targets: a padded step predicted as 0 is neither right nor counted.
+    accuracy = AccuracyStatistics.create(globals={"num_classes": 4}, ignore_index=0)
+    accuracy.update(batch([0, 0, 2, 3], [0, 0, 2, 1]))
+    assert accuracy.compute() == {"accuracy": pytest.approx(0.5)}
+    counting_all = AccuracyStatistics.create(globals={"num_classes": 4}, ignore_index=None)
+    counting_all.update(batch([0, 0, 2, 3], [0, 0, 2, 1]))
+    assert counting_all.compute() == {"accuracy": pytest.approx(0.75)}
+
+
+def test_the_running_copies_save_and_merge_their_counts() -> None:
+    # A section's running copy puts its counts into checkpoints (exact mid-epoch resume) and
+    # adds another process's counts; the pipeline's own statistic saves none (above).
+    counting = AccuracyStatistics.create(globals={"num_classes": 4})
+    counting.count_persistently()
+    for values in BATCHES[:2]:
+        counting.update(values)
+    restored = AccuracyStatistics.create(globals={"num_classes": 4})
+    restored.count_persistently()
+    restored.load_state_dict(counting.state_dict())
+    assert restored.compute() == {"accuracy": pytest.approx(2 / 5)}
+    other = AccuracyStatistics.create(globals={"num_classes": 4})
+    other.update(BATCHES[2])
+    restored.merge(other)
+    assert restored.compute() == {"accuracy": pytest.approx(0.7)}
+
+
+def test_counts_saved_by_the_torchmetrics_version_still_resume() -> None:
+    # Checkpoints written before the counts were kept here hold torchmetrics' micro
+    # stat scores (tp, fp, tn, fn): a run resumed mid-epoch after an upgrade keeps them.
+    from torchmetrics.classification import MulticlassAccuracy
+
+    old = MulticlassAccuracy(num_classes=4, average="micro", validate_args=False)
+    old.persistent(True)
+    for values in BATCHES[:2]:
+        old.update(values["predictions"], values["targets"])
+    saved = {f"metric.{key}": value for key, value in old.state_dict().items()}
+    restored = AccuracyStatistics.create(globals={"num_classes": 4})
+    restored.count_persistently()
+    restored.load_state_dict(saved)
+    assert restored.compute() == {"accuracy": pytest.approx(2 / 5)}
+
+
+def test_counting_accuracy_needs_no_torchmetrics() -> None:
+    # torchmetrics takes seconds to import (it pulls in torchvision and torch._dynamo) and
+    # every step paid its update wrapper: accuracy is two integers counted on the device.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "import torch\n"
+        "from torchloom.zoo.statistics import AccuracyStatistics\n"
+        "a = AccuracyStatistics.create(globals={'num_classes': 3})\n"
+        "a.ready(); a.count_persistently()\n"
+        "a.update({'predictions': torch.eye(3), 'targets': torch.tensor([0, 1, 1])})\n"
+        "assert abs(a.compute()['accuracy'] - 2 / 3) < 1e-9\n"
+        "print('torchmetrics' in sys.modules)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"

@@ -17,6 +17,7 @@ components (tokenizers, reshapers, viewers, ...).
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -226,6 +227,20 @@ class Statistic(Component):
         """Create what counting needs, when that is costly to import (torchmetrics takes
         seconds): the workers call it on the copies they count with, before restoring a
         checkpoint into them; `loom check` never does. Idempotent; nothing by default."""
+
+    def count_persistently(self) -> None:
+        """Put the running counts into `state_dict()`. The engine calls it on the copies it
+        counts a section with, whose counts go into checkpoints (exact mid-epoch resume) and
+        travel between processes; the pipeline's own statistic saves no counts, so its
+        checkpoint entry stays empty. By default: every torchmetrics `Metric` inside."""
+        # torchmetrics is imported by the statistics that use it, not here: importing it
+        # costs seconds (it pulls in torchvision and torch._dynamo). No such module, no Metric.
+        metrics = sys.modules.get("torchmetrics")
+        if metrics is None:
+            return
+        for module in self.modules():
+            if isinstance(module, metrics.Metric):
+                module.persistent(True)
 
     def update(self, inputs: Batch) -> None:
         raise NotImplementedError

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -26,15 +25,8 @@ def statistics_copy(pipeline: Pipeline, device: torch.device) -> dict[str, Stati
         clone.ready()  # made now, so a checkpoint's running counts can be restored into it
         clone = clone.to(device)
         clone.reset()
+        clone.count_persistently()  # running counts go into checkpoints: exact resume
         copies[statistic.name] = clone
-        # torchmetrics is imported by the statistics that use it, not here: importing it costs
-        # seconds (it pulls in torchvision and torch._dynamo). No such statistic, no Metric.
-        metrics = sys.modules.get("torchmetrics")
-        if metrics is None:
-            continue
-        for module in clone.modules():
-            if isinstance(module, metrics.Metric):
-                module.persistent(True)  # running counts go into checkpoints: exact resume
     return copies
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import torch
@@ -29,10 +28,9 @@ class AccuracyStatistics(Statistic):
     """Classification accuracy over a whole set: correct predictions / counted targets.
 
     The prediction is the highest-scoring class (log-probabilities, probabilities or
-    logits all work). Counts are accumulated batch by batch in a torchmetrics
-    `MulticlassAccuracy` (micro average) that lives on the model's device and is summed over
-    processes under DDP, so the result is exact however the set is batched or split; an empty
-    set gives NaN.
+    logits all work). Two integers are counted batch by batch on the model's device — right
+    predictions and counted targets — and summed over processes under DDP, so the result is
+    exact however the set is batched or split; an empty set gives NaN.
 
     Streams: `predictions` [batch, classes] and `targets` [batch] (int64). With
     `sequence: true` they are [batch, -1, classes] and [batch, -1] (a decoder's words, a
@@ -57,34 +55,24 @@ class AccuracyStatistics(Statistic):
     params: AccuracyStatisticsParams
     EXAMPLE_GLOBALS = {"num_classes": 10}
     NEEDS_GLOBALS = {"num_classes": "number of classes the predictions score"}
+    right: torch.Tensor  # right predictions so far (a buffer)
+    counted: torch.Tensor  # counted targets so far (a buffer)
 
     def __init__(self, params: AccuracyStatisticsParams, context: BuildContext) -> None:
         super().__init__(params, context)
         self.num_classes = int(self.global_value("num_classes"))
-        self.metric: Any = None  # made by ready(): importing torchmetrics takes seconds
+        ignored = params.ignore_index
+        # An ignored value no prediction can take (-100, or none) never counts as right, so
+        # the right predictions need no mask; only one inside the classes (<PAD> = 0) does.
+        self._mask_right = ignored is not None and 0 <= ignored < self.num_classes
+        # Buffers, so the counts follow the pipeline to its device; not persistent, so the
+        # pipeline's own statistic adds nothing to checkpoints (count_persistently).
+        self.register_buffer("right", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.register_buffer("counted", torch.zeros((), dtype=torch.int64), persistent=False)
 
-    def ready(self) -> None:
-        self._counts()
-
-    def _counts(self, device: torch.device | None = None) -> Any:
-        """The torchmetrics counter, made on first use (on `device`, when given)."""
-        if self.metric is not None:
-            return self.metric
-        from torchmetrics.classification import MulticlassAccuracy
-
-        # A submodule, so its counters follow the pipeline to its device; torchmetrics keeps
-        # them out of the state_dict, so checkpoints do not change.
-        # validate_args=False: torchmetrics' per-batch checks cost a host sync and half of the
-        # update's time; the handshake has checked dtypes and the loss rejects bad targets.
-        self.metric = MulticlassAccuracy(
-            num_classes=self.num_classes,
-            average="micro",
-            ignore_index=self.params.ignore_index,
-            validate_args=False,
-        )
-        if device is not None:
-            self.metric.to(device)
-        return self.metric
+    def count_persistently(self) -> None:
+        for name in ("right", "counted"):
+            self.register_buffer(name, getattr(self, name), persistent=True)
 
     def input_specs(self) -> dict[str, StreamSpec]:
         if self.params.sequence:
@@ -102,31 +90,51 @@ class AccuracyStatistics(Statistic):
         }
 
     def update(self, inputs: Batch) -> None:
+        # A handful of tensor operations and no host sync: this runs on every training step.
         predictions, targets = inputs["predictions"].detach(), inputs["targets"].detach()
-        if predictions.dim() == 3:
-            # Every step is one classification; torchmetrics' own multidim layout wants the
-            # classes second, a flat batch of steps counts the same.
-            predictions = predictions.reshape(-1, predictions.shape[-1])
-            targets = targets.reshape(-1)
-        # update(), not the metric's forward(): that would also compute a per-batch accuracy,
-        # a wasted step (and a device sync) that nobody reads.
-        # Made here only outside a worker (a worker makes its copies ready first).
-        self._counts(predictions.device).update(predictions, targets)
+        right = predictions.argmax(dim=-1) == targets
+        ignored = self.params.ignore_index
+        if ignored is None:
+            self.counted.add_(targets.numel())
+        else:
+            counted = targets != ignored
+            self.counted.add_(counted.sum())
+            if self._mask_right:
+                right &= counted
+        self.right.add_(right.sum())
 
     def compute(self) -> dict[str, float]:
-        # Empty by its counts, not torchmetrics' update_count: a count restored from a
-        # checkpoint, or merged in, has no updates of its own.
-        if self.metric is None or int((self.metric.tp + self.metric.fn).sum()) == 0:
-            return {"accuracy": float("nan")}  # torchmetrics would warn and say 0
-        with warnings.catch_warnings():  # "compute before update": the counts say otherwise
-            warnings.filterwarnings("ignore", message=".*was called before the ``update``")
-            return {"accuracy": float(self.metric.compute())}
+        counted = int(self.counted)
+        if counted == 0:
+            return {"accuracy": float("nan")}
+        return {"accuracy": int(self.right) / counted}
 
     def merge(self, other: Statistic) -> None:
         assert isinstance(other, AccuracyStatistics)
-        if other.metric is not None:
-            self._counts(other.metric.tp.device).merge_state(other.metric)
+        self.right.add_(other.right.to(self.right.device))
+        self.counted.add_(other.counted.to(self.counted.device))
 
     def reset(self) -> None:
-        if self.metric is not None:
-            self.metric.reset()
+        self.right.zero_()
+        self.counted.zero_()
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        errors: list[str],
+    ) -> None:
+        # Running counts saved before torchloom counted them itself are torchmetrics' micro
+        # stat scores: right = tp, counted = tp + fn (a mid-epoch checkpoint of an older run).
+        old = {key: f"{prefix}metric.{key}" for key in ("tp", "fp", "tn", "fn")}
+        if old["tp"] in state_dict and f"{prefix}right" not in state_dict:
+            scores = {key: state_dict.pop(name) for key, name in old.items() if name in state_dict}
+            state_dict[f"{prefix}right"] = scores["tp"].sum().to(torch.int64)
+            state_dict[f"{prefix}counted"] = (scores["tp"] + scores["fn"]).sum().to(torch.int64)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
+        )
