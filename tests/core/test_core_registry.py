@@ -113,3 +113,24 @@ def test_the_catalog_reads_every_family_and_description_from_source() -> None:
     for name, cls in all_components().items():
         assert read[name] is not None, f"{name}: its source does not settle it"
         assert (read[name].family, read[name].description) == (cls.family, first_line(cls)), name
+
+
+def test_each_package_metadata_is_read_once_however_many_components_a_pipeline_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Naming an entry point's package parses its metadata file: done per lookup, it cost
+    # half a second of every run's start for a pipeline of six components.
+    from torchloom.core import catalog
+
+    calls: list[str] = []
+    real = catalog.distribution
+    monkeypatch.setattr(
+        catalog, "distribution", lambda entry: calls.append(entry.name) or real(entry)
+    )
+    clear_cache()
+    try:
+        for name in ("LeNet5", "NLLLoss", "AccuracyStatistics", "MNIST"):
+            resolve(name)
+        assert len(calls) == len(set(calls)) == len(registered_names())
+    finally:
+        clear_cache()
