@@ -69,6 +69,21 @@ class TooManyClasses(ToyLinear):
         return {"predictions": F.pad(predictions, (0, 2))}
 
 
+class FlatPredictions(ToyLinear):
+    """Declares [batch, classes] but returns the scores flattened to one dimension."""
+
+    def forward(self, inputs: Batch) -> Batch:
+        return {"predictions": super().forward(inputs)["predictions"].flatten()}
+
+
+class IntegerPredictions(ToyLinear):
+    """Declares floating-point scores but returns class indices as int64 of the same shape."""
+
+    def forward(self, inputs: Batch) -> Batch:
+        predictions = super().forward(inputs)["predictions"]
+        return {"predictions": predictions.round().to(torch.int64)}
+
+
 class WideLinear(ToyLinear):
     """A ToyLinear whose hidden layer width differs: another model's checkpoint."""
 

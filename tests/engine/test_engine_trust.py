@@ -253,6 +253,8 @@ def test_another_models_checkpoint_names_the_weight_and_both_shapes(tmp_path: Pa
     [
         ("WrongKeyModel", "returned stream 'preds', which it does not declare"),
         ("TooManyClasses", "has size 5 in dimension 1 ('classes'), but it declares 3"),
+        ("FlatPredictions", "has shape [24] (rank 1), but it declares [batch, classes=3] (rank 2)"),
+        ("IntegerPredictions", "has element type int64, but it declares"),
     ],
 )
 def test_the_first_batch_names_a_component_that_breaks_its_specs(
