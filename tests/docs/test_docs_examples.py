@@ -378,3 +378,15 @@ def test_every_analysis_setting_is_described() -> None:
         if not (field.description or "").strip()
     ]
     assert not undescribed, f"fields without a description (the docs show it): {undescribed}"
+
+
+def test_the_guide_lists_exactly_the_keys_a_resume_may_override() -> None:
+    from torchloom.engine.resume import SAFE_RESUME_KEYS
+
+    guide = (REPO / "docs" / "user-guide.md").read_text(encoding="utf-8")
+    start = guide.index("**Overrides to `--resume` may change only")
+    listed = set(re.findall(r"`(\.?[a-z_.]+)`", guide[start : guide.index("Anything else", start)]))
+    written = set()
+    for key in listed:  # `.episode_limit` continues the key before it
+        written.add(key if not key.startswith(".") else "training.terminal_conditions" + key)
+    assert written == set(SAFE_RESUME_KEYS)
