@@ -339,3 +339,43 @@ def test_every_statistics_file_numbers_epochs_alike(tmp_path: Path) -> None:
     assert epochs("training_statistics.csv") == [(2, 1), (4, 1), (6, 2), (8, 2), (10, 2)]
     assert epochs("training_epoch_statistics.csv") == [(5, 1), (10, 2)]
     assert epochs("validation_epoch_statistics.csv") == [(10, 2)]  # the final full pass
+
+
+def test_the_progress_bar_counts_every_batch_and_shows_each_interval_rows_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import csv
+
+    import torchloom.engine.trainer as trainer_module
+    from torchloom.engine.setup import TrainOptions, prepare_training
+
+    class Bar:
+        def __init__(self, total: int) -> None:
+            self.total, self.done, self.postfixes = total, 0, []
+
+        def update(self, count: int) -> None:
+            self.done += count
+
+        def set_postfix(self, **values: str) -> None:
+            self.postfixes.append(values)
+
+        def close(self) -> None:
+            pass
+
+    bars: list[Bar] = []
+
+    def bar(total: int, epoch: int, enabled: bool, initial: int = 0) -> Bar:
+        assert enabled and initial == 0
+        bars.append(Bar(total))
+        return bars[-1]
+
+    monkeypatch.setattr(trainer_module, "progress_bar", bar)
+    options = TrainOptions(expdir=str(tmp_path / "runs"), quiet=False, tensorboard=0)
+    loop = prepare_training(write(tmp_path, toy_config()), (), options)
+    assert not isinstance(loop, torchloom.RunResult)
+    result = loop.run()
+    with open(result.run_dir / "training_statistics.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(b.total, b.done) for b in bars] == [(5, 5), (5, 5)]  # 40 samples, batch 8
+    shown = [p["loss"] for b in bars for p in b.postfixes]
+    assert shown == [f"{float(row['loss']):.4f}" for row in rows] and len(shown) == 5
