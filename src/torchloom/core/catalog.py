@@ -47,12 +47,20 @@ def claims() -> dict[str, list[EntryPoint]]:
 def clear_cache() -> None:
     """Forget what was found (tests that install a plugin on the fly)."""
     claims.cache_clear()
+    _chosen.cache_clear()
     _module_tree.cache_clear()
 
 
 def registered_entry_points() -> dict[str, EntryPoint]:
     """One entry point per name. A built-in (the torchloom distribution) keeps its name, so a
     plugin can never shadow it; a name two plugins claim is an error when used."""
+    return dict(_chosen())
+
+
+@cache
+def _chosen() -> dict[str, EntryPoint]:
+    # Cached with claims(): telling each entry point's distribution parses its package's
+    # metadata, 15 ms for all of them, and every component of every build asks.
     chosen = {}
     for name, options in claims().items():
         builtin = [e for e in options if distribution(e) == "torchloom"]
