@@ -70,6 +70,8 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     quiet_optuna()
     if url.startswith("journal:"):
         return JournalStorage(JournalFileBackend(url[len("journal:") :]))
+    if url.startswith(GRPC):
+        return _grpc_proxy(url)
     from optuna.storages import RDBStorage
 
     parts = urlsplit(url)
@@ -101,6 +103,49 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         f"cannot open the database on {where}: {message}",
         "check that the server runs and accepts this user from this machine",
     ) from last
+
+
+GRPC = "grpc://"
+GRPC_PORT = 13000  # Optuna's default
+
+
+def grpc_address(url: str) -> tuple[str, int]:
+    """(host, port) of `grpc://HOST[:PORT]`."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or GRPC_PORT
+    except ValueError as error:
+        raise ConfigError.at("--storage", url, f"has no valid port: {error}") from error
+    if not parts.hostname or parts.path not in ("", "/"):
+        raise ConfigError.at(
+            "--storage", url, "must be grpc://HOST:PORT", "e.g. grpc://db.lab:13000"
+        )
+    return parts.hostname, port
+
+
+def _grpc_proxy(url: str) -> optuna.storages.BaseStorage:
+    """Optuna's GrpcStorageProxy to a `loom search-server` (or Optuna's own proxy server),
+    checked to answer: a server that is not there is named plainly."""
+    host, port = grpc_address(url)
+    try:
+        import grpc
+        from optuna.storages import GrpcStorageProxy
+
+        proxy = GrpcStorageProxy(host=host, port=port)
+        proxy.get_all_studies()
+    except ImportError as error:
+        raise StorageUnreachable.at(
+            "--storage", url, f"needs gRPC: {error}", "pip install 'torchloom[search]'"
+        ) from error
+    except grpc.RpcError as error:
+        details = error.details() if hasattr(error, "details") else str(error)
+        raise StorageUnreachable.at(
+            "--storage",
+            url,
+            f"cannot reach the search server on {host}:{port}: {details}",
+            "start one there: loom search-server DATABASE_URL --host HOST --port PORT",
+        ) from error
+    return proxy
 
 
 def _hide_password(url: str) -> str:
