@@ -24,6 +24,16 @@ def test_processes_without_a_common_lock_start_exactly_the_budget(tmp_path: Path
     assert {t.state.name for t in study.trials} <= {"COMPLETE", "WAITING"}
 
 
+def test_searches_sharing_a_journal_file_start_exactly_the_budget(tmp_path: Path) -> None:
+    """A journal outside the search folders (`--storage journal:PATH`) is locked beside its
+    file, under a name of its own: Optuna's lock of the journal is `PATH.lock`."""
+    url = f"journal:{tmp_path / 'shared.journal'}"
+    create_study(url, "race", IDENTITY)
+    claim_race(tmp_path, url, "race", budget=6, mode="locked")
+    study = load_study(url, "race", None, None)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6
+
+
 def test_a_trial_without_heartbeats_is_failed_with_its_reason_and_retried_once(
     tmp_path: Path,
 ) -> None:

@@ -376,7 +376,8 @@ def ask_lock(search_dir: Path, url: str, study: optuna.Study) -> Iterator[bool]:
         if url.startswith("journal:"):
             journal = Path(url[len("journal:") :])
             if journal.parent.resolve() != Path(search_dir).resolve():
-                stack.enter_context(_file_lock(journal.with_name(journal.name + ".lock")))
+                # Not `<journal>.lock`: Optuna's own lock of the journal file is that name.
+                stack.enter_context(_file_lock(journal.with_name(journal.name + ASK_LOCK)))
             exact = True
         elif _dialect(study._storage) == "postgresql":
             stack.enter_context(_advisory_lock(study._storage, study._study_id))
