@@ -29,7 +29,7 @@ def test_searches_sharing_a_journal_file_start_exactly_the_budget(tmp_path: Path
     file, under a name of its own: Optuna's lock of the journal is `PATH.lock`."""
     url = f"journal:{tmp_path / 'shared.journal'}"
     create_study(url, "race", IDENTITY)
-    claim_race(tmp_path, url, "race", budget=6, mode="locked")
+    claim_race(tmp_path, url, "race", budget=6, mode="exact")
     study = load_study(url, "race", None, None)
     assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6
 

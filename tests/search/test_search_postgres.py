@@ -147,7 +147,7 @@ def test_machines_start_exactly_the_budget_of_trials(tmp_path: Path, postgres_ur
     exactly the budget between them. With neither the lock nor claim_trial's check, the same
     race started 8 trials for a budget of 6, in each of two tries by hand."""
     create_study(postgres_url, "race", IDENTITY)
-    claim_race(tmp_path, postgres_url, "race", budget=6, mode="locked")
+    claim_race(tmp_path, postgres_url, "race", budget=6, mode="exact")
     study = load_study(postgres_url, "race", None, None)
     states = [trial.state.name for trial in study.trials]
     assert states == ["COMPLETE"] * 6

@@ -322,8 +322,7 @@ def reap_dead_trials(study: optuna.Study) -> list[int]:
         if is_dead(attrs):
             reason = f"its process {attrs['pid']} on {attrs['host']} died"
         elif trial._trial_id in stale:
-            backend = getattr(storage, "_backend", storage)  # inside Optuna's cache
-            seconds = getattr(backend, "grace_period", None) or 3 * HEARTBEAT_SECONDS
+            seconds = getattr(_rdb(storage), "grace_period", None) or 3 * HEARTBEAT_SECONDS
             reason = (
                 f"no heartbeat from {attrs.get('host', '?')} for {seconds} s: "
                 "its process or machine stopped"
@@ -380,7 +379,7 @@ def ask_lock(search_dir: Path, url: str, study: optuna.Study) -> Iterator[bool]:
                 stack.enter_context(_file_lock(journal.with_name(journal.name + ASK_LOCK)))
             exact = True
         elif _dialect(study._storage) == "postgresql":
-            stack.enter_context(_advisory_lock(study._storage, study._study_id))
+            stack.enter_context(_advisory_lock(_rdb(study._storage), study._study_id))
             exact = True
         yield exact
 
@@ -395,9 +394,17 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _rdb(storage: Any) -> Any:
+    """The RDBStorage behind a study's storage (Optuna wraps it in its cache), or None."""
+    from optuna.storages import RDBStorage
+
+    storage = getattr(storage, "_backend", storage)
+    return storage if isinstance(storage, RDBStorage) else None
+
+
 def _dialect(storage: Any) -> str | None:
-    engine = getattr(storage, "engine", None)
-    return getattr(getattr(engine, "dialect", None), "name", None)
+    rdb = _rdb(storage)
+    return None if rdb is None else str(rdb.engine.dialect.name)
 
 
 # The advisory lock's first key: "loom" in ASCII; the second is the study's id.
