@@ -10,14 +10,15 @@
 - workers:    the same trials with --workers 2 versus 1 (target <= 0.6 on 2 cores).
 
     python benchmarks/search.py importance
-    python benchmarks/search.py overhead --rounds 3
-    python benchmarks/search.py pruning --trials 20 --epochs 4 --subset 2048
-    python benchmarks/search.py workers --trials 8
+    OMP_NUM_THREADS=1 python benchmarks/search.py overhead --rounds 9 --subset 4096 --epochs 2
+    OMP_NUM_THREADS=1 python benchmarks/search.py pruning --trials 20 --epochs 12 --subset 1024
+    python benchmarks/search.py workers --trials 8 --epochs 4 --subset 4096
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -70,45 +71,82 @@ def _overrides(data: str, subset: int, epochs: int) -> list[str]:
 
 def overhead(rounds: int, data: str, subset: int, epochs: int) -> None:
     """A trial of one fixed value (a choice of one) versus `torchloom.train` of the config
-    with that value: the search's cost is everything around the run."""
+    with that value, in alternating rounds (train first, then trial first, ...) after a
+    warm-up of each, in this one process. The trial is timed as its worker spends it: asking
+    the study (lock, dead-trial check, count), the sampled config, the run, telling the study;
+    the search's set-up (checking the space and config, the study's creation) and its results
+    (trials.csv, importance, plots, search.html) are once per search and timed apart."""
+    from torchloom.search.page import write_page
+    from torchloom.search.results import write_results
+    from torchloom.search.runner import SearchRequest, prepare_search, run_workers
+
     overrides = _overrides(data, subset, epochs)
     space = {"training.optimizer.lr": {"choice": [1.0e-3]}}
+
+    def train(folder: str) -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.process_time()
+        torchloom.train(CONFIG, overrides, expdir=folder, tensorboard=0)
+        return time.perf_counter() - start, time.process_time() - cpu
+
+    def trial(folder: str) -> tuple[float, float, float, float]:
+        from torchloom.analysis.build import build_hooks
+
+        request = SearchRequest(
+            config=CONFIG, overrides=overrides, space=space, trials=1, expdir=folder
+        )
+        start = time.perf_counter()
+        search_dir, record = prepare_search(request)
+        set_up, cpu = time.perf_counter(), time.process_time()
+        run_workers(search_dir, record, 1, build_hooks, lambda line: None)
+        ran, cpu = time.perf_counter(), time.process_time() - cpu
+        write_page(search_dir, record, write_results(search_dir, record))
+        return ran - set_up, cpu, set_up - start, time.perf_counter() - ran
+
     with tempfile.TemporaryDirectory() as folder:
-        torchloom.train(CONFIG, overrides, expdir=f"{folder}/warm", tensorboard=0)  # warm-up
-        trains, trials = [], []
+        train(f"{folder}/warm-train")
+        trial(f"{folder}/warm-search")
+        trains, trials, ratios, cpu_ratios = [], [], [], []
         for index in range(rounds):
-            start = time.perf_counter()
-            torchloom.train(CONFIG, overrides, expdir=f"{folder}/t{index}", tensorboard=0)
-            trains.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            found = torchloom.search(
-                CONFIG, space, overrides=overrides, trials=1, expdir=f"{folder}/s{index}"
-            )
-            trials.append(float(found.trials[0]["duration_s"]))
-            searched = time.perf_counter() - start
+            order = ("train", "trial") if index % 2 == 0 else ("trial", "train")
+            for side in order:
+                if side == "train":
+                    train_seconds, train_cpu = train(f"{folder}/t{index}")
+                    trains.append(train_seconds)
+                else:
+                    seconds, trial_cpu, set_up, results = trial(f"{folder}/s{index}")
+                    trials.append(seconds)
+            ratios.append(trials[-1] / trains[-1])
+            cpu_ratios.append(trial_cpu / train_cpu)
             print(
-                f"round {index}: train {trains[-1]:.2f} s, trial {trials[-1]:.2f} s "
-                f"(whole search call {searched:.2f} s)"
+                f"round {index} ({' then '.join(order)}): train {trains[-1]:.2f} s, trial "
+                f"{trials[-1]:.2f} s: {ratios[-1]:.3f}; CPU {train_cpu:.2f} s, {trial_cpu:.2f} s: "
+                f"{cpu_ratios[-1]:.3f} (once per search: set-up {set_up:.2f} s, results and page "
+                f"{results:.2f} s; load average {os.getloadavg()[0]:.1f})",
+                flush=True,
             )
     ratio = statistics.median(trials) / statistics.median(trains)
     print(
-        f"trial / train (medians of {rounds}): {statistics.median(trials):.2f} s / "
-        f"{statistics.median(trains):.2f} s = {ratio:.3f} (target <= 1.05)"
+        f"trial / train: medians of {rounds} rounds {statistics.median(trials):.2f} s / "
+        f"{statistics.median(trains):.2f} s = {ratio:.3f}; median of the rounds' ratios "
+        f"{statistics.median(ratios):.3f}; of the CPU times {statistics.median(cpu_ratios):.3f} "
+        "(target <= 1.05)"
     )
 
 
 def _search(folder: str, name: str, data: str, args: Any, pruner: str, workers: int) -> Any:
-    space = {
+    space: dict[str, Any] = {
         "training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-1]},
         "training.dataloader.batch_size": {"choice": [32, 64, 128]},
     }
+    if pruner == "hyperband" and args.reduction_factor != 3:  # 3: Optuna's default
+        space["pruner"] = {"type": "hyperband", "reduction_factor": args.reduction_factor}
     return torchloom.search(
         CONFIG,
         space,
         overrides=[*_overrides(data, args.subset, args.epochs), "~training.scheduler"],
         trials=args.trials,
         sampler="random",
-        pruner=pruner,
+        pruner=None if "pruner" in space else pruner,
         seed=0,
         workers=workers,
         monitor="validation.accuracy",
@@ -118,23 +156,54 @@ def _search(folder: str, name: str, data: str, args: Any, pruner: str, workers: 
 
 
 def pruning(args: argparse.Namespace, data: str) -> None:
+    """The same N trials (random sampler, seed 0: the same learning rates and batch sizes on
+    both sides) unpruned and hyperband-pruned, in alternating rounds (unpruned first, then
+    hyperband first, ...), each a whole `torchloom.search` call in this process."""
+    ratios: list[float] = []
+    cpu_ratios: list[float] = []
+    gaps: list[float] = []
     with tempfile.TemporaryDirectory() as folder:
-        times, best = {}, {}
-        for pruner in ("none", "hyperband"):
-            start = time.perf_counter()
-            found = _search(folder, pruner, data, args, pruner, 1)
-            times[pruner] = time.perf_counter() - start
-            best[pruner] = found.best_value
-            states = [row["state"] for row in found.trials]
+        for round_ in range(args.rounds):
+            times, cpu, best = {}, {}, {}
+            order = ("none", "hyperband") if round_ % 2 == 0 else ("hyperband", "none")
+            for pruner in order:
+                start, start_cpu = time.perf_counter(), time.process_time()
+                found = _search(folder, f"r{round_}{pruner}", data, args, pruner, 1)
+                times[pruner] = time.perf_counter() - start
+                cpu[pruner] = time.process_time() - start_cpu
+                best[pruner] = found.best_value
+                states = [row["state"] for row in found.trials]
+                # Epochs each trial trained: the pruned ones' step, the others' epoch limit.
+                epochs = [
+                    int(row["reason"].rsplit(" ", 1)[1])
+                    if row["state"] == "pruned"
+                    else args.epochs
+                    for row in found.trials
+                ]
+                print(
+                    f"round {round_}, {pruner}: {times[pruner]:.1f} s ({cpu[pruner]:.1f} s of "
+                    f"CPU), best "
+                    f"{found.best_value:.4f}, {states.count('pruned')} of {len(states)} pruned, "
+                    f"{sum(epochs)} epochs trained in all (per trial: {sorted(epochs)}), "
+                    f"load average {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+            ratios.append(times["hyperband"] / times["none"])
+            cpu_ratios.append(cpu["hyperband"] / cpu["none"])
+            gaps.append(100 * (best["none"] - best["hyperband"]))
             print(
-                f"{pruner}: {times[pruner]:.1f} s, best {found.best_value:.4f}, "
-                f"{states.count('pruned')} of {len(states)} pruned"
+                f"round {round_}: hyperband / unpruned wall time {ratios[-1]:.3f}, CPU time "
+                f"{cpu_ratios[-1]:.3f}; best "
+                f"accuracy {best['hyperband']:.4f} vs {best['none']:.4f}: {gaps[-1]:+.2f} points",
+                flush=True,
             )
-    ratio = times["hyperband"] / times["none"]
-    gap = 100 * (best["none"] - best["hyperband"])
+    shown = ", ".join(f"{r:.3f}" for r in ratios)
     print(
-        f"hyperband / unpruned wall time: {ratio:.3f} (target <= 0.4); best accuracy "
-        f"{best['hyperband']:.4f} vs {best['none']:.4f}: {gap:+.2f} points (target <= 0.5)"
+        f"hyperband / unpruned wall time: median {statistics.median(ratios):.3f} (rounds: "
+        f"{shown}; target <= 0.4); CPU time: median {statistics.median(cpu_ratios):.3f} "
+        f"(rounds: {', '.join(f'{r:.3f}' for r in cpu_ratios)}); unpruned best minus "
+        "hyperband best: "
+        f"{', '.join(f'{g:+.2f}' for g in gaps)} points (target <= 0.5)"
     )
 
 
@@ -142,11 +211,13 @@ def workers(args: argparse.Namespace, data: str) -> None:
     """`loom search --workers 1` versus `--workers 2`, each a fresh `loom` process (both pay
     their start-up, as a user's command does), in alternating rounds (1 then 2, then 2 then
     1, ...) so that a machine's changing load weighs on both sides."""
-    import os
     import subprocess
 
     source = str(Path(torchloom.__file__).parents[1])
-    env = {**os.environ, "PYTHONPATH": source}
+    # One torch thread on both sides: `--workers 1` trains in the `loom` process, whose
+    # default is a thread per core, while each worker of `--workers 2` has one; the ratio is
+    # then the parallel trials', not the threads'.
+    env = {**os.environ, "PYTHONPATH": source, "OMP_NUM_THREADS": "1"}
     ratios = []
     with tempfile.TemporaryDirectory() as folder:
         config = Path(folder) / "search_lenet5.yml"
@@ -164,16 +235,30 @@ def workers(args: argparse.Namespace, data: str) -> None:
                 command += [*_overrides(data, args.subset, args.epochs), "~training.scheduler"]
                 command += ["--trials", str(args.trials), "--seed", "0", "--workers", str(count)]
                 command += ["--expdir", f"{folder}/r{round_}w{count}"]
-                start = time.perf_counter()
+                start, used = time.perf_counter(), _children_cpu()
                 subprocess.run(command, env=env, check=True, capture_output=True)
                 times[count] = time.perf_counter() - start
-                print(f"round {round_}: loom search --workers {count}: {times[count]:.1f} s")
+                # CPU seconds of `loom search` and its workers: wall time x the cores they got.
+                cpu = _children_cpu() - used
+                print(
+                    f"round {round_}: loom search --workers {count}: {times[count]:.1f} s, "
+                    f"{cpu:.1f} s of CPU, {cpu / times[count]:.2f} cores on average "
+                    f"(load average {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
             ratios.append(times[2] / times[1])
     shown = ", ".join(f"{r:.3f}" for r in ratios)
     print(
         f"--workers 2 / --workers 1 wall time: median {statistics.median(ratios):.3f} "
         f"(rounds: {shown}; target <= 0.6)"
     )
+
+
+def _children_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
@@ -184,6 +269,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--subset", type=int, default=2048)
     parser.add_argument("--data", default=None, help="MNIST folder (default: a temporary one)")
+    parser.add_argument(
+        "--reduction-factor", type=int, default=3, help="hyperband's (default: Optuna's, 3)"
+    )
     args = parser.parse_args()
     if args.target == "importance":
         importance()

@@ -1,9 +1,18 @@
 """A LeNet-5 config on a few hundred MNIST images, for the search tests (a trial takes a
-second or two)."""
+second or two); processes racing for a study's last trials."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+
+import torchloom
+
+SOURCE = str(Path(torchloom.__file__).parents[1])
+# A study's identity as a search records it (study.create_study), for studies made by tests.
+IDENTITY = {"monitor": "validation.loss", "direction": "minimize", "digest": "race"}
 
 
 def tiny_config(folder: Path, data: Path, search: str = "", epochs: int = 1) -> Path:
@@ -25,3 +34,20 @@ test:
     path = folder / "tiny.yml"
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def claim_race(folder: Path, url: str, study: str, budget: int, mode: str) -> None:
+    """Three processes claim the trials of `study` at once (claim_race.py), each in a folder
+    of its own as on three machines; they must all end well."""
+    env = {**os.environ, "PYTHONPATH": SOURCE}
+    script = Path(__file__).with_name("claim_race.py")
+    processes = []
+    for index in range(3):
+        (folder / f"machine{index}").mkdir()
+        command = [sys.executable, str(script), url, study, str(budget)]
+        command += [str(folder / f"machine{index}"), mode]
+        processes.append(
+            subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        )
+    outputs = [process.communicate(timeout=120)[0].decode() for process in processes]
+    assert [process.returncode for process in processes] == [0, 0, 0], outputs

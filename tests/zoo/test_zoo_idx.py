@@ -98,3 +98,23 @@ def test_unknown_element_type_is_a_data_error(tmp_path: Path) -> None:
         read_idx(path)
     assert str(path) in str(error.value)
     assert "0x42" in str(error.value)
+
+
+def test_a_gzip_file_is_decompressed_once_per_process_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run reads MNIST's training file for two splits, and a search worker for every trial:
+    decompressed once, each read still a writable array of its own; a replaced file is read
+    again."""
+    import torchloom.data.idx as idx
+
+    calls = []
+    decompress = gzip.decompress
+    monkeypatch.setattr(idx.gzip, "decompress", lambda raw: calls.append(1) or decompress(raw))
+    path = write_idx(tmp_path / "images.gz", np.zeros((2, 3, 4), np.uint8), compress=True)
+    first, second = read_idx(path), read_idx(path)
+    assert len(calls) == 1 and np.array_equal(first, second)
+    first[0, 0, 0] = 9  # one caller's array is not another's
+    assert read_idx(path)[0, 0, 0] == 0
+    write_idx(path, np.ones((3, 3, 4), np.uint8), compress=True)
+    assert read_idx(path).shape == (3, 3, 4) and len(calls) == 2

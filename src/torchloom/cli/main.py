@@ -33,6 +33,10 @@ SUBCOMMANDS = {
     "compare": ("compare", "one HTML page comparing runs: statistics, curves, config changes"),
     "lr-find": ("lr_find", "learning-rate range test (Smith 2015): a plot and a suggested rate"),
     "search": ("search", "hyper-parameter search on Optuna: one training run per trial"),
+    "search-server": (
+        "search_server",
+        "serve a search database over gRPC to many workers (--storage grpc://HOST:PORT)",
+    ),
     "quantize": ("quantize", "int8 models of a run, measured against float (size, latency, stats)"),
     "export": (
         "export",
@@ -234,8 +238,8 @@ def _search(p: argparse.ArgumentParser) -> None:
         "--storage",
         default=None,
         metavar="URL",
-        help="an SQLAlchemy URL such as postgresql://user@host/db (default: a "
-        "journal file in the search folder)",
+        help="an SQLAlchemy URL such as postgresql://user@host/db, or grpc://HOST:PORT of a "
+        "`loom search-server` (default: a journal file in the search folder)",
     )
     p.add_argument(
         "--study", default=None, metavar="NAME", help="study name (default: the pipeline's name)"
@@ -267,6 +271,16 @@ def _search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def _search_server(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "storage",
+        metavar="DATABASE_URL",
+        help="the SQLAlchemy URL of the studies' database, e.g. postgresql://user@db/studies",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: all)")
+    p.add_argument("--port", type=int, default=13000, help="port to listen on (default: 13000)")
 
 
 def _quantize(p: argparse.ArgumentParser) -> None:
@@ -360,6 +374,7 @@ ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
     "compare": _compare,
     "lr-find": _lr_find,
     "search": _search,
+    "search-server": _search_server,
     "quantize": _quantize,
     "export": _export,
     "predict": _predict,

@@ -10,8 +10,8 @@ database race (optuna#1092).
 Dead trials. Each trial records its host, PID and the PID's start time (user attributes);
 a trial left RUNNING by a process of this host that is gone (SIGKILL, a crash, a power cut)
 is marked failed with the reason, and its parameters are queued once more (`retry_of`). A
-dead trial whose retry died too stays failed. On an RDB storage, heartbeats do the same for
-other machines (RetryHeartbeatStaleTrialCallback, one retry).
+dead trial whose retry died too stays failed. On an RDB storage, Optuna's heartbeats tell the
+same of other machines' trials (its stale trials, failed and retried here the same way).
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     quiet_optuna()
     if url.startswith("journal:"):
         return JournalStorage(JournalFileBackend(url[len("journal:") :]))
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+    if url.startswith(GRPC):
+        return _grpc_proxy(url)
+    from optuna.storages import RDBStorage
 
     parts = urlsplit(url)
     where = f"{parts.hostname or 'localhost'}:{parts.port or 'default port'}"
@@ -81,7 +83,6 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                 url,
                 heartbeat_interval=HEARTBEAT_SECONDS,
                 grace_period=3 * HEARTBEAT_SECONDS,
-                heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1),
             )
         except ImportError as error:
             raise StorageUnreachable.at(
@@ -102,6 +103,49 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         f"cannot open the database on {where}: {message}",
         "check that the server runs and accepts this user from this machine",
     ) from last
+
+
+GRPC = "grpc://"
+GRPC_PORT = 13000  # Optuna's default
+
+
+def grpc_address(url: str) -> tuple[str, int]:
+    """(host, port) of `grpc://HOST[:PORT]`."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port or GRPC_PORT
+    except ValueError as error:
+        raise ConfigError.at("--storage", url, f"has no valid port: {error}") from error
+    if not parts.hostname or parts.path not in ("", "/"):
+        raise ConfigError.at(
+            "--storage", url, "must be grpc://HOST:PORT", "e.g. grpc://db.lab:13000"
+        )
+    return parts.hostname, port
+
+
+def _grpc_proxy(url: str) -> optuna.storages.BaseStorage:
+    """Optuna's GrpcStorageProxy to a `loom search-server` (or Optuna's own proxy server),
+    checked to answer: a server that is not there is named plainly."""
+    host, port = grpc_address(url)
+    try:
+        import grpc
+        from optuna.storages import GrpcStorageProxy
+
+        proxy = GrpcStorageProxy(host=host, port=port)
+        proxy.get_all_studies()
+    except ImportError as error:
+        raise StorageUnreachable.at(
+            "--storage", url, f"needs gRPC: {error}", "pip install 'torchloom[search]'"
+        ) from error
+    except grpc.RpcError as error:
+        details = error.details() if hasattr(error, "details") else str(error)
+        raise StorageUnreachable.at(
+            "--storage",
+            url,
+            f"cannot reach the search server on {host}:{port}: {details}",
+            "start one there: loom search-server DATABASE_URL --host HOST --port PORT",
+        ) from error
+    return proxy
 
 
 def _hide_password(url: str) -> str:
@@ -262,25 +306,37 @@ def is_dead(attrs: dict[str, Any]) -> bool | None:
 
 
 def reap_dead_trials(study: optuna.Study) -> list[int]:
-    """Fail the RUNNING trials whose process on this host is gone, queue their parameters
-    again (once), and return their numbers. Call with the ask lock held."""
-    from optuna.storages._heartbeat import fail_stale_trials, is_heartbeat_enabled
+    """Fail the RUNNING trials whose process on this host is gone and, on a database, those
+    whose heartbeat stopped (any machine), each with its reason; queue their parameters again
+    (once), and return their numbers. Call with the ask lock held."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
     from optuna.trial import TrialState
 
     storage = study._storage
+    stale: set[int] = set()
     if is_heartbeat_enabled(storage):  # RDB storages: other machines' dead trials too
-        fail_stale_trials(study)
+        stale = set(storage._get_stale_trial_ids(study._study_id))  # type: ignore[attr-defined]
     reaped = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not is_dead(trial.user_attrs):
-            continue
         attrs = trial.user_attrs
-        reason = f"its process {attrs['pid']} on {attrs['host']} died"
+        if is_dead(attrs):
+            reason = f"its process {attrs['pid']} on {attrs['host']} died"
+        elif trial._trial_id in stale:
+            seconds = getattr(_rdb(storage), "grace_period", None) or 3 * HEARTBEAT_SECONDS
+            reason = (
+                f"no heartbeat from {attrs.get('host', '?')} for {seconds} s: "
+                "its process or machine stopped"
+            )
+        else:
+            continue
+        # Attributes first: a finished trial takes none. Another machine reaping the same
+        # trial at once writes the same ones, and only one of the two fails it.
         retry = "retry_of" not in attrs
         storage.set_trial_user_attr(trial._trial_id, "reason", reason)
         storage.set_trial_user_attr(trial._trial_id, "retried", retry)
         try:
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+            if not storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
+                continue
         except Exception:  # finished meanwhile by someone else: nothing to do
             continue
         if retry:
@@ -305,12 +361,82 @@ def counted_trials(study: optuna.Study) -> int:
 
 
 @contextlib.contextmanager
-def ask_lock(search_dir: Path) -> Iterator[None]:
-    """Held while a worker counts the trials and asks for one, so that the workers of this
-    machine start exactly --trials trials between them."""
-    with open(search_dir / ASK_LOCK, "a+", encoding="utf-8") as handle:
+def ask_lock(search_dir: Path, url: str, study: optuna.Study) -> Iterator[bool]:
+    """Held while a worker counts the trials and asks for one, so that the workers sharing a
+    study start exactly --trials trials between them. A file lock in the search folder covers
+    the workers of `--workers K`; a journal elsewhere is locked beside its file too, and a
+    PostgreSQL study with an advisory lock held in a transaction of its own, which the server
+    drops when the process or its connection dies. Yields whether the lock covers every
+    process that may share the study; where it does not (another database, or one SQLite
+    file shared by several search folders), the caller checks after asking (`claim_trial`)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_file_lock(search_dir / ASK_LOCK))
+        exact = False
+        if url.startswith("journal:"):
+            journal = Path(url[len("journal:") :])
+            if journal.parent.resolve() != Path(search_dir).resolve():
+                # Not `<journal>.lock`: Optuna's own lock of the journal file is that name.
+                stack.enter_context(_file_lock(journal.with_name(journal.name + ASK_LOCK)))
+            exact = True
+        elif _dialect(study._storage) == "postgresql":
+            stack.enter_context(_advisory_lock(_rdb(study._storage), study._study_id))
+            exact = True
+        yield exact
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    with open(path, "a+", encoding="utf-8") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _rdb(storage: Any) -> Any:
+    """The RDBStorage behind a study's storage (Optuna wraps it in its cache), or None."""
+    from optuna.storages import RDBStorage
+
+    storage = getattr(storage, "_backend", storage)
+    return storage if isinstance(storage, RDBStorage) else None
+
+
+def _dialect(storage: Any) -> str | None:
+    rdb = _rdb(storage)
+    return None if rdb is None else str(rdb.engine.dialect.name)
+
+
+# The advisory lock's first key: "loom" in ASCII; the second is the study's id.
+ADVISORY_NAMESPACE = 0x6C6F6F6D
+
+
+@contextlib.contextmanager
+def _advisory_lock(storage: Any, study_id: int) -> Iterator[None]:
+    """pg_advisory_xact_lock(namespace, study): released when the transaction ends, and by
+    the server when this process dies (its connection closes)."""
+    from sqlalchemy import text
+
+    with storage.engine.connect() as connection, connection.begin():
+        connection.execute(
+            text("SELECT pg_advisory_xact_lock(:namespace, :study)"),
+            {"namespace": ADVISORY_NAMESPACE, "study": int(study_id)},
+        )
+        yield
+
+
+def claim_trial(study: optuna.Study, budget: int, exact: bool) -> optuna.Trial | None:
+    """Ask the study for a trial when fewer than `budget` count, with the ask lock held; None
+    when the study has its trials. Where the lock does not cover every process (`exact`
+    false), another machine may have asked at the same moment: a trial over the budget is
+    handed back to the queue (WAITING, nothing sampled yet) and None returned, so the caller
+    counts again; when both hand theirs back, both ask again."""
+    from optuna.trial import TrialState
+
+    if counted_trials(study) >= budget:
+        return None
+    trial = study.ask()
+    if not exact and counted_trials(study) > budget:
+        study._storage.set_trial_state_values(trial._trial_id, TrialState.WAITING)
+        return None
+    return trial

@@ -5,6 +5,7 @@ only Ctrl-C / SIGTERM ends the worker early, its trial failed and queued again."
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -18,6 +19,7 @@ from torchloom.search.checking import read_space, trial_overrides
 from torchloom.search.record import SearchRecord
 from torchloom.search.study import (
     ask_lock,
+    claim_trial,
     counted_trials,
     identity,
     load_study,
@@ -72,15 +74,15 @@ def work(
         propose, space = yaml_proposer(search_dir, record)
     settings = record.search_settings()
     seed = record.seed
+    url = record.storage_url(search_dir)
     if seed is not None:
         # Seeded samplers draw the same values from the same seed: each worker, and each
         # session of a resumed study, gets its own (the same ones when run again).
-        url = record.storage_url(search_dir)
         existing = len(load_study(url, record.study, None, None, record.study_identity()).trials)
         seed += 1000 * existing + worker
     sampler = make_sampler(settings, space, seed)
     study = load_study(
-        record.storage_url(search_dir),
+        url,
         record.study,
         sampler,
         make_pruner(settings),
@@ -99,7 +101,7 @@ def work(
         if orphaned is not None and orphaned():
             say("search worker: `loom search` is gone; no new trial starts")
             break
-        with ask_lock(search_dir):
+        with ask_lock(search_dir, url, study) as exact:
             for number in reap_dead_trials(study):
                 say(f"trial {number}: its process died; failed, its parameters queued again")
             if counted_trials(study) >= record.trials:
@@ -107,9 +109,13 @@ def work(
             if deadline is not None and time.time() >= deadline:
                 say("search: --timeout reached; no new trial starts")
                 break
-            trial = study.ask()
-            for key, value in identity().items():
-                trial.set_user_attr(key, value)
+            trial = claim_trial(study, record.trials, exact)
+            if trial is not None:
+                for key, value in identity().items():
+                    trial.set_user_attr(key, value)
+        if trial is None:  # another machine took the last trial at the same moment
+            time.sleep(random.uniform(0.05, 0.5))  # if it handed its own back too: apart
+            continue
         with get_heartbeat_thread(trial._trial_id, study._storage):
             _run_one(study, trial, propose, search_dir, objective, options, say)
         ran += 1

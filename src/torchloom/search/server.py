@@ -1,0 +1,45 @@
+"""`loom search-server DATABASE_URL`: Optuna's gRPC storage proxy in front of a database, for
+studies of many workers: each worker keeps one gRPC channel to this server instead of a
+database connection of its own (`loom search ... --storage grpc://HOST:PORT`).
+
+The server holds the database's connections and Optuna's cache of the study; the workers
+reach the study only through it. Optuna's proxy does not serve a journal file (optuna#6084)
+and gives no heartbeats, so a worker's trial on a machine that dies stays running until a
+worker on that machine fails it (docs/search.md, "Thousands of workers: a gRPC server")."""
+
+from __future__ import annotations
+
+from torchloom.errors import ConfigError
+from torchloom.search.study import GRPC, _hide_password, open_storage
+
+
+def serve(url: str, host: str, port: int) -> int:
+    """Serve the database `url` on host:port until Ctrl-C or SIGTERM; returns 0."""
+    if url.startswith(("journal:", GRPC)):
+        raise ConfigError.at(
+            "command line",
+            url,
+            "cannot be served: Optuna's gRPC proxy serves a database (an SQLAlchemy URL)",
+            "e.g. loom search-server postgresql://user@db/studies, or sqlite:///studies.db",
+        )
+    from optuna.storages import get_storage
+    from optuna.storages._grpc.server import make_server
+
+    # Optuna's cached storage in front of the database, as its proxy server recommends.
+    storage = get_storage(open_storage(url))
+    try:
+        server = make_server(storage, host, port)
+        server.start()
+    except RuntimeError as error:  # the port is taken, or the host is not this machine's
+        raise ConfigError.at(
+            "command line", f"{host}:{port}", f"cannot listen there: {error}"
+        ) from error
+    print(f"search server: {_hide_password(url)} on {GRPC}{host}:{port}", flush=True)
+    print(f"workers: loom search CONFIG --storage {GRPC}{host}:{port}; Ctrl-C stops", flush=True)
+    try:
+        server.wait_for_termination()
+    except KeyboardInterrupt:
+        print("search server: stopped", flush=True)
+    finally:
+        server.stop(grace=5).wait()
+    return 0

@@ -1,0 +1,65 @@
+"""--trials N means N trials across every process of a study, even where no common lock
+covers them: processes counting and asking at the same moment (claim_race.py) on one journal
+from three folders, without the lock, hand back the trials over the budget (claim_trial).
+The locked case, on PostgreSQL, is in test_search_postgres.py; on a journal, `--workers` in
+test_search_processes.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from search_helpers import IDENTITY, claim_race
+
+from torchloom.search.study import counted_trials, create_study, load_study
+
+
+def test_processes_without_a_common_lock_start_exactly_the_budget(tmp_path: Path) -> None:
+    url = f"journal:{tmp_path / 'shared.journal'}"
+    create_study(url, "race", IDENTITY)
+    claim_race(tmp_path, url, "race", budget=6, mode="unlocked")
+    study = load_study(url, "race", None, None)
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    # Handed-back trials go back to the queue (WAITING) and are run or left waiting.
+    assert len(complete) == 6 and counted_trials(study) == 6
+    assert {t.state.name for t in study.trials} <= {"COMPLETE", "WAITING"}
+
+
+def test_searches_sharing_a_journal_file_start_exactly_the_budget(tmp_path: Path) -> None:
+    """A journal outside the search folders (`--storage journal:PATH`) is locked beside its
+    file, under a name of its own: Optuna's lock of the journal is `PATH.lock`."""
+    url = f"journal:{tmp_path / 'shared.journal'}"
+    create_study(url, "race", IDENTITY)
+    claim_race(tmp_path, url, "race", budget=6, mode="exact")
+    study = load_study(url, "race", None, None)
+    assert [t.state.name for t in study.trials] == ["COMPLETE"] * 6
+
+
+def test_a_trial_without_heartbeats_is_failed_with_its_reason_and_retried_once(
+    tmp_path: Path,
+) -> None:
+    """On a database, another machine's silent trial (its host is not this one) is failed by
+    Optuna's heartbeat check with a reason, and its retry counts instead of it."""
+    import time
+
+    import optuna
+    from optuna.storages import RDBStorage
+
+    from torchloom.search.study import reap_dead_trials
+
+    storage = RDBStorage(
+        f"sqlite:///{tmp_path / 'study.db'}",
+        heartbeat_interval=1,
+        grace_period=1,
+    )
+    study = optuna.create_study(storage=storage, study_name="silent")
+    trial = study.ask()
+    trial.suggest_float("lr", 1e-4, 1e-1, log=True)
+    trial.set_user_attr("host", "another-machine")
+    storage.record_heartbeat(trial._trial_id)
+    time.sleep(2.5)
+    assert reap_dead_trials(study) == [0]
+    failed, retry = study.trials
+    assert failed.state.name == "FAIL" and retry.state.name == "WAITING"
+    assert failed.user_attrs["reason"].startswith("no heartbeat from another-machine for 1 s")
+    assert failed.user_attrs["retried"] is True and retry.user_attrs["retry_of"] == 0
+    assert retry.system_attrs["fixed_params"] == failed.params and counted_trials(study) == 0

@@ -1,0 +1,123 @@
+"""`loom search --storage grpc://HOST:PORT` through a real `loom search-server` (Optuna's gRPC
+storage proxy in front of an SQLite database), started here on a port of 127.0.0.1: processes
+racing for the last trials start exactly the budget (no lock reaches through the proxy:
+claim_trial hands a trial over the budget back), two searches share one study, and a server
+that is not there, or a journal given to the server, is refused plainly."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from search_helpers import IDENTITY, SOURCE, claim_race, tiny_config
+
+from torchloom.cli.main import main
+from torchloom.search.study import counted_trials, create_study, load_study
+
+pytest.importorskip("grpc", reason="grpcio is not installed (pip install 'torchloom[search]')")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def grpc_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    database = tmp_path_factory.mktemp("grpc") / "studies.db"
+    port = _free_port()
+    command = [sys.executable, "-m", "torchloom.cli.main", "search-server"]
+    command += [f"sqlite:///{database}", "--host", "127.0.0.1", "--port", str(port)]
+    server = subprocess.Popen(
+        command,
+        env={**os.environ, "PYTHONPATH": SOURCE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert server.stdout is not None
+    first = server.stdout.readline()  # the server says where it listens once it does
+    assert first.startswith("search server: ") and f"grpc://127.0.0.1:{port}" in first, first
+    try:
+        yield f"grpc://127.0.0.1:{port}"
+    finally:
+        server.send_signal(signal.SIGTERM)  # stops as Ctrl-C does
+        rest = server.communicate(timeout=60)[0]
+        assert server.returncode == 0 and "search server: stopped" in rest, rest
+
+
+def test_processes_on_a_grpc_server_start_exactly_the_budget(tmp_path: Path, grpc_url: str) -> None:
+    create_study(grpc_url, "race", IDENTITY)
+    claim_race(tmp_path, grpc_url, "race", budget=6, mode="locked")
+    study = load_study(grpc_url, "race", None, None)
+    complete = [t for t in study.trials if t.state.name == "COMPLETE"]
+    assert len(complete) == 6 and counted_trials(study) == 6
+    assert {t.state.name for t in study.trials} <= {"COMPLETE", "WAITING"}
+
+
+@pytest.mark.slow
+def test_two_searches_share_one_study_through_the_server(
+    tmp_path: Path, mnist_folder: Path, grpc_url: str
+) -> None:
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    env = {**os.environ, "PYTHONPATH": SOURCE, "OMP_NUM_THREADS": "1"}
+    processes = [
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "torchloom.cli.main", "search", str(config)),
+                *("--trials", "4", "--storage", grpc_url, "--study", "shared"),
+                *("--expdir", str(tmp_path / f"machine{index}")),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for index in range(2)
+    ]
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    # The machine that ended last wrote the whole study (the other may have seen a trial
+    # still running).
+    written = [
+        path / "trials.csv"
+        for index in range(2)
+        for path in (tmp_path / f"machine{index}").glob("searches/*/*")
+    ]
+    with open(max(written, key=lambda path: path.stat().st_mtime_ns), newline="") as handle:
+        final = list(csv.DictReader(handle))
+    complete = [row for row in final if row["state"] == "complete"]
+    assert len(complete) == 4 and {row["state"] for row in final} <= {"complete", "waiting"}
+    folders = [row["run_dir"] for row in complete]
+    assert len(set(folders)) == 4
+    ran = [
+        sum(1 for p in (tmp_path / f"machine{i}").glob("searches/*/*/trials/*/*")) for i in (0, 1)
+    ]
+    assert sum(ran) == 4  # every trial ran once, on one machine or the other
+
+
+def test_a_missing_server_and_a_served_journal_are_refused_plainly(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    url = f"grpc://127.0.0.1:{_free_port()}"
+    runs = tmp_path / "runs"
+    assert (
+        main(["search", str(config), "--trials", "1", "--storage", url, "--expdir", str(runs)]) == 2
+    )
+    error = capsys.readouterr().err
+    assert "cannot reach the search server on 127.0.0.1:" in error and "loom search-server" in error
+    assert "Traceback" not in error and not runs.exists()
+    journal = f"journal:{tmp_path / 'study.journal'}"
+    assert main(["search-server", journal, "--port", str(_free_port())]) == 2
+    assert "Optuna's gRPC proxy serves a database" in capsys.readouterr().err
