@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -141,6 +141,12 @@ class Quantizer(ABC):
     @abstractmethod
     def convert(self, component: Model) -> None:
         """Swap the prepared (and calibrated) modules for int8 ones."""
+
+    def fit_state(self, component: Model, state: Mapping[str, Any]) -> None:
+        """Before `state`, saved from a prepared component, is loaded into this prepared one:
+        give buffers whose shape the saved ones fixed only once observed (per-channel scales)
+        the saved shapes. Nothing by default."""
+        return None
 
     def skipped(self, component: Model, path: str) -> bool:
         return f"{component.name}.{path}" in self.options.skip
