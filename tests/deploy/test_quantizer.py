@@ -237,3 +237,37 @@ def test_dynamic_converts_each_component_with_its_own_layers() -> None:
         quantizer.convert(first)
         quantizer.convert(second)
     assert isinstance(first.head[1], DynamicLinear) and isinstance(second.fc, DynamicLinear)
+
+
+def test_qat_activation_ranges_move_with_training_batches_only() -> None:
+    """Validation and test passes of the fine-tuning (eval mode) leave the activations'
+    ranges as training made them: the converted scales owe nothing to evaluation data."""
+    model = residual()
+    quantizer = choose_quantizer(QuantizeOptions("qat"))
+    with quantized_engine("x86"):
+        quantizer.prepare(model, Plan())
+    observers = {
+        name: module
+        for name, module in model.named_modules()
+        if name.endswith("activation_post_process")
+        and isinstance(module, torch.ao.quantization.FakeQuantizeBase)
+    }
+    assert observers
+
+    def ranges() -> dict[str, tuple[float, float]]:
+        found = {}
+        for name, module in observers.items():
+            observer = module.activation_post_process
+            found[name] = (float(observer.min_val), float(observer.max_val))
+        return found
+
+    model.train()
+    model({"x": torch.randn(8, 1, 8, 8)})
+    trained = ranges()
+    model.eval()
+    with torch.no_grad():
+        model({"x": 100 * torch.randn(8, 1, 8, 8)})
+    assert ranges() == trained
+    model.train()
+    model({"x": 100 * torch.randn(8, 1, 8, 8)})
+    assert ranges() != trained
