@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from torchloom.cli.main import main
+from torchloom.deploy.qat import unfinished_fine_tuning
 from torchloom.engine.run_folder import STARTED_BY_FILE
 
 LOOM = [sys.executable, "-m", "torchloom.cli.main"]
@@ -144,6 +145,17 @@ def moved(reference: Path, folder: Path) -> tuple[Path, Path]:
     record["checkpoint"] = str(run / "checkpoints" / "best.pt")
     (training / STARTED_BY_FILE).write_text(json.dumps(record), encoding="utf-8")
     return run, training
+
+
+def test_an_unfinished_fine_tuning_is_noted_when_a_new_one_starts(
+    reference: Path, tmp_path: Path
+) -> None:
+    run, training = moved(reference, tmp_path)
+    assert unfinished_fine_tuning(run) is None  # it reached its epoch limit
+    summary = json.loads((training / "summary.json").read_text(encoding="utf-8"))
+    summary["status"] = "interrupted"
+    (training / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    assert unfinished_fine_tuning(run) == training
 
 
 def test_resume_refusals_are_plain(
