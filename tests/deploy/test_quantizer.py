@@ -39,6 +39,7 @@ class Residual(Model):
 
 
 def residual() -> Model:
+    torch.manual_seed(0)  # weights and batches alike: the tolerance below holds for these
     model = Residual(ComponentParams(), BuildContext(name="net"))
     with torch.no_grad():  # batch statistics that are not the identity
         model.stem[1].running_mean.uniform_(-0.5, 0.5)
@@ -140,3 +141,133 @@ def test_a_forward_eager_quantization_cannot_follow_is_a_plain_error() -> None:
     with pytest.raises(DeployError, match="fails on a batch after conversion") as caught:
         _check_runs(Graph(), (torch.randn(3, 4),), plan)  # any module of tensors in and out
     assert "--skip" in caught.value.format() and "tied.fc" in caught.value.format()
+
+
+class ResidualStack(Model):
+    """torchvision residual blocks in a Sequential, as GenericImageEncoder's ResNet backbone:
+    a stem, two basic blocks (the second downsampling) and a bottleneck."""
+
+    Params = ComponentParams
+
+    def __init__(self, params: ComponentParams, context: BuildContext) -> None:
+        from torchvision.models.resnet import BasicBlock, Bottleneck
+
+        super().__init__(params, context)
+
+        def downsample(inputs: int, outputs: int, stride: int) -> nn.Sequential:
+            return nn.Sequential(
+                nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False), nn.BatchNorm2d(outputs)
+            )
+
+        self.backbone = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1, bias=False),
+            nn.BatchNorm2d(8),
+            nn.ReLU(inplace=True),
+            nn.Sequential(BasicBlock(8, 8), BasicBlock(8, 16, 2, downsample(8, 16, 2))),
+            Bottleneck(16, 4, downsample=downsample(16, 16, 1)),
+        )
+
+    def forward(self, inputs: Batch) -> Batch:
+        return {"y": self.backbone(inputs["x"]).mean(dim=(2, 3))}
+
+
+def residual_stack() -> Model:
+    torch.manual_seed(0)
+    model = ResidualStack(ComponentParams(), BuildContext(name="resnet"))
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.2, 0.2)
+                module.running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+@pytest.mark.parametrize("mode", ["static", "qat"])
+def test_residual_blocks_are_fused_and_quantized_whole(mode: str) -> None:
+    from torch.ao.nn.quantized import QFunctional
+
+    model, x = residual_stack(), torch.randn(8, 1, 8, 8)
+    with torch.no_grad():
+        expected = model({"x": x})["y"]
+    plan = quantized(model, QuantizeOptions(mode), {"x": torch.randn(16, 1, 8, 8)})
+    assert len(plan.layers) == 10 and all(layer.quantized for layer in plan.layers)
+    kinds = {type(m).__name__ for m in model.modules()}
+    # Every batch norm folded into its conv; each block's residual add and ReLU one int8 op.
+    assert "BatchNorm2d" not in kinds and {"ConvReLU2d", "Conv2d"} <= kinds
+    assert sum(isinstance(m, QFunctional) for m in model.modules()) == 3
+    # One int8 chain from the stem to the bottleneck: one quant and one dequant stub.
+    assert [type(m).__name__ for m in model.modules()].count("Quantize") == 1
+    with torch.no_grad(), quantized_engine("x86"):
+        got = model({"x": x})["y"]
+    if mode == "static":
+        assert (got - expected).abs().max() < 0.1 * expected.abs().max()
+    # A fresh copy prepared and converted the same way takes the int8 state dict (what a
+    # quantized folder's reload does).
+    again = residual_stack()
+    quantizer = choose_quantizer(QuantizeOptions(mode))
+    with quantized_engine("x86"):
+        quantizer.prepare(again, Plan())
+        quantizer.convert(again)
+        again.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            assert torch.equal(again({"x": x})["y"], got)
+
+
+def test_a_skipped_layer_inside_a_residual_block_leaves_the_block_to_its_layers() -> None:
+    model = residual_stack()
+    plan = quantized(model, QuantizeOptions("static", skip=("resnet.backbone.3.0.conv2",)), None)
+    outcomes = {layer.name: layer for layer in plan.layers}
+    assert not outcomes["resnet.backbone.3.0.conv2"].quantized
+    assert outcomes["resnet.backbone.3.0.conv1"].quantized  # alone, between stubs
+    assert outcomes["resnet.backbone.4.conv3"].quantized  # the other blocks stay whole
+    assert isinstance(model.backbone[3][0].conv2, nn.Conv2d)
+
+
+def test_dynamic_converts_each_component_with_its_own_layers() -> None:
+    """Every component is prepared before any is converted (`loom quantize` does so): each
+    conversion uses what was chosen in that component, not in the last one prepared."""
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    first, second = residual(), ReadsWeights(ComponentParams(), BuildContext(name="other"))
+    quantizer = choose_quantizer(QuantizeOptions("dynamic"))
+    plan = Plan()
+    with quantized_engine("x86"):
+        quantizer.prepare(first, plan)
+        quantizer.prepare(second, plan)
+        quantizer.convert(first)
+        quantizer.convert(second)
+    assert isinstance(first.head[1], DynamicLinear) and isinstance(second.fc, DynamicLinear)
+
+
+def test_qat_activation_ranges_move_with_training_batches_only() -> None:
+    """Validation and test passes of the fine-tuning (eval mode) leave the activations'
+    ranges as training made them: the converted scales owe nothing to evaluation data."""
+    model = residual()
+    quantizer = choose_quantizer(QuantizeOptions("qat"))
+    with quantized_engine("x86"):
+        quantizer.prepare(model, Plan())
+    observers = {
+        name: module
+        for name, module in model.named_modules()
+        if name.endswith("activation_post_process")
+        and isinstance(module, torch.ao.quantization.FakeQuantizeBase)
+    }
+    assert observers
+
+    def ranges() -> dict[str, tuple[float, float]]:
+        found = {}
+        for name, module in observers.items():
+            observer = module.activation_post_process
+            found[name] = (float(observer.min_val), float(observer.max_val))
+        return found
+
+    model.train()
+    model({"x": torch.randn(8, 1, 8, 8)})
+    trained = ranges()
+    model.eval()
+    with torch.no_grad():
+        model({"x": 100 * torch.randn(8, 1, 8, 8)})
+    assert ranges() == trained
+    model.train()
+    model({"x": 100 * torch.randn(8, 1, 8, 8)})
+    assert ranges() != trained

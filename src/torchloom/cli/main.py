@@ -311,6 +311,15 @@ def _quantize(p: argparse.ArgumentParser) -> None:
         metavar="LR",
         help="qat: fine-tuning rate (default: the run's rate x 0.1)",
     )
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        metavar="QAT_RUN",
+        help="qat: continue the latest fine-tuning run stopped before its end (or QAT_RUN), "
+        "with the options it was started with",
+    )
 
 
 def _export(p: argparse.ArgumentParser) -> None:

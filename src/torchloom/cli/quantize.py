@@ -1,27 +1,31 @@
-"""`loom quantize RUN_DIR --mode dynamic|static [...]`: int8 models measured against float,
-written to RUN_DIR/quantized/<mode>/ (see torchloom/deploy/quantize.py)."""
+"""`loom quantize RUN_DIR --mode dynamic|static|qat [...]`: int8 models measured against
+float, written to RUN_DIR/quantized/<mode>/ (see torchloom/deploy/quantize.py). A
+quantization-aware fine-tuning stopped by a signal exits 130 with the command that continues
+it (`--resume`)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from torchloom.deploy.quantize import quantize
+from torchloom.deploy.qat import FineTuningInterrupted, unfinished_fine_tuning
+from torchloom.deploy.quantize import QuantizeResult, quantize
 
 
 def run(args: argparse.Namespace) -> int:
-    result = quantize(
-        args.run_dir,
-        args.mode,
-        backend=args.backend,
-        calibration_batches=args.calibration_batches,
-        per_channel=args.per_channel,
-        skip=[name.strip() for name in args.skip.split(",") if name.strip()],
-        checkpoint=args.checkpoint,
-        force=args.force,
-        repeats=args.repeats,
-        qat_epochs=args.qat_epochs,
-        qat_lr=args.qat_lr,
-    )
+    if args.mode == "qat" and not args.resume:
+        unfinished = unfinished_fine_tuning(args.run_dir)
+        if unfinished is not None:
+            print(
+                f"note: the fine-tuning run '{unfinished}' stopped before its end; this starts "
+                "a new one (--resume continues that one)",
+                file=sys.stderr,
+            )
+    try:
+        result = _quantize(args)
+    except FineTuningInterrupted as error:
+        print(error.format(), file=sys.stderr)
+        return 130
     report = result.report
     print(f"route: {report['route']}")
     if report["qat"]:
@@ -49,3 +53,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"left in float: {layer['name']} ({layer['kind']}): {layer['reason']}")
     print(f"written to: {result.folder}")
     return 0
+
+
+def _quantize(args: argparse.Namespace) -> QuantizeResult:
+    return quantize(
+        args.run_dir,
+        args.mode,
+        backend=args.backend,
+        calibration_batches=args.calibration_batches,
+        per_channel=args.per_channel,
+        skip=[name.strip() for name in args.skip.split(",") if name.strip()],
+        checkpoint=args.checkpoint,
+        force=args.force,
+        repeats=args.repeats,
+        qat_epochs=args.qat_epochs,
+        qat_lr=args.qat_lr,
+        resume=True if args.resume == "latest" else (args.resume or False),
+    )

@@ -18,6 +18,7 @@ from torchloom.deploy.quantizer import (
     WEIGHTED,
     LayerOutcome,
     Plan,
+    QuantizeOptions,
     Quantizer,
     accepted_deprecations,
 )
@@ -28,8 +29,14 @@ DYNAMIC_TYPES = (nn.Linear, nn.LSTM, nn.GRU)
 class EagerDynamicQuantizer(Quantizer):
     route = "torch.ao eager quantize_dynamic (int8 weights, dynamic int8 activations)"
 
+    def __init__(self, options: QuantizeOptions) -> None:
+        super().__init__(options)
+        # Per component (its id): the layers `prepare` chose, by module path, with their
+        # qconfig. Several components are prepared before any is converted.
+        self._chosen: dict[int, dict[str, object]] = {}
+
     def prepare(self, component: Model, plan: Plan) -> None:
-        self._chosen: dict[str, object] = {}
+        chosen = self._chosen[id(component)] = {}
         linear_qconfig = (
             tq.per_channel_dynamic_qconfig
             if self.options.per_channel
@@ -51,11 +58,12 @@ class EagerDynamicQuantizer(Quantizer):
                 qconfig = (
                     linear_qconfig if isinstance(module, nn.Linear) else tq.default_dynamic_qconfig
                 )
-                self._chosen[path] = qconfig
+                chosen[path] = qconfig
                 plan.layers.append(LayerOutcome(name, kind, True))
 
     def convert(self, component: Model) -> None:
-        if not self._chosen:
+        chosen = self._chosen.pop(id(component), None)
+        if not chosen:
             return
         with accepted_deprecations():
-            tq.quantize_dynamic(component, self._chosen, dtype=torch.qint8, inplace=True)
+            tq.quantize_dynamic(component, chosen, dtype=torch.qint8, inplace=True)

@@ -1,4 +1,4 @@
-"""The quantize worker (`loom quantize RUN_DIR --mode dynamic|static`): a trained run's model
+"""The quantize worker (`loom quantize RUN_DIR --mode dynamic|static|qat`): a trained run's model
 components turned int8 through the route `choose_quantizer` picks, measured against the float
 pipeline side by side (weights' size, latency at batch 1 and 32 on one thread, every statistic
 on validation and test, per-layer sensitivity), written to `RUN_DIR/quantized/<mode>/`:
@@ -33,7 +33,7 @@ from torchloom.data.atomic_files import atomic_file, write_text_atomic
 from torchloom.deploy.graph import InferenceGraph, graph_batch, model_graph, replaced
 from torchloom.deploy.measure import machine, paired_latency_ms, ratio, serialized_bytes
 from torchloom.deploy.output_folder import refuse_existing, staged_folder
-from torchloom.deploy.qat import fine_tune
+from torchloom.deploy.qat import fine_tune, resumable, start_record
 from torchloom.deploy.quantized_folder import FORMAT
 from torchloom.deploy.quantized_folder import is_quantized_folder as is_quantized_folder
 from torchloom.deploy.quantized_folder import load_quantized as load_quantized
@@ -82,17 +82,30 @@ def quantize(
     sensitivity: bool = True,
     qat_epochs: int = 1,
     qat_lr: float | None = None,
+    resume: bool | str | Path = False,
 ) -> QuantizeResult:
-    """Quantize a run folder's model components; see the module docstring."""
+    """Quantize a run folder's model components; see the module docstring. `resume` (qat
+    only): continue the latest fine-tuning run of the run folder stopped before its end (or
+    the one at that path) instead of starting one; see qat.py."""
     options = QuantizeOptions(mode, backend, per_channel, tuple(skip))
     quantizer = choose_quantizer(options)  # a wrong mode or backend, before anything is read
     if qat_epochs < 1:
         raise DeployError.at("command line", "--qat-epochs", "must be at least 1")
     if calibration_batches < 1:
         raise DeployError.at("command line", "--calibration-batches", "must be at least 1")
+    if resume and mode != "qat":
+        raise DeployError.at(
+            "command line",
+            "--resume",
+            f"continues a quantization-aware fine-tuning run; --mode {mode} trains nothing",
+            "use it with --mode qat",
+        )
     run = load_trained_run(run_dir, checkpoint)
     target = run.run_dir / "quantized" / mode
     refuse_existing(target, force, "loom quantize")
+    resume_from = (
+        resumable(run, start_record(run, quantizer, qat_epochs, qat_lr), resume) if resume else None
+    )
     pipeline = run.pipeline
     models = pipeline.models
     check_skip(options, models)
@@ -107,7 +120,7 @@ def quantize(
             quantizer.prepare(model, plan)
         training_run = None
         if mode == "qat":
-            training_run = fine_tune(run, qat_epochs, qat_lr)
+            training_run = fine_tune(run, quantizer, qat_epochs, qat_lr, resume_from)
         calibration = _calibrate(run, graph, calibration_batches, observe=mode == "static")
         for model in models:
             quantizer.convert(model)

@@ -4,9 +4,11 @@ form in place, and says what it did to each layer with weights.
 A route is a module that subclasses `Quantizer` (`eager_dynamic.py`, `eager_static.py`);
 `choose_quantizer(mode)` picks it. The routes were chosen by measurement on this project's
 CPU (docs/deployment.md): `torch.ao`'s eager dynamic quantization is the only one that handles
-LSTM/GRU children and is 3-4x faster than float for MLPs at batch 32; eager static quantization
-with fusion is 1.5-2x faster than float for small CNNs without needing `torch.compile` (which
-PT2E's X86InductorQuantizer route needs, compiling per batch shape). PyTorch deprecates
+LSTM/GRU children and is 2-4x faster than float for wide linear layers at batch 32; eager
+static quantization with fusion is 1.6-2x faster than float for LeNet-5 and 4.3x for ResNet-18
+(32x32) at batch 32 without `torch.compile`. PT2E (torchao's X86InductorQuantizer, compiled
+per batch shape) was slower than both eager int8 and compiled float on LeNet-5 and fails to
+annotate torchvision's residual blocks (benchmarks/pt2e.py). PyTorch deprecates
 `torch.ao.quantization`; when it goes, deleting those modules and adding a PT2E route here is
 the whole change.
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -141,6 +143,12 @@ class Quantizer(ABC):
     @abstractmethod
     def convert(self, component: Model) -> None:
         """Swap the prepared (and calibrated) modules for int8 ones."""
+
+    def fit_state(self, component: Model, state: Mapping[str, Any]) -> None:
+        """Before `state`, saved from a prepared component, is loaded into this prepared one:
+        give buffers whose shape the saved ones fixed only once observed (per-channel scales)
+        the saved shapes. Nothing by default."""
+        return None
 
     def skipped(self, component: Model, path: str) -> bool:
         return f"{component.name}.{path}" in self.options.skip

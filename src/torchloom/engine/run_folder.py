@@ -99,6 +99,32 @@ def write_artifacts(folder: Path, components: Mapping[str, Component]) -> None:
             write_text_atomic(target / file_name, text)
 
 
+# ---- runs that another command started --------------------------------------------------
+# A run folder whose pipeline is not the one its config.yaml builds (loom quantize's
+# quantization-aware fine-tuning: fake-quantized modules) holds this file, written by the
+# command that started it: {"by": that command, "command": what continues the run, "reason":
+# why `loom train --resume` cannot, ...the command's own record}. `loom train --resume`
+# refuses such a folder naming the command, and an interrupted run's log names it.
+STARTED_BY_FILE = "started_by.json"
+
+
+def read_started_by(run_dir: Path) -> dict[str, Any] | None:
+    """The folder's started_by.json, or None when it has none; a damaged one (not a JSON
+    object) is read as {} (the folder is still not `loom train`'s to continue)."""
+    path = run_dir / STARTED_BY_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def write_started_by(run_dir: Path, record: Mapping[str, Any]) -> None:
+    write_text_atomic(run_dir / STARTED_BY_FILE, json.dumps(record, indent=2) + "\n")
+
+
 # ---- who trains in a run folder ------------------------------------------------------------
 LOCK_FILE = ".lock"
 HEARTBEAT_SECONDS = 30.0  # the lock file's mtime is refreshed this often while the run lives

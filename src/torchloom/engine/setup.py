@@ -55,6 +55,7 @@ from torchloom.engine.run_folder import (
     RunLock,
     RunResult,
     create_run_folder,
+    read_started_by,
     write_artifacts,
 )
 from torchloom.engine.state import Hooks, RunSetup, TrainOptions
@@ -186,7 +187,17 @@ def prepare_training(
             "continues a run with the config it started with: give no config file",
             "overrides of the keys that may change on resume are allowed",
         )
-    point = open_resume_point(Path(resume).expanduser(), f"--resume {resume}")
+    folder = Path(resume).expanduser()
+    started_by = read_started_by(folder)
+    if started_by is not None:
+        raise ConfigError.at(
+            "command line",
+            f"--resume {resume}",
+            f"is a run `{started_by.get('by') or 'another command'}` started: "
+            f"{started_by.get('reason') or 'its config.yaml alone does not rebuild its pipeline'}",
+            f"continue it with `{started_by.get('command') or 'the command that started it'}`",
+        )
+    point = open_resume_point(folder, f"--resume {resume}")
     try:
         prepared = _prepare(point.run_dir / "config.yaml", overrides, options, point)
     except BaseException:
