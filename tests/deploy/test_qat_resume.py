@@ -114,6 +114,9 @@ def test_a_stopped_fine_tuning_resumes_to_the_uninterrupted_result(
     else:
         assert process.returncode == 130, stderr
         assert "Traceback" not in stderr and command in stderr
+        # The fine-tuning's own log names the same command, not `loom train --resume`.
+        log = (training / "run.log").read_text(encoding="utf-8")
+        assert f"continue with `{command}`" in log and "loom train --resume" not in log
     assert not (run / "quantized" / "qat").exists()
     stopped = json.loads((training / "summary.json").read_text(encoding="utf-8"))
     assert stopped.get("episodes", 0) < 48

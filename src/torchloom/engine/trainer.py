@@ -31,7 +31,13 @@ from torchloom.engine.evaluation import (
 )
 from torchloom.engine.loaders import to_device
 from torchloom.engine.reporting import close_logger, format_statistics, progress_bar
-from torchloom.engine.run_folder import RunResult, Status, write_running, write_summary
+from torchloom.engine.run_folder import (
+    RunResult,
+    Status,
+    read_started_by,
+    write_running,
+    write_summary,
+)
 from torchloom.engine.state import Progress, RunSetup, RunView
 from torchloom.engine.step import Diverged, batch_size_of, clip_gradients, running_eagerly
 from torchloom.engine.terminal import converged, limit_reached
@@ -503,10 +509,10 @@ class TrainingLoop:
                 status, diverged = Status.DIVERGED, error
             if status is Status.INTERRUPTED:
                 self.save("last.pt")
-                setup.log.info(
-                    "interrupted: last.pt saved; continue with `loom train --resume %s`",
-                    setup.run_dir,
-                )
+                # A run another command started (a QAT fine-tuning) is continued by it.
+                started_by = read_started_by(setup.run_dir) or {}
+                command = started_by.get("command") or f"loom train --resume {setup.run_dir}"
+                setup.log.info("interrupted: last.pt saved; continue with `%s`", command)
             elif status is not Status.DIVERGED and setup.online and setup.validation_data:
                 self.validate(partial=False)
             for component in setup.pipeline.components.values():
