@@ -210,3 +210,28 @@ def test_only_a_whole_key_path_the_schemas_declare_needs_no_plus(tmp_path: Path)
     for override in ("pipeline.viewer.type=StreamViewer", "training.seed.extra=1"):
         with pytest.raises(ConfigError, match=re.escape(f"To add a new key write '+{override}'")):
             load_config(path, [override])
+
+
+def test_an_item_of_a_list_is_set_by_its_position(config_file: Path) -> None:
+    """`a.b.1=x` changes the second item of the list `a.b` (how a search addresses one edge
+    of a genotype); items of nested lists too."""
+    data = load(config_file, "training.layers.1=5", "++training.layers.0=[3, 4]")
+    assert data["training"]["layers"] == [[3, 4], 5]
+    data = load(config_file, "training.layers.0=[3, 4]", "training.layers.0.1=9")
+    assert data["training"]["layers"] == [[3, 9], 2]
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [
+        ("training.layers.2=3", "'training.layers' is a list of 2 items (positions 0 to 1)"),
+        ("++training.layers.7=3", "'training.layers' is a list of 2 items"),
+        ("+training.layers.0=3", "key 'training.layers.0' already exists"),
+        ("~training.layers.0", "an item of a list cannot be deleted"),
+    ],
+)
+def test_list_positions_that_do_not_exist_are_errors(
+    config_file: Path, override: str, reason: str
+) -> None:
+    message = error_of(config_file, override)
+    assert reason in message

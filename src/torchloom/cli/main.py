@@ -219,7 +219,7 @@ def _search(p: argparse.ArgumentParser) -> None:
         "--sampler",
         default=None,
         metavar="NAME",
-        help="tpe (default), random, grid, cmaes, nsga2, gp, qmc",
+        help="tpe (default), random, grid, cmaes, nsga2, gp, qmc, evolution (regularized)",
     )
     p.add_argument(
         "--pruner",

@@ -6,11 +6,14 @@
     ++training.seed=7                 add the key or change it, whichever applies
     ~pipeline.accuracy                delete a key that exists
     ~pipeline.accuracy={type: X}      delete it only if it currently has that value
+    pipeline.net.genotype.normal.0.0=max_pool_3x3   an item of a list, by its position
 
 Values are read with the config files' YAML loader, so `1e-3`, `true`, `null`, `[1, 2]` and
 `{a: 1}` mean what they mean in a file; an empty value (`key=`) is the empty string, as in
 Hydra. As in Hydra, a mapping value assigned to a mapping is merged into it key by key; any
-other value replaces the old one whole. Every bad override is reported in one ConfigError.
+other value replaces the old one whole. A key segment that is a number names the item at
+that position of a list, which must exist (an item is changed, never added or deleted: that
+would move the others). Every bad override is reported in one ConfigError.
 """
 
 from __future__ import annotations
@@ -77,7 +80,13 @@ def parse_override(text: str) -> Override:
         )
     if any(bracket in key_text for bracket in "[]"):
         raise ConfigError(
-            [_problem(text, "list indices are not supported in override keys", "set the list")]
+            [
+                _problem(
+                    text,
+                    "list indices are not supported in override keys",
+                    "name an item by its position as a key: 'a.b.0', or set the whole list",
+                )
+            ]
         )
     if segments[0] == INCLUDES_KEY:
         raise ConfigError(
@@ -114,9 +123,12 @@ def _existing_depth(data: Any, key: tuple[str, ...]) -> tuple[int, Any]:
     stopped at: the value of `key` itself when all exist, else the last one that did."""
     node = data
     for depth, segment in enumerate(key):
-        if not isinstance(node, dict) or segment not in node:
+        if isinstance(node, dict) and segment in node:
+            node = node[segment]
+        elif isinstance(node, list) and segment.isdigit() and int(segment) < len(node):
+            node = node[int(segment)]
+        else:
             return depth, node
-        node = node[segment]
     return len(key), node
 
 
@@ -128,8 +140,34 @@ def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
     exists = depth == len(override.key)
     text, key = override.text, override.dotted_key
 
+    parent = ".".join(override.key[:depth])
+    if not exists and isinstance(found, list) and override.key[depth].isdigit():
+        raise ConfigError(
+            [
+                _problem(
+                    text,
+                    f"'{parent}' is a list of {len(found)} items (positions 0 to "
+                    f"{len(found) - 1}), so it has no item {override.key[depth]}",
+                    "an override changes an item; set the whole list to add one",
+                )
+            ]
+        )
+    if (
+        override.action is Action.DELETE
+        and exists
+        and depth
+        and isinstance(_existing_depth(data, override.key[:-1])[1], list)
+    ):
+        raise ConfigError(
+            [
+                _problem(
+                    text,
+                    "an item of a list cannot be deleted (the items after it would move)",
+                    f"set the whole list '{parent.rsplit('.', 1)[0]}'",
+                )
+            ]
+        )
     if not exists and not isinstance(found, dict):
-        parent = ".".join(override.key[:depth])
         raise ConfigError(
             [
                 _problem(

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 A = TypeVar("A")
+P = TypeVar("P")
 
 
 @dataclass
@@ -105,9 +106,7 @@ class RegularizedEvolution(Generic[A]):
         return max(self.history, key=lambda individual: individual.fitness)
 
 
-def pareto_front(
-    points: Sequence[Individual[Any]], objectives: Callable[[Individual[Any]], Sequence[float]]
-) -> list[Individual[Any]]:
+def pareto_front(points: Sequence[P], objectives: Callable[[P], Sequence[float]]) -> list[P]:
     """The individuals no other one dominates, every objective to be maximised (negate one
     to minimise it, e.g. the parameter count): at least as good in all, better in one."""
 

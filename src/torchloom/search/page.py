@@ -1,7 +1,8 @@
 """search.html: one self-contained page about a search, in the style of a run's report: the
 best trial and its config, the table of trials, parameter importance, and Optuna's plots
 (importance bars, each parameter against the statistic, optimisation history, every trial's
-learning curve with the pruned ones, parallel coordinates), saved as PNGs under plots/."""
+learning curve with the pruned ones, parallel coordinates), saved as PNGs under plots/, and
+the Pareto front of the statistic against the trials' sizes (pareto.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from torchloom.analysis.html_report import escape, page, png_file_figure, table
 from torchloom.data.atomic_files import write_text_atomic
+from torchloom.search.pareto import section as pareto_section
 from torchloom.search.record import SearchRecord
 from torchloom.search.results import SearchResults, make_evaluator
 
@@ -100,6 +102,7 @@ def write_page(search_dir: Path, record: SearchRecord, results: SearchResults) -
         body.append(png_file_figure(search_dir / "plots" / f"{name}.png", caption))
     if not drawn:
         body.append('<p class="absent">no plot yet: no trial completed</p>')
+    body += pareto_section(search_dir, results.study, record.monitor, record.mode)
     path = search_dir / PAGE
     write_text_atomic(path, page(f"search {record.name}", body))
     return path

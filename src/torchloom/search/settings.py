@@ -11,10 +11,13 @@ Each comes from the `search:` section's keys without a dot, and the command line
       timeout: 600                                 # seconds; no new trial starts after it
 
 A sampler's or pruner's other keys are its Optuna constructor's arguments, checked by name.
+`evolution` is torchloom's own sampler (regularized evolution, evolution_sampler.py):
+`sampler: {type: evolution, population_size: 20, sample_size: 5}`.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +34,8 @@ SAMPLERS = {
     "nsga2": "NSGAIISampler",
     "gp": "GPSampler",
     "qmc": "QMCSampler",
+    # torchloom's own, as module:class
+    "evolution": "torchloom.search.evolution_sampler:RegularizedEvolutionSampler",
 }
 PRUNERS = {
     "none": "NopPruner",
@@ -125,10 +130,7 @@ def _component(key: str, raw: Any, kinds: Mapping[str, str], where: str) -> dict
             f"unknown {key} '{spec['type']}'",
             did_you_mean(spec["type"], kinds) or f"known: {', '.join(kinds)}",
         )
-    import optuna
-
-    module = optuna.samplers if key == "sampler" else optuna.pruners
-    cls = getattr(module, kinds[spec["type"]])
+    cls = component_class(key, spec["type"])
     accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     for name in spec:
         if name != "type" and name not in accepted:
@@ -138,7 +140,24 @@ def _component(key: str, raw: Any, kinds: Mapping[str, str], where: str) -> dict
                 f"is no argument of {cls.__name__}",
                 did_you_mean(name, accepted) or f"it takes {', '.join(accepted)}",
             )
+    if ":" in kinds[spec["type"]]:  # torchloom's own: its values are checked here, not later
+        try:
+            cls(**{name: value for name, value in spec.items() if name != "type"})
+        except (ValueError, TypeError) as error:
+            raise ConfigError.at(where, f"search setting '{key}'", str(error)) from error
     return spec
+
+
+def component_class(key: str, name: str) -> Any:
+    """The class of a sampler or pruner named in a search's settings: Optuna's, or
+    torchloom's own (a `module:class` entry of SAMPLERS)."""
+    target = (SAMPLERS if key == "sampler" else PRUNERS)[name]
+    if ":" in target:
+        module, _, attribute = target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+    import optuna
+
+    return getattr(optuna.samplers if key == "sampler" else optuna.pruners, target)
 
 
 def _grid_problems(space: SearchSpace, where: str) -> list[Problem]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from torchloom.errors import ConfigError, LoomError
-from torchloom.search.settings import PRUNERS, SAMPLERS, SearchSettings
+from torchloom.search.settings import PRUNERS, SearchSettings, component_class
 from torchloom.search.space import SearchSpace
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def make_sampler(settings: SearchSettings, space: SearchSpace | None, seed: int 
     import optuna
 
     spec = dict(settings.sampler)
-    cls = getattr(optuna.samplers, SAMPLERS[spec.pop("type")])
+    cls = component_class("sampler", spec.pop("type"))
     if cls is optuna.samplers.GridSampler and space is not None:
         spec.setdefault("search_space", {p.path: p.grid() for p in space.parameters.values()})
     if seed is not None and "seed" not in spec and cls is not optuna.samplers.GridSampler:

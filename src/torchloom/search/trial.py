@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from torchloom.api import Hook, RunResult, RunView, TrainOptions, failure_reason, prepare_training
 from torchloom.config.loading import ConfigSource
 from torchloom.errors import LoomError
+from torchloom.search.pareto import ParameterCount
 
 if TYPE_CHECKING:
     import optuna
@@ -107,7 +108,7 @@ def run_trial(
     """Train one sampled config; (the monitor's best value, the run) or Pruned/TrialFailed;
     KeyboardInterrupt when the run was stopped by a signal."""
     reporter = PruningReporter(trial, objective)
-    options = replace(options, hooks=[*options.hooks, reporter])
+    options = replace(options, hooks=[*options.hooks, reporter, ParameterCount(trial)])
     run_dir: Path | None = None
     try:
         prepared = prepare_training(config, overrides, options)
