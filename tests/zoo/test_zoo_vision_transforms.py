@@ -3,10 +3,13 @@ precomputed and the per-sample paths agreeing, and the build errors."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pydantic
 import pytest
 import torch
 
+from torchloom.config import load_config
 from torchloom.errors import ComponentError
 from torchloom.zoo import image_transforms
 from torchloom.zoo.image_transforms import ImageTransforms, Normalization, build_image_transformer
@@ -120,3 +123,45 @@ def test_schema_rejects_unknown_keys_and_bad_values() -> None:
         ImageTransforms.model_validate({"random_crop": {"size": [8, 8], "pading": 2}})
     with pytest.raises(pydantic.ValidationError, match="mean has 2 values but std has 1"):
         ImageTransforms.model_validate({"normalize": {"mean": [0.1, 0.2], "std": [0.3]}})
+
+
+def test_cutout_zeroes_a_square_after_normalisation() -> None:
+    """The square is cut from the normalised image (zero there, not black before it), of the
+    side asked for when it fits, smaller where it meets a border, at a seeded position."""
+    images = torch.full((1, 1, 16, 16), 255, dtype=torch.uint8)
+    steps = transformer(
+        depth=1, size=16, normalization=Normalization(mean=[0.5], std=[0.5]), cutout=4
+    )
+    kept = steps.precompute(images)
+    assert kept.dtype == torch.uint8  # a random step: the conversion runs per sample
+    seen = set()
+    for seed in range(40):
+        torch.manual_seed(seed)
+        out = steps(kept[0])
+        zero = out[0] == 0
+        assert set(out[0][~zero].tolist()) == {1.0}  # (1 - 0.5) / 0.5 elsewhere
+        rows, columns = zero.any(1).nonzero().flatten(), zero.any(0).nonzero().flatten()
+        height, width = len(rows), len(columns)
+        assert int(zero.sum()) == height * width  # one rectangle
+        assert 1 <= height <= 4 and 1 <= width <= 4
+        inside = rows[0] >= 2 and rows[-1] <= 13 and columns[0] >= 2 and columns[-1] <= 13
+        if inside:
+            assert (height, width) == (4, 4)
+        seen.add((int(rows[0]), int(columns[0])))
+        torch.manual_seed(seed)
+        assert torch.equal(steps(kept[0]), out)  # reproducible under torch's seed
+    assert len(seen) > 20  # the position varies
+    assert torch.equal(kept[0], images[0])  # the kept image is never modified
+
+
+def test_cutout_is_part_of_a_task_s_config(tmp_path: Path) -> None:
+    config = tmp_path / "cutout.yml"
+    config.write_text(
+        "default_configs: [loom://fashion_mnist/lenet5.yml]\n"
+        "training:\n  task: {transforms: {horizontal_flip: 0.5, cutout: 8}}\n",
+        encoding="utf-8",
+    )
+    loaded = load_config(config)
+    assert loaded.data["training"]["task"]["transforms"]["cutout"] == 8
+    with pytest.raises(pydantic.ValidationError, match="greater than 0"):
+        ImageTransforms.model_validate({"cutout": 0})

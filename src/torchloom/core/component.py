@@ -174,6 +174,13 @@ class Component(nn.Module):
         `artifacts/<component name>/`, before the first batch; never into a data folder."""
         return {}
 
+    # ---- training progress -------------------------------------------------------------------
+    def start_epoch(self, epoch: int) -> None:
+        """A training epoch starts; `epoch` counts the epochs trained before it (0 for the
+        first, the epoch a resumed run continues in). Called on every process, before the
+        epoch's first step, only for components that override it: for what a component
+        changes with training progress (DARTS's drop-path ramp). Nothing by default."""
+
     # ---- freezing ---------------------------------------------------------------------------
     def freeze(self) -> None:
         """Stop training this component: no gradients, and eval mode kept for good (BatchNorm

@@ -22,7 +22,7 @@ from torchloom.errors import ComponentError
 from torchloom.zoo.nas.common import CellPlan
 from torchloom.zoo.nas.fixed_network import FixedCell
 from torchloom.zoo.nas.genotype import Genotype, derive, edge_count, genotype_problems
-from torchloom.zoo.nas.operations import PRIMITIVES
+from torchloom.zoo.nas.operations import PRIMITIVES, drop_path_at
 from torchloom.zoo.nas.search_network import SearchCell
 
 
@@ -146,6 +146,12 @@ class DartsFixedCellParams(CellParams):
         description="[operation, input node] per edge, two per intermediate node"
     )
     concat: list[int] = Field(description="nodes the output concatenates")
+    drop_path_epochs: int | None = Field(
+        None,
+        ge=1,
+        description="raise drop_path linearly from 0 over this many epochs (as "
+        "DartsFixedNetwork's); unset: constant",
+    )
 
 
 class DartsFixedCell(_CellBase):
@@ -188,7 +194,13 @@ class DartsFixedCell(_CellBase):
         super().__init__(params, context)
         self.multiplier = len(params.concat)
         self.cell = FixedCell(_plan(params), genotype)
+        self.drop_probability = drop_path_at(params.drop_path, params.drop_path_epochs, 0)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.drop_probability = drop_path_at(
+            self.params.drop_path, self.params.drop_path_epochs, epoch
+        )
 
     def forward(self, inputs: Batch) -> Batch:
-        cell = self.cell(inputs["previous_inputs"], inputs["inputs"], self.params.drop_path)
+        cell = self.cell(inputs["previous_inputs"], inputs["inputs"], self.drop_probability)
         return {"outputs": cell}

@@ -12,7 +12,7 @@ from torchloom.core.streams import FLOATING, Dim, StreamSpec
 from torchloom.errors import ComponentError
 from torchloom.zoo.nas.common import CellPlan, DartsBase, DartsParams, plan_cells
 from torchloom.zoo.nas.genotype import Genotype, genotype_problems, reduction_positions
-from torchloom.zoo.nas.operations import drop_path, operation, preprocessing
+from torchloom.zoo.nas.operations import drop_path, drop_path_at, operation, preprocessing
 
 AUXILIARY_CHANNELS = (128, 768)
 
@@ -89,15 +89,23 @@ class DartsFixedNetworkParams(DartsParams):
         0.0,
         ge=0.0,
         lt=1.0,
-        description="probability of dropping each operation's output per sample in training "
-        "(constant; the paper raises it linearly to 0.2)",
+        description="probability of dropping each operation's output per sample in training: "
+        "constant, or the top of the ramp with `drop_path_epochs`",
+    )
+    drop_path_epochs: int | None = Field(
+        None,
+        ge=1,
+        description="raise drop-path linearly from 0 to `drop_path` over this many epochs, "
+        "`drop_path * epoch / drop_path_epochs` in epoch 0, 1, ... as the paper's train.py "
+        "does over the whole training (`${training.terminal_conditions.epoch_limit}`); "
+        "`drop_path` after them. Unset: constant",
     )
 
 
 class DartsFixedNetwork(DartsBase):
     """A discrete DARTS network (Liu et al. 2019): stem, `cells` cells built from `genotype`
     (reduction cells at 1/3 and 2/3 of the depth), global pooling, a linear classifier; an
-    optional auxiliary head and drop-path.
+    optional auxiliary head and drop-path (constant, or raised linearly over the epochs).
 
     ```yaml
     pipeline:
@@ -140,6 +148,13 @@ class DartsFixedNetwork(DartsBase):
             c_out = len(genotype.concat("reduce" if plan.reduction else "normal")) * plan.channels
             self.auxiliary_head = AuxiliaryHead(c_out, self.final_size[0], self.prediction_size)
         self.classifier_head(len(genotype.normal_concat) * plans[-1].channels)
+        # What forward drops now: the start of the ramp until an epoch starts (start_epoch).
+        self.drop_probability = drop_path_at(params.drop_path, params.drop_path_epochs, 0)
+
+    def start_epoch(self, epoch: int) -> None:
+        self.drop_probability = drop_path_at(
+            self.params.drop_path, self.params.drop_path_epochs, epoch
+        )
 
     def output_specs(self) -> dict[str, StreamSpec]:
         specs = super().output_specs()
@@ -162,7 +177,7 @@ class DartsFixedNetwork(DartsBase):
         s0 = s1 = self.stem(inputs["inputs"])
         outputs: Batch = {}
         for index, cell in enumerate(self.cells):
-            s0, s1 = s1, cell(s0, s1, self.params.drop_path)
+            s0, s1 = s1, cell(s0, s1, self.drop_probability)
             if self.params.auxiliary and index == self.auxiliary_after:
                 outputs["auxiliary_predictions"] = self.auxiliary_head(s1)
         outputs["predictions"] = self.classify(s1)

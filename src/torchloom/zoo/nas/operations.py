@@ -113,6 +113,15 @@ def drop_path(x: torch.Tensor, drop_probability: float) -> torch.Tensor:
     return x * mask / keep
 
 
+def drop_path_at(top: float, ramp_epochs: int | None, epoch: int) -> float:
+    """Drop-path's probability in `epoch` (from 0): `top` throughout without a ramp, else
+    raised linearly from 0 over `ramp_epochs` epochs, as the DARTS reference's train.py does
+    (`drop_path_prob * epoch / epochs`), and `top` after them."""
+    if ramp_epochs is None:
+        return top
+    return top * min(epoch, ramp_epochs) / ramp_epochs
+
+
 def preprocessing(
     c_previous_previous: int, c_previous: int, channels: int, reduction_previous: bool, affine: bool
 ) -> tuple[nn.Module, nn.Module]:
