@@ -204,7 +204,7 @@ class FixedSplitParams(ComponentParams):
     transforms: ImageTransforms = Field(
         default_factory=ImageTransforms,
         description="Image transforms: {resize, random_crop: {size, padding}, horizontal_flip, "
-        "normalize: {mean, std}}; random ones are training-time augmentation.",
+        "normalize: {mean, std}, cutout}; random ones are training-time augmentation.",
     )
 
     @field_validator("validation_size")
