@@ -7,9 +7,11 @@
    (same epochs, data, seed): test accuracy, parameters, search wall time.
 3. The same with the second order (`--orders first second`): its cost beside the first
    order's, and its result.
-4. Regularized evolution (torchloom.nas.evolution) over the same space: `--evaluations`
-   architectures, each trained `--evolution-epochs` epoch(s) and scored on validation
-   accuracy; the Pareto front of accuracy versus parameters, printed and plotted.
+4. Regularized evolution through `loom search --sampler evolution` over the same cell space
+   (every edge's operation and input, the channels, the learning rate): `--evaluations`
+   architectures of `--evolution-cells` cells, each trained `--evolution-epochs` epochs on
+   `--evolution-subset` images and scored on validation accuracy; the Pareto front of accuracy
+   against parameters, printed and drawn in the search's search.html.
 
 The issue's target is Fashion-MNIST (Debian's dataset-fashion-mnist) at full size within 15
 CPU minutes of search; `--dataset mnist` uses the packaged MNIST where that package is not
@@ -23,6 +25,7 @@ figure printed says which data and sizes it was measured on.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import tempfile
 import time
@@ -35,15 +38,14 @@ import yaml
 import torchloom
 from torchloom.config import load_config
 from torchloom.engine.assemble import build_checked
-from torchloom.nas.evolution import Individual, RegularizedEvolution, pareto_front
-from torchloom.zoo.nas.genotype import Genotype, mutate_genotype, random_genotype
+from torchloom.zoo.nas.genotype import OPERATIONS, Genotype, random_genotype
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
-def data_overrides(args: argparse.Namespace) -> list[str]:
+def data_overrides(args: argparse.Namespace, train_subset: int | None = None) -> list[str]:
     subsets = {
-        "training": args.train_subset,
+        "training": args.train_subset if train_subset is None else train_subset,
         "validation": args.validation_subset,
         "test": args.test_subset,
     }
@@ -60,9 +62,16 @@ def parameters(config: Path) -> int:
 
 
 def train(config: Path, overrides: list[str], expdir: Path) -> tuple[dict[str, Any], float]:
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     result = torchloom.train(config, overrides, expdir=str(expdir), analysis=False)
-    return result.summary, time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    print(f"  ({seconds:.0f} s wall, {time.process_time() - cpu:.0f} s CPU, {load()})", flush=True)
+    return result.summary, seconds
+
+
+def load() -> str:
+    """The machine's load average: the benchmark shares its CPUs with other work."""
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def write(path: Path, data: dict[str, Any]) -> Path:
@@ -118,7 +127,14 @@ def fixed_config(args: argparse.Namespace, genotype: Genotype, path: Path) -> Pa
 
 def darts(args: argparse.Namespace, order: str, folder: Path, common: list[str]) -> None:
     config = search_config(args, order, folder)
-    summary, seconds = train(config, common, folder / f"search_{order}")
+    # The search run's own validation and test passes only report on the searching network:
+    # small subsets keep its time on the search itself.
+    searched = [
+        *data_overrides(args, args.search_train_subset),
+        "++validation.task.subset=500",
+        "++test.task.subset=500",
+    ]
+    summary, seconds = train(config, searched, folder / f"search_{order}")
     (run,) = (folder / f"search_{order}").glob("*/*/derived.yml")
     genotype = Genotype.model_validate(yaml.safe_load(run.with_name("genotype.yml").read_text()))
     derived = fixed_config(args, genotype, folder / f"derived_{order}.yml")
@@ -133,49 +149,93 @@ def darts(args: argparse.Namespace, order: str, folder: Path, common: list[str])
     )
 
 
-def evolution(args: argparse.Namespace, folder: Path, common: list[str]) -> None:
-    runs = folder / "evolution"
-    epochs = [f"training.terminal_conditions.epoch_limit={args.evolution_epochs}"]
-
-    def evaluate(genotype: Genotype) -> tuple[float, int]:
-        config = fixed_config(args, genotype, folder / "candidate.yml")
-        summary, _ = train(config, common + epochs, runs)
-        return float(summary["final"]["validation"]["accuracy"]), parameters(config)
-
-    search = RegularizedEvolution(
-        args.population, args.sample, random_genotype, mutate_genotype, seed=0
+def evolution_config(args: argparse.Namespace, path: Path) -> Path:
+    """The regularized-evolution search as a `loom search` config: a DartsFixedNetwork whose
+    genotype edges (operation and input node of each), channels and learning rate are the
+    search parameters, `sampler: evolution`. Each trial trains `--evolution-epochs` epochs on
+    `--evolution-subset` training images at batch 32 and is scored on validation accuracy."""
+    genotype = random_genotype(random.Random(0))  # replaced whole by every trial's values
+    space: dict[str, Any] = {
+        "sampler": {
+            "type": "evolution",
+            "population_size": args.population,
+            "sample_size": args.sample,
+        },
+        "monitor": "validation.accuracy",
+        "mode": "max",
+    }
+    for kind in ("normal", "reduce"):
+        for index in range(len(genotype.edges(kind))):
+            node = index // 2 + 2
+            key = f"pipeline.image_classifier.genotype.{kind}.{index}"
+            space[f"{key}.0"] = {"choice": list(OPERATIONS)}
+            space[f"{key}.1"] = {"choice": list(range(node))}
+    space["pipeline.image_classifier.channels"] = {"choice": args.evolution_channels}
+    space["training.optimizer.lr"] = {"choice": [5.0e-4, 1.0e-3, 2.0e-3, 4.0e-3]}
+    return write(
+        path,
+        {
+            "default_configs": [f"loom://{args.dataset}/default_{args.dataset}.yml"],
+            "name": f"evolution_{args.dataset}",
+            "training": {
+                "task": {"subset": args.evolution_subset, "data_folder": args.data},
+                "dataloader": {"batch_size": 32},
+                "seed": 0,
+                "logging_interval": 1000,
+                "terminal_conditions": {
+                    "epoch_limit": args.evolution_epochs,
+                    "early_stopping": None,
+                },
+            },
+            "validation": {"task": {"subset": args.validation_subset or None}},
+            "pipeline": {
+                "image_classifier": {
+                    "type": "DartsFixedNetwork",
+                    "cells": args.evolution_cells,
+                    "channels": args.evolution_channels[-1],
+                    "genotype": genotype.yaml_data(),
+                    "globals": {"prediction_size": "num_classes"},
+                },
+                "loss": {"type": "CrossEntropyLoss"},
+                "accuracy": {"type": "AccuracyStatistics"},
+            },
+            "search": space,
+        },
     )
-    started = time.perf_counter()
-    while len(search.history) < args.evaluations:
-        accuracy, count = evaluate(search.ask())
-        search.tell(accuracy, parameters=count)
+
+
+def evolution(args: argparse.Namespace) -> None:
+    """`loom search --sampler evolution` (torchloom.search) over the DARTS cell space; the
+    Pareto front of validation accuracy against parameters is printed and drawn into the
+    search's search.html (plots/pareto.png)."""
+    from torchloom.search.pareto import PARAMETERS, front, measured
+    from torchloom.search.record import read_record
+    from torchloom.search.results import open_study
+
+    config = evolution_config(args, args.out / "evolution.yml")
+    started, cpu = time.perf_counter(), time.process_time()
+    found = torchloom.search(
+        config, overrides=["~test"], trials=args.evaluations, seed=0, expdir=str(args.out)
+    )
     seconds = time.perf_counter() - started
-    front = pareto_front(search.history, lambda i: (i.fitness, -i.extra["parameters"]))
-    front.sort(key=lambda i: i.extra["parameters"])
+    study = open_study(found.search_dir, read_record(found.search_dir))
+    trials = measured(study)
+    values = sorted(float(t.value) for t in trials if t.value is not None)
     print(
-        f"regularized evolution: {len(search.history)} architectures in {seconds:.0f} s "
-        f"(population {args.population}, sample {args.sample}); best validation accuracy "
-        f"{search.best().fitness:.4f} ({search.best().extra['parameters']:,} parameters)"
+        f"regularized evolution (loom search --sampler evolution): {len(trials)} architectures "
+        f"completed of {len(study.trials)} in {seconds:.0f} s wall, "
+        f"{time.process_time() - cpu:.0f} s CPU ({load()}); population {args.population}, "
+        f"sample {args.sample}; validation accuracy {values[0]:.4f} to {values[-1]:.4f} "
+        f"(median {values[len(values) // 2]:.4f}); best trial {found.best_value:.4f}",
+        flush=True,
     )
-    for individual in front:
-        count = individual.extra["parameters"]
-        print(f"  Pareto: {count:>8,} parameters  {individual.fitness:.4f}")
-    plot_front(search.history, front, args.out / "nas_pareto.png")
-
-
-def plot_front(history: list[Individual[Any]], front: list[Individual[Any]], path: Path) -> None:
-    from torchloom.analysis.plotting import CURVE_MARGINS, figure, save_png
-
-    fig = figure(6, 4, CURVE_MARGINS)
-    ax = fig.add_subplot()
-    ax.scatter([i.extra["parameters"] for i in history], [i.fitness for i in history], s=12)
-    ax.plot([i.extra["parameters"] for i in front], [i.fitness for i in front], "r.-")
-    ax.set_xlabel("parameters")
-    ax.set_ylabel("validation accuracy")
-    ax.set_title("regularized evolution: all evaluated (blue), Pareto front (red)")
-    points = [(i.extra["parameters"], i.fitness) for i in history]
-    save_png(fig, path, {"points": points})
-    print(f"  plot: {path}")
+    for trial in front(trials, "max"):
+        origin = trial.system_attrs.get("evolution", {}).get("parent")
+        print(
+            f"  Pareto: trial {trial.number:>3} {trial.user_attrs[PARAMETERS]:>8,} parameters "
+            f"{trial.value:.4f} (parent {origin})"
+        )
+    print(f"  search.html: {found.search_dir / 'search.html'}", flush=True)
 
 
 def main() -> None:
@@ -183,6 +243,13 @@ def main() -> None:
     parser.add_argument("--dataset", choices=["fashion_mnist", "mnist"], default="fashion_mnist")
     parser.add_argument("--data", default=None, help="data folder (default ~/data/<dataset>)")
     parser.add_argument("--train-subset", type=int, default=0, help="0: the whole split")
+    parser.add_argument(
+        "--search-train-subset",
+        type=int,
+        default=None,
+        help="training images of a DARTS search, halved between weights and alphas "
+        "(default: --train-subset)",
+    )
     parser.add_argument("--validation-subset", type=int, default=0)
     parser.add_argument("--test-subset", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=15, help="LeNet-5's and the derived's")
@@ -195,7 +262,10 @@ def main() -> None:
     parser.add_argument("--evaluations", type=int, default=30)
     parser.add_argument("--population", type=int, default=10)
     parser.add_argument("--sample", type=int, default=3)
-    parser.add_argument("--evolution-epochs", type=int, default=1)
+    parser.add_argument("--evolution-epochs", type=int, default=2)
+    parser.add_argument("--evolution-subset", type=int, default=1500, help="training images")
+    parser.add_argument("--evolution-cells", type=int, default=3)
+    parser.add_argument("--evolution-channels", type=int, nargs="+", default=[4, 6, 8])
     parser.add_argument("--skip", nargs="*", default=[], choices=["lenet", "darts", "evolution"])
     parser.add_argument("--out", type=Path, default=Path("runs") / "nas_benchmark")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -205,7 +275,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     random.seed(0)
     common = data_overrides(args)
-    print(f"data: {args.dataset}, {' '.join(common)}; {args.threads} thread(s)", flush=True)
+    print(
+        f"data: {args.dataset}, {' '.join(common)}; {args.threads} thread(s), {load()}", flush=True
+    )
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
         if "lenet" not in args.skip:
@@ -222,7 +294,7 @@ def main() -> None:
             for order in args.orders:
                 darts(args, order, folder, common)
         if "evolution" not in args.skip:
-            evolution(args, folder, common)
+            evolution(args)
 
 
 if __name__ == "__main__":
