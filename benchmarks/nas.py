@@ -131,12 +131,19 @@ def darts(args: argparse.Namespace, order: str, folder: Path, common: list[str])
     # small subsets keep its time on the search itself.
     searched = [
         *data_overrides(args, args.search_train_subset),
-        "++validation.task.subset=500",
-        "++test.task.subset=500",
+        f"++validation.task.subset={args.search_eval_subset}",
+        f"++test.task.subset={args.search_eval_subset}",
     ]
     summary, seconds = train(config, searched, folder / f"search_{order}")
     (run,) = (folder / f"search_{order}").glob("*/*/derived.yml")
     genotype = Genotype.model_validate(yaml.safe_load(run.with_name("genotype.yml").read_text()))
+    if "derived" in args.skip:  # the search's cost only
+        print(
+            f"DARTS {order} order: search {seconds:.0f} s ({summary['epochs']} epochs, "
+            f"{summary['episodes']} steps); genotype {genotype.yaml_data()}",
+            flush=True,
+        )
+        return
     derived = fixed_config(args, genotype, folder / f"derived_{order}.yml")
     epochs = [f"training.terminal_conditions.epoch_limit={args.epochs}"]
     result, train_seconds = train(derived, common + epochs, folder / f"derived_{order}")
@@ -250,6 +257,9 @@ def main() -> None:
         help="training images of a DARTS search, halved between weights and alphas "
         "(default: --train-subset)",
     )
+    parser.add_argument(
+        "--search-eval-subset", type=int, default=500, help="a search run's validation and test"
+    )
     parser.add_argument("--validation-subset", type=int, default=0)
     parser.add_argument("--test-subset", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=15, help="LeNet-5's and the derived's")
@@ -266,7 +276,9 @@ def main() -> None:
     parser.add_argument("--evolution-subset", type=int, default=1500, help="training images")
     parser.add_argument("--evolution-cells", type=int, default=3)
     parser.add_argument("--evolution-channels", type=int, nargs="+", default=[4, 6, 8])
-    parser.add_argument("--skip", nargs="*", default=[], choices=["lenet", "darts", "evolution"])
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["lenet", "darts", "derived", "evolution"]
+    )
     parser.add_argument("--out", type=Path, default=Path("runs") / "nas_benchmark")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
