@@ -83,7 +83,7 @@ def draw(path: Path, trials: list[FrozenTrial], kept: list[FrozenTrial], monitor
     )
     ax.set_xlabel("trainable parameters")
     ax.set_ylabel(monitor)
-    ax.set_title(f"{monitor} against size: {len(trials)} trials, {len(kept)} on the front")
+    ax.set_title(f"{len(trials)} trials, {len(kept)} on the Pareto front")
     ax.legend(loc="best", fontsize="small")
     data: dict[str, Any] = {
         "points": [[t.number, t.user_attrs[PARAMETERS], t.value] for t in trials],
