@@ -61,6 +61,13 @@ class Pipeline(nn.Module):
         self._statistic_inputs = {c.name: _Route(c).inputs for c in self.statistics}
         self._check_section: str | None = None
 
+    def start_epoch(self, epoch: int) -> None:
+        """A training epoch starts (`epoch` epochs trained before it): told to the components
+        that change with training progress (`Component.start_epoch`, e.g. a drop-path ramp)."""
+        for component in self.components.values():
+            if type(component).start_epoch is not Component.start_epoch:
+                component.start_epoch(epoch)
+
     def check_next_batch(self, section: str) -> None:
         """Check the next batch's streams against every producer's specs (workers call this
         before the first batch of each pass; see first_batch.py)."""

@@ -39,7 +39,6 @@ from torchloom.engine.distributed import (
     process_device,
     wrap_models,
 )
-from torchloom.engine.epoch_start import epoch_hooks
 from torchloom.engine.evaluation import statistic_names
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.optim import build_optimizer, build_scheduler
@@ -441,8 +440,7 @@ def _setup(
         ),
         log=log,
         lock=lock,
-        # Analysis is rank 0's; what changes the model with the epoch runs everywhere.
-        hooks=Hooks([*epoch_hooks(pipeline), *(options.hooks if dist.main else ())]),
+        hooks=Hooks(options.hooks if dist.main else ()),  # analysis is rank 0's
         compiled_models=compiled,
         show_progress=not options.quiet and dist.main,
         distributed=dist,

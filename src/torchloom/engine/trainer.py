@@ -91,6 +91,7 @@ class TrainingLoop:
             progress.batch_in_epoch,
         )
         setup.pipeline.train()
+        setup.pipeline.start_epoch(progress.epoch)  # the epoch a resumed run continues in, too
         if self.check_first_batch:
             setup.pipeline.check_next_batch("training")
             self.check_first_batch = False
