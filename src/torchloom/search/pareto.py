@@ -10,11 +10,11 @@ optimises the statistic); the front is drawn over whatever the sampler evaluated
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchloom.api import Hook, RunView
-from torchloom.nas.evolution import pareto_front
 
 if TYPE_CHECKING:
     import optuna
@@ -22,6 +22,22 @@ if TYPE_CHECKING:
 
 PARAMETERS = "parameters"  # the user attribute of a trial: its trainable parameters
 PLOT = "pareto.png"
+
+
+P = TypeVar("P")
+
+
+def pareto_front(points: Sequence[P], objectives: Callable[[P], Sequence[float]]) -> list[P]:
+    """The points no other one dominates, every objective to be maximised (negate one to
+    minimise it, e.g. the parameter count): at least as good in all, better in one."""
+
+    def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
+        return all(x >= y for x, y in zip(a, b, strict=True)) and any(
+            x > y for x, y in zip(a, b, strict=True)
+        )
+
+    scored = [(p, tuple(objectives(p))) for p in points]
+    return [p for p, s in scored if not any(dominates(t, s) for _, t in scored)]
 
 
 class ParameterCount(Hook):

@@ -156,7 +156,7 @@ def edge_count(steps: int) -> int:
     return sum(node + 2 for node in range(steps))
 
 
-# ---- the space regularized evolution searches (torchloom.nas.evolution) -------------------
+# ---- random cells (the first population of an evolution, benchmarks/nas.py) ---------------
 OPERATIONS = PRIMITIVES[1:]  # a discrete cell has no `none` edges
 
 
@@ -172,21 +172,3 @@ def random_genotype(rng: random.Random, steps: int = 4) -> Genotype:
 
     concat = list(range(2, steps + 2))
     return Genotype(normal=cell(), normal_concat=concat, reduce=cell(), reduce_concat=concat)
-
-
-def mutate_genotype(genotype: Genotype, rng: random.Random) -> Genotype:
-    """Real et al.'s two mutations, on one edge of one cell kind chosen at random: an
-    operation mutation (another operation) or a hidden-state mutation (another earlier
-    input node, not the one the node's other edge reads)."""
-    kind = rng.choice(CELL_KINDS)
-    edges = genotype.edges(kind)
-    index = rng.randrange(len(edges))
-    name, source = edges[index]
-    node = index // 2 + 2
-    other = edges[index ^ 1][1]
-    inputs = [n for n in range(node) if n not in (source, other)]
-    if rng.random() < 0.5 or not inputs:
-        edges[index] = (rng.choice([o for o in OPERATIONS if o != name]), source)
-    else:
-        edges[index] = (name, rng.choice(inputs))
-    return genotype.model_copy(update={kind: edges})
