@@ -84,7 +84,7 @@ def _check_retried(search_dir: Path, stopped: int, reason: str) -> None:
 def test_a_worker_killed_mid_trial_is_failed_and_retried_on_resume(
     tmp_path: Path, mnist_folder: Path
 ) -> None:
-    config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=2)
+    config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=4)  # a trial outlasts the wait
     runs = tmp_path / "runs"
     process = _start(config, runs, trials=2)
     search_dir = _wait_for_trial(runs, 0, process)
@@ -100,7 +100,7 @@ def test_a_worker_killed_mid_trial_is_failed_and_retried_on_resume(
 def test_ctrl_c_stops_the_search_and_resume_runs_the_stopped_trial_again(
     tmp_path: Path, mnist_folder: Path
 ) -> None:
-    config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=2)
+    config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=4)  # a trial outlasts the wait
     runs = tmp_path / "runs"
     process = _start(config, runs, trials=2)
     search_dir = _wait_for_trial(runs, 0, process)
@@ -118,7 +118,9 @@ def test_two_workers_share_one_journal_and_stop_together_on_ctrl_c(
     tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
-    config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=2)
+    # Trials of about 3 s (8 epochs of 8 batches): at 2 epochs a quiet machine finished the
+    # whole study before the signal came, once a trial's fixed costs were cut.
+    config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=8)
     runs = tmp_path / "runs"
     process = _start(config, runs, trials=4, workers=2)
     search_dir = _wait_for_trial(runs, 1, process)  # both workers are in a trial
