@@ -131,11 +131,11 @@ class DivergenceGuard:
         self._pending = None
 
     def check(self, total: torch.Tensor, batch: Batch, episode: int) -> None:
-        parts = {s: batch[s].detach() for s in self.streams}
-        if self.device.type != "cuda":
+        if self.device.type != "cuda":  # the value is at hand: the parts only when it is bad
             if not math.isfinite(float(total.detach())):
-                self._raise(parts, episode)
+                self._raise({s: batch[s].detach() for s in self.streams}, episode)
             return
+        parts = {s: batch[s].detach() for s in self.streams}  # read once the step is done
         if self._pending is not None:
             flag, event, previous, previous_episode = self._pending
             event.synchronize()
