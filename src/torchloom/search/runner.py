@@ -320,14 +320,18 @@ def _hang_up(signum: int, frame: FrameType | None) -> None:
 @contextlib.contextmanager
 def _hangup_stops() -> Iterator[None]:
     """SIGHUP stops a search as SIGTERM and Ctrl-C do: its workers stopped, its trials
-    queued again (by default it would kill this process and leave the workers running)."""
+    queued again (by default it would kill this process and leave the workers running).
+    SIGINT stops it even when the search started with SIGINT ignored (a script's background
+    job inherits that, and Python then installs no handler): as `loom train` stops."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGHUP, _hang_up)
+    previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
+        signal.signal(signal.SIGINT, previous_interrupt)
         signal.signal(signal.SIGHUP, previous)
 
 
