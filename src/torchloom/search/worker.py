@@ -131,6 +131,7 @@ def _run_one(
     options: TrainOptions,
     say: Say,
 ) -> None:
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState
 
     started = time.perf_counter()
@@ -159,6 +160,10 @@ def _run_one(
         trial.set_user_attr("reason", failed.reason)
         _tell(study, trial, state=TrialState.FAIL)
         say(f"trial {trial.number}: failed: {failed.reason} [{shown}]")
+    except UpdateFinishedTrialError:
+        # Through the gRPC proxy no lock reaches the queue: two processes can be handed the
+        # same queued trial. The one that finds it finished leaves it to the other.
+        say(f"trial {trial.number}: finished by another process; this run of it is dropped")
     except KeyboardInterrupt:
         trial.set_user_attr("reason", "interrupted (Ctrl-C or SIGTERM)")
         trial.set_user_attr("retried", True)
