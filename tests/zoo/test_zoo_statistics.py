@@ -134,3 +134,76 @@ def test_counting_accuracy_needs_no_torchmetrics() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def random_steps(count: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """Batches of varying sizes and sequence lengths, some targets the padding (0)."""
+    generator = torch.Generator().manual_seed(seed)
+    steps = []
+    for _ in range(count):
+        size, length = (int(v) for v in torch.randint(1, 9, (2,), generator=generator))
+        steps.append(
+            {
+                "predictions": torch.randn(size, length, 5, generator=generator),
+                "targets": torch.randint(0, 5, (size, length), generator=generator),
+            }
+        )
+    return steps
+
+
+def token_counts(steps: list[dict[str, torch.Tensor]]) -> tuple[int, int]:
+    right = counted = 0
+    for step in steps:
+        kept = step["targets"] != 0
+        right += int(((step["predictions"].argmax(-1) == step["targets"]) & kept).sum())
+        counted += int(kept.sum())
+    return right, counted
+
+
+def test_counts_left_for_later_steps_are_in_every_read_of_them() -> None:
+    """A step's counting waits (a few steps are counted together); a checkpoint, a merge or
+    the value taken at any step still holds every step so far, exactly."""
+    steps = random_steps(150)
+    accuracy = AccuracyStatistics.create(
+        sequence=True, ignore_index=0, globals={"num_classes": 5}
+    )
+    accuracy.count_persistently()
+    for done, step in enumerate(steps, start=1):
+        accuracy.update(step)
+        if done in (1, 63, 64, 65, 100):
+            right, counted = token_counts(steps[:done])
+            saved = accuracy.state_dict()
+            assert (int(saved["right"]), int(saved["counted"])) == (right, counted)
+            assert accuracy.compute() == {"accuracy": pytest.approx(right / counted)}
+    other = AccuracyStatistics.create(sequence=True, ignore_index=0, globals={"num_classes": 5})
+    other.count_persistently()
+    for step in steps[:7]:  # counts still waiting in both when they merge
+        other.update(step)
+    other.merge(accuracy)
+    right, counted = token_counts(steps + steps[:7])
+    assert other.compute() == {"accuracy": pytest.approx(right / counted)}
+    restored = AccuracyStatistics.create(sequence=True, ignore_index=0, globals={"num_classes": 5})
+    restored.count_persistently()
+    restored.update(steps[0])  # counted before the load: replaced by the loaded counts
+    restored.load_state_dict(accuracy.state_dict())
+    assert restored.compute() == accuracy.compute()
+
+
+def test_a_training_step_asks_torch_for_one_operation() -> None:
+    """The accuracy's update runs on every training step, where each tensor call costs more
+    than its arithmetic (benchmarks/overhead.py): one argmax, the counting done later."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        calls: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            self.calls.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    accuracy = AccuracyStatistics.create(globals={"num_classes": 4})
+    accuracy.update(BATCHES[0])
+    with Count() as count:
+        accuracy.update(BATCHES[2])
+    assert len(count.calls) == 1, count.calls
+    assert accuracy.compute() == {"accuracy": pytest.approx(1.0)}

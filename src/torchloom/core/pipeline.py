@@ -9,7 +9,7 @@ component and nothing else.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -120,9 +120,7 @@ class Pipeline(nn.Module):
             for name, statistic in statistics.items():
                 statistic.update(
                     {
-                        key: batch[stream].detach()
-                        if isinstance(batch[stream], torch.Tensor)
-                        else batch[stream]
+                        key: _without_graph(batch[stream])
                         for key, stream in self._statistic_inputs[name]
                     }
                 )
@@ -150,3 +148,9 @@ class Pipeline(nn.Module):
     def component_states(self) -> dict[str, dict]:
         """Weights per component name: what checkpoints store and `load:` reads back."""
         return {name: c.state_dict() for name, c in self.components.items()}
+
+
+def _without_graph(value: Any) -> Any:
+    """A stream as statistics may keep it: detached from the autograd graph where it is in one
+    (a target or an index is not: no call for them, as this runs on every training step)."""
+    return value.detach() if isinstance(value, torch.Tensor) and value.requires_grad else value

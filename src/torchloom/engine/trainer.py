@@ -171,6 +171,7 @@ class TrainingLoop:
     # ---- what happens around the step ------------------------------------------------------
     def record_step(self, batch: dict[str, Any], loss: torch.Tensor, bar: Any) -> None:
         setup, progress = self.setup, self.progress
+        loss = loss.detach()  # once for both meters
         self.interval_loss.add(loss)
         self.epoch_loss.add(loss)
         self.train_statistics.update(batch)

@@ -28,7 +28,7 @@ class RunningStats:
         self.count = 0
 
     def add(self, value: torch.Tensor) -> None:
-        self._pending.append(value.detach())
+        self._pending.append(value.detach() if value.requires_grad else value)
         self.count += 1
         if len(self._pending) >= FOLD_EVERY:
             self._fold()

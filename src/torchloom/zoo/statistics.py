@@ -10,6 +10,12 @@ from pydantic import Field
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
 from torchloom.core.streams import FLOATING, StreamSpec
 
+# How much an AccuracyStatistics leaves to count together (see its `update`): at most this
+# many steps, and at most this many targets (16 MB of indices for long sequences); any read of
+# the counts counts them first.
+PENDING_STEPS = 64
+PENDING_TARGETS = 1 << 20
+
 
 class AccuracyStatisticsParams(ComponentParams):
     ignore_index: int | None = Field(
@@ -69,6 +75,8 @@ class AccuracyStatistics(Statistic):
         # pipeline's own statistic adds nothing to checkpoints (count_persistently).
         self.register_buffer("right", torch.zeros((), dtype=torch.int64), persistent=False)
         self.register_buffer("counted", torch.zeros((), dtype=torch.int64), persistent=False)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (argmax, targets) per step
+        self._pending_targets = 0
 
     def count_persistently(self) -> None:
         for name in ("right", "counted"):
@@ -90,10 +98,26 @@ class AccuracyStatistics(Statistic):
         }
 
     def update(self, inputs: Batch) -> None:
-        # A handful of tensor operations and no host sync: this runs on every training step.
-        # No detach needed: argmax and comparisons carry no gradient.
-        predictions, targets = inputs["predictions"], inputs["targets"]
-        right = predictions.argmax(dim=-1) == targets
+        # This runs on every training step, where each tensor call costs more than the
+        # arithmetic: a step takes only the argmax (a new tensor, so it holds nothing a later
+        # step could overwrite, such as a CUDA graph's output) and the counting waits for up to
+        # PENDING_STEPS steps, done then in a few calls and without a host sync.
+        targets = inputs["targets"]
+        self._pending.append((inputs["predictions"].argmax(dim=-1), targets))
+        self._pending_targets += targets.numel()
+        if len(self._pending) >= PENDING_STEPS or self._pending_targets >= PENDING_TARGETS:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Counts the pending steps into `right` and `counted`; everything that reads or
+        replaces the counts calls this first."""
+        if not self._pending:
+            return
+        chosen = torch.cat([c.reshape(-1) for c, _ in self._pending])
+        targets = torch.cat([t.reshape(-1) for _, t in self._pending])
+        self._pending.clear()
+        self._pending_targets = 0
+        right = chosen == targets
         ignored = self.params.ignore_index
         if ignored is None:
             self.counted.add_(targets.numel())
@@ -105,6 +129,7 @@ class AccuracyStatistics(Statistic):
         self.right.add_(right.sum())
 
     def compute(self) -> dict[str, float]:
+        self._settle()
         counted = int(self.counted)
         if counted == 0:
             return {"accuracy": float("nan")}
@@ -112,12 +137,20 @@ class AccuracyStatistics(Statistic):
 
     def merge(self, other: Statistic) -> None:
         assert isinstance(other, AccuracyStatistics)
+        self._settle()
+        other._settle()
         self.right.add_(other.right.to(self.right.device))
         self.counted.add_(other.counted.to(self.counted.device))
 
     def reset(self) -> None:
+        self._pending.clear()
+        self._pending_targets = 0
         self.right.zero_()
         self.counted.zero_()
+
+    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
+        self._settle()  # a checkpoint holds every step counted so far
+        super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _load_from_state_dict(
         self,
@@ -136,6 +169,7 @@ class AccuracyStatistics(Statistic):
             scores = {key: state_dict.pop(name) for key, name in old.items() if name in state_dict}
             state_dict[f"{prefix}right"] = scores["tp"].sum().to(torch.int64)
             state_dict[f"{prefix}counted"] = (scores["tp"] + scores["fn"]).sum().to(torch.int64)
+        self._settle()  # then replaced by the loaded counts where they are saved
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
         )
