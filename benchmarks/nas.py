@@ -51,7 +51,7 @@ def data_overrides(args: argparse.Namespace, train_subset: int | None = None) ->
     }
     return [f"++{s}.task.subset={n}" for s, n in subsets.items() if n] + [
         f"++training.task.data_folder={args.data}",
-        "++training.seed=0",
+        f"++training.seed={args.seed}",
         "++training.logging_interval=1000",
     ]
 
@@ -126,6 +126,11 @@ def fixed_config(args: argparse.Namespace, genotype: Genotype, path: Path) -> Pa
 
 
 def darts(args: argparse.Namespace, order: str, folder: Path, common: list[str]) -> None:
+    if args.genotype:  # a cell an earlier search found: trained again, not searched again
+        genotype = Genotype.model_validate(yaml.safe_load(args.genotype.read_text()))
+        searched_in = f"{order} order, searched earlier ({args.genotype})"
+        trained(args, genotype, searched_in, folder / f"derived_{order}", common)
+        return
     config = search_config(args, order, folder)
     # The search run's own validation and test passes only report on the searching network:
     # small subsets keep its time on the search itself.
@@ -144,12 +149,23 @@ def darts(args: argparse.Namespace, order: str, folder: Path, common: list[str])
             flush=True,
         )
         return
-    derived = fixed_config(args, genotype, folder / f"derived_{order}.yml")
+    searched_in = (
+        f"{order} order, search {seconds:.0f} s ({summary['epochs']} epochs, "
+        f"{summary['episodes']} steps)"
+    )
+    trained(args, genotype, searched_in, folder / f"derived_{order}", common)
+
+
+def trained(
+    args: argparse.Namespace, genotype: Genotype, searched_in: str, folder: Path, common: list[str]
+) -> None:
+    """The derived network of `genotype` trained from scratch exactly as LeNet-5 is."""
+    folder.mkdir()
+    derived = fixed_config(args, genotype, folder / "derived.yml")
     epochs = [f"training.terminal_conditions.epoch_limit={args.epochs}"]
-    result, train_seconds = train(derived, common + epochs, folder / f"derived_{order}")
+    result, train_seconds = train(derived, common + epochs, folder)
     print(
-        f"DARTS {order} order: search {seconds:.0f} s ({summary['epochs']} epochs, "
-        f"{summary['episodes']} steps), derived network {parameters(derived):,} parameters, "
+        f"DARTS {searched_in}: derived network {parameters(derived):,} parameters, "
         f"test accuracy {result['final']['test']['accuracy']:.4f} after {result['epochs']} "
         f"epochs ({train_seconds:.0f} s); genotype {genotype.yaml_data()}",
         flush=True,
@@ -279,6 +295,13 @@ def main() -> None:
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=["lenet", "darts", "derived", "evolution"]
     )
+    parser.add_argument(
+        "--genotype",
+        type=Path,
+        default=None,
+        help="a genotype.yml an earlier search wrote: train that cell instead of searching",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="every training's seed")
     parser.add_argument("--out", type=Path, default=Path("runs") / "nas_benchmark")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
