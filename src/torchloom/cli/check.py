@@ -68,8 +68,7 @@ def pipeline_table(assembled: Assembled, shown_path: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    disable = [name.strip() for name in args.disable.split(",") if name.strip()]
-    assembled = assemble(args.config, args.overrides, disable)
+    assembled = assemble(args.config, args.overrides, args.disable)
     training = assembled.sections.get("training")
     lines = [pipeline_table(assembled, args.config)]
     if isinstance(training, TrainingConfig):  # what `loom train` would also reject

@@ -12,8 +12,8 @@ def run(args: argparse.Namespace) -> int:
     result = export(
         args.run_dir,
         args.format,
-        outputs=[name.strip() for name in args.outputs.split(",") if name.strip()],
-        inputs=[name.strip() for name in args.inputs.split(",") if name.strip()],
+        outputs=args.outputs,
+        inputs=args.inputs,
         repeats=args.repeats,
         int8=args.int8,
         aoti=args.aoti,

@@ -17,7 +17,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         expdir=args.expdir,
         device=args.device,
-        disable=[n.strip() for n in args.disable.split(",") if n.strip()],
+        disable=args.disable,
     )
     rates, divergence = result.learning_rates, result.divergence
     diverged = (

@@ -52,10 +52,16 @@ def _config_arguments(parser: argparse.ArgumentParser, optional: bool = False) -
     parser.add_argument("overrides", nargs="*", metavar="OVERRIDE", help=OVERRIDES_HELP)
 
 
+def _names(text: str) -> list[str]:
+    """A comma-separated option's names (components, layers, streams), blanks dropped."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def _disable(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--disable",
-        default="",
+        type=_names,
+        default=[],
         metavar="A,B",
         help="comma-separated components to leave out of the pipeline",
     )
@@ -299,7 +305,9 @@ def _quantize(p: argparse.ArgumentParser) -> None:
         help="one scale per output channel (default)",
     )
     weights.add_argument("--per-tensor", dest="per_channel", action="store_false")
-    p.add_argument("--skip", default="", metavar="LAYER,...", help="layers kept in float")
+    p.add_argument(
+        "--skip", type=_names, default=[], metavar="LAYER,...", help="layers kept in float"
+    )
     p.add_argument("--checkpoint", default=None, metavar="best|last|PATH")
     p.add_argument("--force", action="store_true", help="replace an earlier result of the mode")
     p.add_argument("--repeats", type=int, default=30, help="timed runs per latency figure")
@@ -325,10 +333,13 @@ def _quantize(p: argparse.ArgumentParser) -> None:
 def _export(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `loom train`")
     p.add_argument("--format", default="onnx", help="onnx, pt2 or safetensors (default: onnx)")
-    p.add_argument("--outputs", default="", metavar="STREAM,...", help="streams to output")
+    p.add_argument(
+        "--outputs", type=_names, default=[], metavar="STREAM,...", help="streams to output"
+    )
     p.add_argument(
         "--inputs",
-        default="",
+        type=_names,
+        default=[],
         metavar="STREAM,...",
         help="streams to start from (default: the task's), after python-side components",
     )

@@ -16,9 +16,8 @@ from torchloom.errors import ConfigError
 
 
 def run(args: argparse.Namespace) -> int:
-    disable = [name.strip() for name in args.disable.split(",") if name.strip()]
     if is_quantized_folder(args.source):
-        return _quantized(args, disable)
+        return _quantized(args, args.disable)
     result = process(
         args.source,
         args.overrides,
@@ -26,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
         expdir=args.expdir,
         device=args.device,
-        disable=disable,
+        disable=args.disable,
         checkpoint_strict=args.checkpoint_strict,
     )
     return _print(args, result)

@@ -62,7 +62,7 @@ def _quantize(args: argparse.Namespace) -> QuantizeResult:
         backend=args.backend,
         calibration_batches=args.calibration_batches,
         per_channel=args.per_channel,
-        skip=[name.strip() for name in args.skip.split(",") if name.strip()],
+        skip=args.skip,
         checkpoint=args.checkpoint,
         force=args.force,
         repeats=args.repeats,

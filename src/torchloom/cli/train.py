@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         "device": "cuda" if args.gpu else args.device,
         "quiet": args.quiet,
         "tensorboard": args.tensorboard,
-        "disable": [n.strip() for n in args.disable.split(",") if n.strip()],
+        "disable": args.disable,
     }
     from torchloom.engine.distributed import started_by_a_launcher
 
