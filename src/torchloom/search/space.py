@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from torchloom.config.schema import schema_fields
-from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.errors import ConfigError, Problem, Where, did_you_mean
 
 if TYPE_CHECKING:
     import optuna
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 DISTRIBUTIONS = ("loguniform", "uniform", "int", "choice")
 OPTIONS = {"loguniform": {"step"}, "uniform": {"step"}, "int": {"step", "log"}, "choice": set()}
 COMMON_OPTIONS = {"when"}
-KeyWhere = Callable[..., str]  # where(*keys inside the space) -> 'file:line'
 
 
 @dataclass(frozen=True)
@@ -172,7 +171,7 @@ def lookup(config: Mapping[str, Any], path: str) -> tuple[int, Any]:
 
 
 # ---- reading and checking ------------------------------------------------------------------
-def parse_space(section: Any, where: KeyWhere, config: Mapping[str, Any]) -> SearchSpace:
+def parse_space(section: Any, where: Where, config: Mapping[str, Any]) -> SearchSpace:
     """The space of a `search:` mapping; `where(*keys)` locates a key inside it. Raises one
     ConfigError listing every problem (structure, ranges, paths, conditions)."""
     if not isinstance(section, Mapping) or not section:
