@@ -3,6 +3,7 @@ second or two); processes racing for a study's last trials."""
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -51,3 +52,37 @@ def claim_race(folder: Path, url: str, study: str, budget: int, mode: str) -> No
         )
     outputs = [process.communicate(timeout=120)[0].decode() for process in processes]
     assert [process.returncode for process in processes] == [0, 0, 0], outputs
+
+
+def two_machines_search(
+    folder: Path, data: Path, storage: str, trials: int = 4
+) -> tuple[list[dict[str, str]], list[int]]:
+    """Two `loom search` processes, each with its own --expdir as on two machines, share the
+    study `shared` in `storage` for `trials` trials of a learning rate; both must end well.
+    Returns the rows of the trials.csv written last (the whole study: the other machine may
+    have seen a trial still running) and how many trial run folders each machine made."""
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(folder, data, search)
+    env = {**os.environ, "PYTHONPATH": SOURCE, "OMP_NUM_THREADS": "1"}
+    machines = [folder / f"machine{index}" for index in range(2)]
+    processes = [
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "torchloom.cli.main", "search", str(config)),
+                *("--trials", str(trials), "--storage", storage, "--study", "shared"),
+                *("--expdir", str(machine)),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for machine in machines
+    ]
+    outputs = [process.communicate(timeout=300)[0] for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    written = [path / "trials.csv" for m in machines for path in m.glob("searches/*/*")]
+    with open(max(written, key=lambda path: path.stat().st_mtime_ns), newline="") as handle:
+        final = list(csv.DictReader(handle))
+    ran = [sum(1 for _ in machine.glob("searches/*/*/trials/*/*")) for machine in machines]
+    return final, ran

@@ -6,7 +6,6 @@ that is not there, or a journal given to the server, is refused plainly."""
 
 from __future__ import annotations
 
-import csv
 import os
 import signal
 import socket
@@ -16,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from search_helpers import IDENTITY, SOURCE, claim_race, tiny_config
+from search_helpers import IDENTITY, SOURCE, claim_race, tiny_config, two_machines_search
 
 from torchloom.cli.main import main
 from torchloom.search.study import counted_trials, create_study, load_study
@@ -67,41 +66,11 @@ def test_processes_on_a_grpc_server_start_exactly_the_budget(tmp_path: Path, grp
 def test_two_searches_share_one_study_through_the_server(
     tmp_path: Path, mnist_folder: Path, grpc_url: str
 ) -> None:
-    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
-    config = tiny_config(tmp_path, mnist_folder, search)
-    env = {**os.environ, "PYTHONPATH": SOURCE, "OMP_NUM_THREADS": "1"}
-    processes = [
-        subprocess.Popen(
-            [
-                *(sys.executable, "-m", "torchloom.cli.main", "search", str(config)),
-                *("--trials", "4", "--storage", grpc_url, "--study", "shared"),
-                *("--expdir", str(tmp_path / f"machine{index}")),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for index in range(2)
-    ]
-    outputs = [process.communicate(timeout=300)[0] for process in processes]
-    assert [process.returncode for process in processes] == [0, 0], outputs
-    # The machine that ended last wrote the whole study (the other may have seen a trial
-    # still running).
-    written = [
-        path / "trials.csv"
-        for index in range(2)
-        for path in (tmp_path / f"machine{index}").glob("searches/*/*")
-    ]
-    with open(max(written, key=lambda path: path.stat().st_mtime_ns), newline="") as handle:
-        final = list(csv.DictReader(handle))
+    final, ran = two_machines_search(tmp_path, mnist_folder, grpc_url)
     complete = [row for row in final if row["state"] == "complete"]
     assert len(complete) == 4 and {row["state"] for row in final} <= {"complete", "waiting"}
     folders = [row["run_dir"] for row in complete]
     assert len(set(folders)) == 4
-    ran = [
-        sum(1 for p in (tmp_path / f"machine{i}").glob("searches/*/*/trials/*/*")) for i in (0, 1)
-    ]
     assert sum(ran) == 4  # every trial ran once, on one machine or the other
 
 

@@ -5,18 +5,16 @@ and an unreachable server named plainly."""
 
 from __future__ import annotations
 
-import csv
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from search_helpers import IDENTITY, claim_race, tiny_config
+from search_helpers import IDENTITY, claim_race, tiny_config, two_machines_search
 
 import torchloom
 from torchloom.cli.main import main
@@ -90,54 +88,14 @@ def postgres_url() -> Iterator[str]:
 def test_two_searches_share_one_study_in_postgresql(
     tmp_path: Path, mnist_folder: Path, postgres_url: str
 ) -> None:
-    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
-    config = tiny_config(tmp_path, mnist_folder, search)
-    env = {**os.environ, "PYTHONPATH": SOURCE, "OMP_NUM_THREADS": "1"}
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torchloom.cli.main",
-                "search",
-                str(config),
-                "--trials",
-                "4",
-                "--storage",
-                postgres_url,
-                "--study",
-                "shared",
-                "--expdir",
-                str(tmp_path / f"machine{index}"),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for index in range(2)
-    ]
-    outputs = [process.communicate(timeout=300)[0] for process in processes]
-    assert [process.returncode for process in processes] == [0, 0], outputs
     # Each machine's trials.csv lists the whole study; each trial ran in one folder only.
-    # The machine that ended last wrote the whole study (the other may have seen a trial
-    # still running).
-    written = [
-        path / "trials.csv"
-        for index in range(2)
-        for path in (tmp_path / f"machine{index}").glob("searches/*/*")
-    ]
-    with open(max(written, key=lambda path: path.stat().st_mtime_ns), newline="") as handle:
-        final = list(csv.DictReader(handle))
+    final, ran = two_machines_search(tmp_path, mnist_folder, postgres_url)
     numbers = [int(row["number"]) for row in final]
     # The advisory lock: 4 trials asked, 4 run between the two machines, never 5.
     assert numbers == list(range(4))
     assert all(row["state"] == "complete" for row in final)
     folders = [row["run_dir"] for row in final]
     assert len(set(folders)) == len(folders)
-    ran = [
-        sum(1 for p in (tmp_path / f"machine{i}").glob("searches/*/*/trials/*/*")) for i in (0, 1)
-    ]
     assert sum(ran) == len(final) and min(ran) >= 1  # both machines ran trials, none twice
 
 
