@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from torchloom.search import claims
 from torchloom.search import study as studies
 
 COUNT_SECONDS = 0.2
@@ -28,19 +29,19 @@ COUNT_SECONDS = 0.2
 def main() -> None:
     url, name, budget_text, folder, mode = sys.argv[1:]
     budget = int(budget_text)
-    counted = studies.counted_trials
+    counted = claims.counted_trials
 
     def slow_count(study: object) -> int:
         number = counted(study)  # type: ignore[arg-type]
         time.sleep(COUNT_SECONDS)
         return number
 
-    studies.counted_trials = slow_count  # claim_trial reads it from its module
+    claims.counted_trials = slow_count  # claim_trial reads it from its module
     study = studies.load_study(url, name, None, None)
     ran = handed_back = 0
     while True:
         if mode in ("exact", "locked"):
-            lock = studies.ask_lock(Path(folder), url, study)
+            lock = claims.ask_lock(Path(folder), url, study)
         else:
             lock = contextlib.nullcontext(False)
         with lock as exact:
@@ -48,7 +49,7 @@ def main() -> None:
                 sys.exit(f"the ask lock does not cover every process of {url}")
             if counted(study) >= budget:
                 break
-            trial = studies.claim_trial(study, budget, exact)
+            trial = claims.claim_trial(study, budget, exact)
         if trial is None:
             handed_back += 1
             time.sleep(random.uniform(0.05, 0.3))

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from search_helpers import IDENTITY, claim_race
 
-from torchloom.search.study import counted_trials, create_study, load_study
+from torchloom.search.claims import counted_trials
+from torchloom.search.study import create_study, load_study
 
 
 def test_processes_without_a_common_lock_start_exactly_the_budget(tmp_path: Path) -> None:
@@ -44,7 +45,7 @@ def test_a_trial_without_heartbeats_is_failed_with_its_reason_and_retried_once(
     import optuna
     from optuna.storages import RDBStorage
 
-    from torchloom.search.study import reap_dead_trials
+    from torchloom.search.claims import reap_dead_trials
 
     storage = RDBStorage(
         f"sqlite:///{tmp_path / 'study.db'}",

@@ -18,7 +18,8 @@ import pytest
 from search_helpers import IDENTITY, SOURCE, claim_race, tiny_config, two_machines_search
 
 from torchloom.cli.main import main
-from torchloom.search.study import counted_trials, create_study, load_study
+from torchloom.search.claims import counted_trials
+from torchloom.search.study import create_study, load_study
 
 pytest.importorskip("grpc", reason="grpcio is not installed (pip install 'torchloom[search]')")
 

@@ -16,17 +16,15 @@ from torchloom.api import TrainOptions, failure_reason
 from torchloom.config import load_config
 from torchloom.errors import LoomError
 from torchloom.search.checking import read_space, trial_overrides
-from torchloom.search.record import SearchRecord
-from torchloom.search.study import (
+from torchloom.search.claims import (
     ask_lock,
     claim_trial,
     counted_trials,
     identity,
-    load_study,
-    make_pruner,
-    make_sampler,
     reap_dead_trials,
 )
+from torchloom.search.record import SearchRecord
+from torchloom.search.study import load_study, make_pruner, make_sampler
 from torchloom.search.trial import Objective, Pruned, TrialFailed, run_trial
 
 if TYPE_CHECKING:
