@@ -174,15 +174,27 @@ class _Worker:
 
 @pytest.mark.parametrize(
     ("codes", "status"),
-    [((0, 0), 0), ((0, 1), 1), ((2, 1), 2), ((1, 130), 130), ((0, -9), 137)],
+    [((0,), 0), ((1,), 1), ((2, 1), 2), ((1, 130), 130), ((0, -9), 137)],
 )
 def test_the_search_fails_when_a_worker_does(
     searched: Path, monkeypatch: pytest.MonkeyPatch, codes: tuple[int, ...], status: int
 ) -> None:
+    """`--workers K`: worker 0 runs in `loom search` itself (one process start-up fewer), the
+    other K - 1 in processes of their own, whose exit statuses make the search's."""
     pending = list(codes)
-    monkeypatch.setattr(runner.subprocess, "Popen", lambda *a, **k: _Worker(pending.pop(0)))
+    started: list[list[str]] = []
+
+    def start(command: list[str], **kwargs: object) -> _Worker:
+        started.append(command)
+        return _Worker(pending.pop(0))
+
+    here: list[int] = []
+    monkeypatch.setattr(runner.subprocess, "Popen", start)
+    monkeypatch.setattr(runner, "work", lambda *a, worker, **k: here.append(worker))
     record = runner.read_record(searched)
-    assert runner.run_workers(searched, record, len(codes)) == status
+    assert runner.run_workers(searched, record, len(codes) + 1) == status
+    assert here == [0]
+    assert [command[-1] for command in started] == [str(i) for i in range(1, len(codes) + 1)]
 
 
 def _alive(pid: int) -> bool:

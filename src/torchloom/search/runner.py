@@ -225,10 +225,20 @@ def run_workers(
             except KeyboardInterrupt:
                 return 130
             return 0
-        return _run_processes(search_dir, workers, deadline)
+        return _run_processes(search_dir, record, workers, hook_factory, say, deadline)
 
 
-def _run_processes(search_dir: Path, workers: int, deadline: float | None) -> int:
+def _run_processes(
+    search_dir: Path,
+    record: SearchRecord,
+    workers: int,
+    hook_factory: Any,
+    say: Say,
+    deadline: float | None,
+) -> int:
+    """Worker 0 in this process and the others each in a process of their own: a process
+    start-up (torch's import, the data read again) is seconds of a core, which --workers K
+    on K cores would otherwise take from the trials."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")  # one torch thread per worker unless told otherwise
     env.setdefault("MKL_NUM_THREADS", env["OMP_NUM_THREADS"])
@@ -242,12 +252,14 @@ def _run_processes(search_dir: Path, workers: int, deadline: float | None) -> in
     codes: list[int] = []
     try:
         try:
-            for index in range(workers):
+            for index in range(1, workers):
                 processes.append(
                     subprocess.Popen(
                         [*command, "--worker-index", str(index)], env=env, start_new_session=True
                     )
                 )
+            with _torch_threads(env["OMP_NUM_THREADS"]):  # as many as each other worker
+                work(search_dir, record, hook_factory, say, deadline, worker=0)
             codes = [process.wait() for process in processes]
         except KeyboardInterrupt:
             for process in processes:
@@ -260,6 +272,21 @@ def _run_processes(search_dir: Path, workers: int, deadline: float | None) -> in
     finally:
         _stop_all(processes)
     return worker_status(codes)
+
+
+@contextlib.contextmanager
+def _torch_threads(setting: str) -> Iterator[None]:
+    """torch's intra-op threads set to `setting` (OMP_NUM_THREADS's value) for a block, then
+    back: the API's caller keeps its own."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if setting.isdigit() and int(setting) > 0:
+        torch.set_num_threads(int(setting))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 PARENT_ENV = "TORCHLOOM_SEARCH_PARENT"
