@@ -14,7 +14,7 @@ torchvision's ResNet blocks are supported layers too: each becomes torchvision's
 twin in place (`_quantizable_block`: the residual add-relu through a `FloatFunctional`) and is
 fused by its own `fuse_model`, so a ResNet backbone is one int8 chain.
 
-Why this route: 1.6-2x faster than float for LeNet-5 and 4.3x for ResNet-18 at batch 32 on
+Why this route: 1.95x faster than float for LeNet-5 and 5.5x for ResNet-18 at batch 32 on
 this CPU with nothing compiled; PT2E (torchao) needs `torch.compile` per batch shape and was
 slower on LeNet-5 (docs/deployment.md). PyTorch deprecates
 `torch.ao.quantization`: this module is the route to delete when it goes.
