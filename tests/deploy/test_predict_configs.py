@@ -114,7 +114,9 @@ def trained(
     """A run folder of config `name`: a copy of the session's run, or four training steps."""
     if case.session_run is not None:
         source: Path = request.getfixturevalue(case.session_run)
-        return Path(shutil.copytree(source, folder / "run"))
+        # without its exports and quantized models: other tests may have made them already
+        ignored = shutil.ignore_patterns("exports", "quantized")
+        return Path(shutil.copytree(source, folder / "run", ignore=ignored))
     overrides = case.training + "\n" + case.evaluation
     for key, value in data.items():
         overrides = overrides.replace(key, value)
