@@ -164,7 +164,9 @@ def test_counts_left_for_later_steps_are_in_every_read_of_them() -> None:
     """A step's counting waits (a few steps are counted together); a checkpoint, a merge or
     the value taken at any step still holds every step so far, exactly."""
     steps = random_steps(150)
-    accuracy = AccuracyStatistics.create(sequence=True, ignore_index=0, globals={"num_classes": 5})
+    accuracy = AccuracyStatistics.create(
+        sequence=True, ignore_index=0, globals={"num_classes": 5}
+    )
     accuracy.count_persistently()
     for done, step in enumerate(steps, start=1):
         accuracy.update(step)
