@@ -6,6 +6,8 @@ Not covered: configs whose data or files are not on this machine (translation, C
 VQA-Med, the transplant of a trained encoder) and the MiniLM pipeline (its pretrained model
 takes seconds to load); the first three fail to build with a data error before any export.
 language/language_id_bow.yml is built like bbc_news_bow_ffn.yml (its tokenizer is named).
+test_predict_configs.py trains each of these a few steps, exports it with `loom export` and
+runs `loom predict` on a PNG or a line of text.
 """
 
 from __future__ import annotations

@@ -343,3 +343,44 @@ def test_quantize_force_keeps_earlier_process_results(
     assert report_of(folder)["options"]["per_channel"] is False  # the new result
     assert (written / "test_summary.json").read_bytes() == summary
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]
+
+
+def test_each_int8_latency_is_timed_on_layers_first_called_at_that_batch_size(
+    lenet_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's oneDNN int8 convolutions cache a fast primitive for the input shape of their
+    first call only (LeNet-5 at batch 32: 0.82 ms first called at 32, 0.92 ms after a first
+    call at 2 or 256, docs/benchmarks.md): every int8 convolution timed at a batch size must
+    have been first called at that size, not by the conversion check or the evaluation."""
+    from torch.ao.nn.quantized import Conv2d as QuantizedConv2d
+
+    import torchloom
+    import torchloom.deploy.quantize as quantize_module
+
+    first: dict[int, int] = {}  # int8 convolution -> the batch size of its first call
+    during: list[tuple[int, int]] = []  # (convolution, batch size) while timing
+
+    def record(module: torch.nn.Module, args: tuple) -> None:
+        if isinstance(module, QuantizedConv2d):
+            first.setdefault(id(module), int(args[0].shape[0]))
+            during.append((id(module), int(args[0].shape[0])))
+
+    timed: list[set[tuple[int, int]]] = []
+    timing_function = quantize_module.paired_latency_ms
+
+    def timing(calls, *args, **kwargs):  # type: ignore[no-untyped-def]
+        during.clear()
+        result = timing_function(calls, *args, **kwargs)
+        timed.append(set(during))
+        return result
+
+    monkeypatch.setattr(quantize_module, "paired_latency_ms", timing)
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(record)
+    try:
+        torchloom.quantize(run, "static", repeats=2, calibration_batches=2, sensitivity=False)
+    finally:
+        handle.remove()
+    assert [sorted({size for _, size in calls}) for calls in timed] == [[1], [32]]
+    assert all(first[conv] == size for calls in timed for conv, size in calls)

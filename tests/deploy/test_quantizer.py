@@ -271,3 +271,60 @@ def test_qat_activation_ranges_move_with_training_batches_only() -> None:
     model.train()
     model({"x": 100 * torch.randn(8, 1, 8, 8)})
     assert ranges() != trained
+
+
+class TwoChains(Model):
+    """Two Sequential chains: `direct` passes the first's output straight to the second (as
+    LeNet-5's forward does); otherwise a float op on it comes between and it is returned too."""
+
+    Params = ComponentParams
+
+    def __init__(self, params: ComponentParams, context: BuildContext, direct: bool) -> None:
+        super().__init__(params, context)
+        self.direct = direct
+        self.features = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten())
+        self.classifier = nn.Sequential(nn.Linear(4 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, inputs: Batch) -> Batch:
+        features = self.features(inputs["x"])
+        if self.direct:
+            return {"y": torch.log_softmax(self.classifier(features), dim=1)}
+        return {"y": self.classifier(features * 0.5), "features": features}
+
+
+def _stubs(model: nn.Module) -> list[str]:
+    return [
+        type(m).__name__ for m in model.modules() if type(m).__name__ in ("Quantize", "DeQuantize")
+    ]
+
+
+@pytest.mark.parametrize("mode", ["static", "qat"])
+def test_chains_one_forward_passes_on_directly_stay_int8_between(mode: str) -> None:
+    torch.manual_seed(0)
+    model = TwoChains(ComponentParams(), BuildContext(name="net"), direct=True).eval()
+    x = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        expected = model({"x": x})["y"]
+    quantized(model, QuantizeOptions(mode))
+    # One quantize at the start, one dequantize at the end: no float round trip between the
+    # chains, whose layers keep the float model's places (and state-dict keys).
+    assert _stubs(model) == ["Quantize", "DeQuantize"]
+    assert type(model.features[2]) is nn.Flatten
+    assert type(model.classifier[0]).__name__ == "LinearReLU"
+    with torch.no_grad(), quantized_engine("x86"):
+        got = model({"x": x})["y"]
+    assert (got.exp() - expected.exp()).abs().max() < 0.1
+
+
+def test_chains_with_float_work_between_keep_their_stubs() -> None:
+    torch.manual_seed(0)
+    model = TwoChains(ComponentParams(), BuildContext(name="net"), direct=False).eval()
+    x = torch.randn(4, 1, 8, 8)
+    with torch.no_grad():
+        expected = model({"x": x})["y"]
+    quantized(model, QuantizeOptions("static"))
+    assert _stubs(model) == ["Quantize", "DeQuantize", "Quantize", "DeQuantize"]
+    with torch.no_grad(), quantized_engine("x86"):
+        got = model({"x": x})
+    assert got["features"].dtype == torch.float32
+    assert (got["y"] - expected).abs().max() < 0.1 * expected.abs().max() + 0.05

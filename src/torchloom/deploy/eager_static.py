@@ -5,14 +5,16 @@ layers, observers, calibration by the caller, conversion.
 Eager mode sees modules, not the operations a `forward` does between them, so only what is
 known to run as a chain is quantized: runs of consecutive supported children of an
 `nn.Sequential` (fused, then bracketed by one quant and one dequant stub), and single
-supported layers called from other modules (bracketed alone). Everything else stays in float
-and the report says why. A component's own `forward` is never changed.
+supported layers called from other modules (bracketed alone). Chains that the component's
+forward passes one straight into the other (LeNet-5's features and classifier) are joined,
+no dequantize and quantize between them (eager_joins.py). Everything else stays in float and
+the report says why. A component's own `forward` is never changed.
 
 torchvision's ResNet blocks are supported layers too: each becomes torchvision's quantizable
 twin in place (`_quantizable_block`: the residual add-relu through a `FloatFunctional`) and is
 fused by its own `fuse_model`, so a ResNet backbone is one int8 chain.
 
-Why this route: 1.6-2x faster than float for LeNet-5 and 4.3x for ResNet-18 at batch 32 on
+Why this route: 1.95x faster than float for LeNet-5 and 5.5x for ResNet-18 at batch 32 on
 this CPU with nothing compiled; PT2E (torchao) needs `torch.compile` per batch shape and was
 slower on LeNet-5 (docs/deployment.md). PyTorch deprecates
 `torch.ao.quantization`: this module is the route to delete when it goes.
@@ -29,6 +31,7 @@ import torch.ao.quantization as tq
 from torch import nn
 
 from torchloom.core.component import Model
+from torchloom.deploy.eager_joins import join_adjacent_chains
 from torchloom.deploy.quantizer import (
     WEIGHTED,
     LayerOutcome,
@@ -79,6 +82,10 @@ class EagerStaticQuantizer(Quantizer):
         super().__init__(options)
         self.qat = qat
         self._prepared: set[int] = set()  # components with something to convert
+        # Per component being prepared: the Sequentials whose last child ends a chain and
+        # those whose first child starts one (eager_joins.py joins them where they meet).
+        self._ends: dict[str, nn.Sequential] = {}
+        self._starts: dict[str, nn.Sequential] = {}
         if qat:
             self.route = "torch.ao eager quantization-aware training (fused, fake-quantized)"
 
@@ -95,11 +102,14 @@ class EagerStaticQuantizer(Quantizer):
     def prepare(self, component: Model, plan: Plan) -> None:
         qconfig = self.qconfig()
         outcomes: dict[str, LayerOutcome] = {}
+        self._ends, self._starts = {}, {}
         with accepted_deprecations():
             self._bracket(component, component, "", qconfig, outcomes)
             plan.layers += sorted(outcomes.values(), key=lambda o: o.name)
             if not any(outcome.quantized for outcome in outcomes.values()):
                 return  # nothing to observe: the component stays as it is
+            component.eval()  # traced as it runs once converted
+            join_adjacent_chains(component, self._ends, self._starts)
             self._prepared.add(id(component))
             component.train(self.qat)
             if self.qat:
@@ -236,6 +246,11 @@ class EagerStaticQuantizer(Quantizer):
             last,
             _with_qconfig(nn.Sequential(getattr(sequential, last), dequant), qconfig),
         )
+        children = [name for name, _ in sequential.named_children()]
+        if type(sequential) is nn.Sequential and first == children[0]:
+            self._starts[path] = sequential
+        if type(sequential) is nn.Sequential and last == children[-1]:
+            self._ends[path] = sequential
 
     def _fuse(self, sequential: nn.Module, run: list[tuple[str, nn.Module]]) -> None:
         groups: list[list[str]] = []

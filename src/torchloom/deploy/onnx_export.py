@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchloom.core.component import Component
 from torchloom.deploy.graph import InferenceGraph
 from torchloom.deploy.measure import largest_difference
 from torchloom.errors import DeployError
@@ -29,8 +30,13 @@ def batch_dimensions(graph: InferenceGraph, dynamic: bool) -> tuple[Any, ...] | 
     parameter, a tuple with dimension 0 of every tensor the batch."""
     if not dynamic:
         return None
+    return batch_dimensions_of(len(graph.input_names))
+
+
+def batch_dimensions_of(count: int) -> tuple[Any, ...]:
+    """`dynamic_shapes` for a forward(*tensors) of `count` tensors sharing the batch."""
     batch = torch.export.Dim("batch", min=1, max=65536)
-    return (tuple({0: batch} for _ in graph.input_names),)
+    return (tuple({0: batch} for _ in range(count)),)
 
 
 def exporter_reason(error: BaseException) -> str:
@@ -76,16 +82,51 @@ def export_onnx(
                 external_data=False,
             )
     except Exception as error:  # the exporter's own message names the operator
+        culprit = failing_component(graph, example, dynamic)
         raise DeployError.at(
             "",
-            "ONNX export",
-            f"torch.onnx.export failed: {exporter_reason(error)}",
+            culprit[0].label if culprit else "ONNX export",
+            f"torch.onnx.export failed: {exporter_reason(error)}"
+            + (f"; this component alone cannot be traced either: {culprit[1]}" if culprit else ""),
             "run with --debug for the exporter's traceback; --outputs can export the "
             "part of the pipeline before the failing component",
         ) from error
     if program is None:
         raise DeployError.at("", "ONNX export", "the exporter returned no program")
     program.save(str(path), external_data=False)
+
+
+class _Alone(torch.nn.Module):
+    """One component as a module of positional tensors, for torch.export."""
+
+    def __init__(self, component: Component, keys: list[str]) -> None:
+        super().__init__()
+        self.component, self.keys = component, keys
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.component(dict(zip(self.keys, tensors, strict=True))).values())
+
+
+def failing_component(
+    graph: InferenceGraph, example: Sequence[torch.Tensor], dynamic: bool
+) -> tuple[Component, str] | None:
+    """The first component of `graph` that torch.export cannot trace on its own (on the
+    streams the components before it make of `example`), with the reason: the exporter's
+    message names an operator deep inside torch, a user needs the component."""
+    batch = dict(zip(graph.input_names, example, strict=True))
+    for component, inputs, outputs in graph._routes:
+        keys, tensors = [k for k, _ in inputs], tuple(batch[n] for _, n in inputs)
+        shapes = batch_dimensions_of(len(tensors)) if dynamic else None
+        try:
+            with _quiet(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.export.export(_Alone(component, keys), tensors, dynamic_shapes=shapes)
+        except Exception as error:  # whatever stops the tracer is the reason
+            return component, exporter_reason(error)
+        with torch.no_grad():
+            for key, value in component(dict(zip(keys, tensors, strict=True))).items():
+                batch[outputs[key]] = value
+    return None
 
 
 def onnx_session(path: Path, threads: int | None = None) -> Any:

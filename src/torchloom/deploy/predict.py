@@ -146,7 +146,8 @@ def _top(
     top: int,
 ) -> Prediction:
     output = class_output(folder, record)
-    labels = record.get("labels")
+    # An output's own labels (sidecar.py); "labels" of an export made before they were kept.
+    labels = output["labels"] if "labels" in output else record.get("labels")
     (values,) = session.run([output["name"]], feed)
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or values.shape[0] != 1:
@@ -182,7 +183,12 @@ def _predict_texts(
             "",
             f"'{folder / 'sidecar.json'}'",
             f"the export's task ({record.get('task')}) has no raw-input recipe "
-            "`loom predict` can apply",
+            "`loom predict` can apply: the graph reads "
+            + ", ".join(
+                f"'{entry.get('name')}' ({entry.get('description') or 'tensors'})"
+                for entry in record.get("inputs") or []
+            )
+            + ", tensors only the task makes",
             "feed the graph's input tensors from your own code (see sidecar.json)",
         )
     session = onnxruntime.InferenceSession(

@@ -45,22 +45,49 @@ def _per_channel(values: list[float], depth: int) -> list[float]:
     return values * depth if len(values) == 1 else values
 
 
+def _output_kind(pipeline: Pipeline, name: str, description: str) -> str:
+    """What an output holds: its description's word, else what the loss trained on it reads
+    (a model with `log_softmax: false` describes its output as plain 'outputs', but a
+    CrossEntropyLoss on it makes them logits; an NLLLoss, log-probabilities)."""
+    from torchloom.zoo.losses import CrossEntropyLoss, NLLLoss
+
+    if "log-prob" in description:
+        return "log-probabilities"
+    if "logit" in description:
+        return "logits"
+    for component in pipeline.components.values():
+        if (
+            isinstance(component, (NLLLoss, CrossEntropyLoss))
+            and not component.params.sequence
+            and component.stream_name("predictions") == name
+        ):
+            return "log-probabilities" if isinstance(component, NLLLoss) else "logits"
+    return "values"
+
+
+def _output_labels(component: Component, key: str, class_names: list[str] | None) -> Any:
+    """The task's class names for an output [batch, classes] over the task's classes; None for
+    any other (a parity head renames its two classes with `dims:`, they are not the digits)."""
+    spec = component.pipeline_specs(component.output_specs())[key]
+    dims = spec.dims or ()
+    if class_names and len(dims) == 2 and dims[-1].name == "classes":
+        return list(class_names)
+    return None
+
+
 def sidecar(pipeline: Pipeline, section: str, graph: InferenceGraph) -> dict[str, Any]:
     task = pipeline.tasks[section]
     class_names = getattr(task, "class_names", None)
     outputs = []
     for name in graph.output_names:
-        description = ""
+        description, labels = "", None
         for component in graph.chosen:
             for key, spec in component.output_specs().items():
                 if component.stream_name(key) == name:
                     description = spec.description
-        kind = (
-            "log-probabilities"
-            if "log-prob" in description
-            else ("logits" if "logit" in description else "values")
-        )
-        outputs.append({"name": name, "description": description, "kind": kind})
+                    labels = _output_labels(component, key, class_names)
+        kind = _output_kind(pipeline, name, description)
+        outputs.append({"name": name, "description": description, "kind": kind, "labels": labels})
     task_streams = {task.stream_name(k) for k in task.output_specs()}
     preprocessing = _image_preprocessing(task) if set(graph.input_names) <= task_streams else None
     upstream = upstream_components(pipeline, section, graph)
@@ -84,6 +111,7 @@ def sidecar(pipeline: Pipeline, section: str, graph: InferenceGraph) -> dict[str
             for c in upstream
         ],
         "outputs": outputs,
+        # The task's class names; each output's own "labels" are those that name its classes.
         "labels": list(class_names) if class_names else None,
         "components": graph.describe()["components"],
     }

@@ -29,7 +29,7 @@ def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[st
         )
     task_input = next(iter(steps[0]["streams"].values()))
     batch: dict[str, Any] = {task_input: list(texts)}
-    for step in steps:
+    for index, step in enumerate(steps):
         params = dict(step["params"])
         vocabulary = [a for a in step["artifacts"] if a.endswith(VOCABULARY_ARTIFACT)]
         if vocabulary and "vocabulary_file" in params:
@@ -39,6 +39,8 @@ def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[st
         )
         component.eval()
         names = step["streams"]
+        if index == 0:
+            _reads_texts(component, folder, names)
         inputs = {key: batch[names.get(key, key)] for key in component.input_specs()}
         with torch.no_grad():
             outputs = component(inputs)
@@ -53,3 +55,18 @@ def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[st
             )
         feed[entry["name"]] = value.detach().cpu().numpy()
     return feed
+
+
+def _reads_texts(component: Any, folder: Path, names: dict[str, str]) -> None:
+    """The first component must read one text per sample: one that reads the tokens the task
+    cut (a language model's indexer) would get a text's characters as its tokens."""
+    for key, spec in component.input_specs().items():
+        if spec.dims is None or len(spec.dims) != 1 or spec.dtypes != (str,):
+            raise DeployError.at(
+                "",
+                component.label,
+                f"reads the task's tokens ('{names.get(key, key)}', "
+                f"{spec.description}), not one raw text per input: `loom predict` cannot "
+                "cut a text as the task did",
+                f"feed the export's inputs from your own code (see {folder / 'sidecar.json'})",
+            )
