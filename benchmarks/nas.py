@@ -20,6 +20,8 @@ figure printed says which data and sizes it was measured on.
 
     python benchmarks/nas.py --dataset fashion_mnist --train-subset 0 ...  # the full target
     python benchmarks/nas.py --dataset mnist --train-subset 4000 --epochs 3 ...  # a small run
+    python benchmarks/nas.py --genotype benchmarks/genotypes/fashion_mnist_first_order.yml \
+        --skip evolution --threads 1  # a cell found earlier, trained on the whole split
 """
 
 from __future__ import annotations
