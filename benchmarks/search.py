@@ -77,8 +77,9 @@ def overhead(rounds: int, data: str, subset: int, epochs: int) -> None:
     the search's set-up (checking the space and config, the study's creation) and its results
     (trials.csv, importance, plots, search.html) are once per search and timed apart."""
     from torchloom.search.page import write_page
+    from torchloom.search.processes import run_workers
     from torchloom.search.results import write_results
-    from torchloom.search.runner import SearchRequest, prepare_search, run_workers
+    from torchloom.search.runner import SearchRequest, prepare_search
 
     overrides = _overrides(data, subset, epochs)
     space = {"training.optimizer.lr": {"choice": [1.0e-3]}}

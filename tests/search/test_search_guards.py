@@ -18,7 +18,7 @@ from search_helpers import tiny_config
 
 import torchloom
 from torchloom.cli.main import main
-from torchloom.search import runner
+from torchloom.search import processes, runner
 
 SEARCH = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
 OTHER = "search:\n  training.optimizer.lr: {loguniform: [1.0e-3, 1.0e-1]}\n"
@@ -189,10 +189,10 @@ def test_the_search_fails_when_a_worker_does(
         return _Worker(pending.pop(0))
 
     here: list[int] = []
-    monkeypatch.setattr(runner.subprocess, "Popen", start)
-    monkeypatch.setattr(runner, "work", lambda *a, worker, **k: here.append(worker))
-    record = runner.read_record(searched)
-    assert runner.run_workers(searched, record, len(codes) + 1) == status
+    monkeypatch.setattr(processes.subprocess, "Popen", start)
+    monkeypatch.setattr(processes, "work", lambda *a, worker, **k: here.append(worker))
+    record = processes.read_record(searched)
+    assert processes.run_workers(searched, record, len(codes) + 1) == status
     assert here == [0]
     assert [command[-1] for command in started] == [str(i) for i in range(1, len(codes) + 1)]
 

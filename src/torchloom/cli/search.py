@@ -8,14 +8,9 @@ from pathlib import Path
 
 from torchloom.analysis.build import build_hooks
 from torchloom.search.page import write_page
+from torchloom.search.processes import continue_worker, run_workers
 from torchloom.search.results import write_results
-from torchloom.search.runner import (
-    SearchRequest,
-    continue_worker,
-    prepare_search,
-    resume_search,
-    run_workers,
-)
+from torchloom.search.runner import SearchRequest, prepare_search, resume_search
 
 
 def run(args: argparse.Namespace) -> int:

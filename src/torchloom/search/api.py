@@ -33,6 +33,7 @@ from torchloom.config.loading import ConfigSource
 from torchloom.errors import ConfigError
 from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource
 from torchloom.search.page import write_page
+from torchloom.search.processes import run_workers
 from torchloom.search.record import SearchRecord, read_record
 from torchloom.search.results import write_results
 from torchloom.search.runner import (
@@ -41,7 +42,6 @@ from torchloom.search.runner import (
     monitor_of,
     prepare_search,
     resume_search,
-    run_workers,
 )
 from torchloom.search.settings import SearchSettings
 from torchloom.search.study import config_digest, create_study, journal_url, load_study

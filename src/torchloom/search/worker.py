@@ -1,6 +1,6 @@
 """A search worker: asks the study for trials and runs them until the study has its trials
 (or the time limit passed). One process runs one worker; `--workers K` starts K of them on
-the same study (runner.py). Every ending of a trial is told to the study with its reason;
+the same study (processes.py). Every ending of a trial is told to the study with its reason;
 only Ctrl-C / SIGTERM ends the worker early, its trial failed and queued again."""
 
 from __future__ import annotations
