@@ -19,9 +19,11 @@ class FakeRun:
         self.progress = SimpleNamespace(epoch=0, episode=0)
         self.log = logging.getLogger("test")
         self.stops = 0
+        self.reasons: list[str | None] = []
 
-    def request_stop(self) -> None:
+    def request_stop(self, reason: str | None = None) -> None:
         self.stops += 1
+        self.reasons.append(reason)
 
 
 def _reporter(pruner: Any) -> tuple[optuna.Trial, PruningReporter]:
@@ -59,3 +61,4 @@ def test_a_pruned_trial_asks_its_run_to_stop_once() -> None:
         run.progress.epoch = epoch
         reporter.after_eval(run, "validation", {"accuracy": 0.5}, partial=False)
     assert reporter.pruned_at == 1 and run.stops == 1
+    assert run.reasons == ["pruned by the search at step 1"]  # the run ends `stopped`

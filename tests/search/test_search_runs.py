@@ -81,8 +81,16 @@ search:
     diverged, pruned = rows["1000000000000.0"], rows["0.001"]
     assert diverged["state"] == "fail" and "diverged" in diverged["reason"]
     assert pruned["state"] == "pruned" and pruned["reason"] == "pruned at step 1"
-    summary = json.loads((_search_dir(runs) / pruned["run_dir"] / "summary.json").read_text())
-    assert summary["epochs"] == 1  # stopped after the epoch the pruner saw
+    run_dir = _search_dir(runs) / pruned["run_dir"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    # Stopped at the end of the epoch the pruner saw, not one step into the next; and said
+    # so: not "interrupted ... resume with --resume", which is what a Ctrl-C leaves.
+    assert (summary["epochs"], summary["episodes"]) == (1, 256 // 32)
+    assert summary["status"] == "stopped" and summary["reason"] == "pruned by the search at step 1"
+    assert "--resume" not in (run_dir / "run.log").read_text()
+    # Its curves are in search.html and its CSV files; no PNG is drawn for a pruned run.
+    assert (run_dir / "validation_epoch_statistics.csv").is_file()
+    assert not list((run_dir / "reports").rglob("*.png"))
 
 
 def test_a_resumed_search_runs_only_the_missing_trials(tmp_path: Path, mnist_folder: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from torchloom.analysis.plotting import PlotBudget, figure, save_png
+from torchloom.analysis.plotting import PlotBudget, drawn_at_end, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.core.pipeline import Pipeline
 from torchloom.engine.state import Hook
@@ -80,5 +80,5 @@ class ArchitecturePlots(Hook):
             self._draw(run)
 
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
-        if searchable(run) and self.drawn_epoch != run.progress.epoch:
+        if searchable(run) and self.drawn_epoch != run.progress.epoch and drawn_at_end(summary):
             self._draw(run)

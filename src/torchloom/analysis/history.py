@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, figure, save_png
+from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, drawn_at_end, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.engine.state import Hook
 
@@ -147,7 +147,8 @@ class HistoryPlots(Hook):
             self._draw(run, {("per epoch", "validation"): row}, force=False)
 
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
-        self._draw(run, None, force=True)  # every file is complete by now
+        if drawn_at_end(summary):
+            self._draw(run, None, force=True)  # every file is complete by now
 
     def _draw(
         self,

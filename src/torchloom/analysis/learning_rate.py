@@ -31,7 +31,7 @@ from torchloom.analysis.lr_range_rules import (
     smoothing_window,
     suggest,
 )
-from torchloom.analysis.plotting import CURVE_MARGINS, figure, save_png
+from torchloom.analysis.plotting import CURVE_MARGINS, drawn_at_end, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.config import dump_config
 from torchloom.config.schema import GradientClippingConfig, TrainingConfig
@@ -93,7 +93,7 @@ class LearningRateRecorder(Hook):
         self._record(run, epoch=run.progress.epoch + 1)  # the epoch in progress, as the engine
 
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
-        if self.csv is None or not self.csv.path.is_file():
+        if self.csv is None or not self.csv.path.is_file() or not drawn_at_end(summary):
             return
         rows = self.csv.rows()
         labels = group_labels(run)

@@ -70,6 +70,14 @@ def save_png(fig: Figure, path: Path, data: Mapping[str, Any] | None = None) -> 
         fig.savefig(out, format="png", dpi=DPI, metadata=metadata)
 
 
+def drawn_at_end(summary: Mapping[str, Any]) -> bool:
+    """Whether a run's end-of-run drawings are worth their time: not for a run a hook
+    stopped (a trial its search pruned, often after one short epoch, which the drawings
+    would outlast). Its statistics CSVs hold the numbers, its search's page draws its curve,
+    and `loom report RUN_DIR` draws its curves from the CSVs."""
+    return summary.get("status") != "stopped"
+
+
 def png_data(path: Path) -> Any:
     """The `data` that `save_png` stored in a PNG (None when there is none)."""
     from PIL import Image

@@ -261,9 +261,21 @@ def run_liveness(run_dir: Path, now: float | None = None) -> Liveness:
 
 # ---- stopping by signal ---------------------------------------------------------------------
 class StopSignals:
+    """Whether the run was asked to stop at its next step boundary: by Ctrl-C or SIGTERM
+    (a second one stops it at once), or by a hook with its reason (a search's pruner)."""
+
     def __init__(self) -> None:
         self.requested = False
+        self.reason: str | None = None  # a hook's; None for a signal
         self._previous: dict[int, Any] = {}
+
+    def stop(self, reason: str) -> None:
+        self.requested, self.reason = True, reason
+
+    @property
+    def status(self) -> Status:
+        """How a run that stops on this request ends."""
+        return Status.INTERRUPTED if self.reason is None else Status.STOPPED
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.requested:
@@ -297,6 +309,7 @@ class Status(str, Enum):
     EPOCH_LIMIT = "epoch_limit"
     EPISODE_LIMIT = "episode_limit"
     INTERRUPTED = "interrupted"
+    STOPPED = "stopped"
     DIVERGED = "diverged"
     FAILED = "failed"
 
@@ -321,6 +334,11 @@ class Status(str, Enum):
         )
 
     @property
+    def requested(self) -> bool:
+        """Whether the run stopped because it was asked to, mid-way: it saved last.pt."""
+        return self in (Status.INTERRUPTED, Status.STOPPED)
+
+    @property
     def by_limit(self) -> bool:
         return self in (Status.EPOCH_LIMIT, Status.EPISODE_LIMIT)
 
@@ -332,6 +350,7 @@ _REASONS = {
     Status.EPOCH_LIMIT: "terminal_conditions.epoch_limit reached",
     Status.EPISODE_LIMIT: "terminal_conditions.episode_limit reached",
     Status.INTERRUPTED: "stopped by a signal (Ctrl-C or SIGTERM); resume with --resume",
+    Status.STOPPED: "stopped by a hook",  # the summary gives the hook's own reason
     Status.DIVERGED: "a loss became NaN or infinite",
     Status.FAILED: "an error ended the run",
 }

@@ -162,7 +162,9 @@ class RunView:
     online, logging_interval: the config's validation mode and interval
     progress:             completed epochs, episodes, position in the epoch (live)
     tensorboard:          the run's SummaryWriter, or None when TensorBoard is off
-    request_stop():       stop at the next step boundary, as Ctrl-C does (status interrupted)
+    request_stop(reason): stop at the end of this step or epoch; with a reason (a search's
+                          pruner) the run ends `stopped` with it, without one
+                          `interrupted`, as Ctrl-C does
     """
 
     def __init__(self, setup: RunSetup, progress: Progress) -> None:
@@ -182,8 +184,11 @@ class RunView:
     def tensorboard(self) -> Any:
         return self._setup.reporter.writer
 
-    def request_stop(self) -> None:
-        self._setup.signals.requested = True
+    def request_stop(self, reason: str | None = None) -> None:
+        if reason is None:
+            self._setup.signals.requested = True
+        else:
+            self._setup.signals.stop(reason)
 
 
 class Hook:

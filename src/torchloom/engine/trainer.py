@@ -104,8 +104,7 @@ class TrainingLoop:
             if status is not None:
                 break
         ran_to_end = status is None or (
-            status is not Status.INTERRUPTED
-            and progress.batch_in_epoch >= setup.train_data.batches_per_epoch()
+            not status.requested and progress.batch_in_epoch >= setup.train_data.batches_per_epoch()
         )
         if ran_to_end:
             if progress.batch_in_epoch % setup.accumulation:
@@ -204,7 +203,7 @@ class TrainingLoop:
     def after_step(self) -> Status | None:
         setup, progress = self.setup, self.progress
         if setup.distributed.agree(setup.signals.requested):  # one process alone: no sync
-            return Status.INTERRUPTED
+            return setup.signals.status
         status = None
         if setup.online and progress.episode % setup.partial_interval == 0:
             status = self.validate(partial=True)
@@ -216,8 +215,8 @@ class TrainingLoop:
 
     def end_epoch(self, status: Status | None) -> Status | None:
         setup, progress = self.setup, self.progress
-        if status is Status.INTERRUPTED:  # mid-epoch: running statistics go into last.pt as is
-            return status
+        if status is not None and status.requested:  # mid-epoch: running statistics go into
+            return status  # last.pt as they are
         row = {
             "epoch": progress.epoch,
             "episode": progress.episode,
@@ -248,7 +247,10 @@ class TrainingLoop:
             status = self.judge(self.latest["training"]) or status
         self.save("last.pt")
         limit = limit_reached(setup.config.terminal_conditions, progress.epoch, progress.episode)
-        return status or limit
+        # A stop asked during the validation (a pruner's) ends the run here, not a step into
+        # the next epoch; one asked during the last epoch's finds the run ending anyway.
+        stop = setup.signals.status if setup.distributed.agree(setup.signals.requested) else None
+        return status or limit or stop
 
     def validate(self, partial: bool) -> Status | None:
         """Validation pass; updates best.pt and says whether the run should stop."""
@@ -515,6 +517,9 @@ class TrainingLoop:
                 started_by = read_started_by(setup.run_dir) or {}
                 command = started_by.get("command") or f"loom train --resume {setup.run_dir}"
                 setup.log.info("interrupted: last.pt saved; continue with `%s`", command)
+            elif status is Status.STOPPED:
+                self.save("last.pt")
+                setup.log.info("stopped: %s; last.pt saved", setup.signals.reason)
             elif status is not Status.DIVERGED and setup.online and setup.validation_data:
                 self.validate(partial=False)
             for component in setup.pipeline.components.values():
@@ -522,6 +527,8 @@ class TrainingLoop:
             training_seconds = time.perf_counter() - started
             setup.hooks.training_ended()
             reason = diverged.format() if diverged is not None else status.reason
+            if status is Status.STOPPED:
+                reason = str(setup.signals.reason)
             test = None
             if setup.test_data is not None and status.finished and status is not Status.DIVERGED:
                 try:

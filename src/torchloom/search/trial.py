@@ -94,7 +94,7 @@ class PruningReporter(Hook):
         if self.pruned_at is None and self.trial.should_prune():
             self.pruned_at = step
             run.log.info("search: trial %d pruned at step %d", self.trial.number, step)
-            run.request_stop()
+            run.request_stop(f"pruned by the search at step {step}")
 
 
 def run_trial(
