@@ -5,6 +5,7 @@ that crash or outlive `loom search`."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from search_helpers import tiny_config
 
 import torchloom
 from torchloom.cli.main import main
-from torchloom.search import processes, runner
+from torchloom.search import processes, runner, worker
 
 SEARCH = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
 OTHER = "search:\n  training.optimizer.lr: {loguniform: [1.0e-3, 1.0e-1]}\n"
@@ -151,6 +152,20 @@ def test_resume_refuses_what_a_resumed_search_cannot_change(
     assert (searched / "search.json").read_text() == before
 
 
+class _Stdin:
+    told: list[bytes] = []
+
+    def __init__(self) -> None:
+        self.closed, self.data = False, b""
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        self.closed = True
+        _Stdin.told.append(self.data)
+
+
 class _Worker:
     """A stand-in for a worker process that exits with `code`."""
 
@@ -158,6 +173,7 @@ class _Worker:
         self.code = code
         self.returncode: int | None = None
         self.pid = 0
+        self.stdin = _Stdin()  # where WorkerProcesses.begin names the search folder
 
     def wait(self, timeout: float | None = None) -> int:
         self.returncode = self.code
@@ -190,11 +206,16 @@ def test_the_search_fails_when_a_worker_does(
 
     here: list[int] = []
     monkeypatch.setattr(processes.subprocess, "Popen", start)
-    monkeypatch.setattr(processes, "work", lambda *a, worker, **k: here.append(worker))
+    monkeypatch.setattr(worker, "work", lambda *a, worker, **k: here.append(worker))
+    monkeypatch.setattr(_Stdin, "told", [])
     record = processes.read_record(searched)
     assert processes.run_workers(searched, record, len(codes) + 1) == status
     assert here == [0]
     assert [command[-1] for command in started] == [str(i) for i in range(1, len(codes) + 1)]
+    # Each was started before it knew the search (`--worker -`), then told it on stdin.
+    assert all(command[command.index("--worker") + 1] == "-" for command in started)
+    told = [json.loads(line)["search_dir"] for line in _Stdin.told]
+    assert told == [str(searched)] * len(codes)
 
 
 def _alive(pid: int) -> bool:
@@ -277,3 +298,24 @@ def test_check_training_returns_the_run_statistics(tmp_path: Path, mnist_folder:
 
     statistics = check_training(tiny_config(tmp_path, mnist_folder))
     assert {"training.loss", "validation.loss", "validation.accuracy"} <= statistics
+
+
+def test_workers_started_for_a_search_that_never_begins_are_stopped(
+    tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`loom search --workers K` starts its K - 1 worker processes before it reads the
+    config (their start-up then overlaps its own); a config it refuses stops them all."""
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def spy(*args: object, **kwargs: object) -> subprocess.Popen[bytes]:
+        started.append(real_popen(*args, **kwargs))  # type: ignore[call-overload]
+        return started[-1]
+
+    monkeypatch.setattr(processes.subprocess, "Popen", spy)
+    bad = "search:\n  training.optimizer.lr: {loguniform: [1.0, 0.1]}\n"  # low > high
+    config = tiny_config(tmp_path, mnist_folder, bad)
+    assert main(["search", str(config), "--workers", "3", "--expdir", str(tmp_path / "r")]) == 2
+    assert len(started) == 2
+    assert all(process.poll() is not None for process in started)  # none outlives the command
+    assert not (tmp_path / "r").exists()

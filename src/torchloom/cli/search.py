@@ -6,16 +6,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from torchloom.analysis.build import build_hooks
-from torchloom.search.page import write_page
-from torchloom.search.processes import continue_worker, run_workers
-from torchloom.search.results import write_results
-from torchloom.search.runner import SearchRequest, prepare_search, resume_search
+# Only what starts the worker processes loads here: the rest imports torch, which the workers
+# import beside this process once started (search/processes.py, WorkerProcesses).
+from torchloom.search.processes import WorkerProcesses
 
 
 def run(args: argparse.Namespace) -> int:
     if args.worker:
-        return continue_worker(Path(args.worker), args.deadline, build_hooks, args.worker_index)
+        from torchloom.analysis.build import build_hooks
+        from torchloom.search.processes import continue_worker
+
+        folder = None if args.worker == "-" else Path(args.worker)
+        return continue_worker(folder, args.deadline, build_hooks, args.worker_index)
     if args.resume and args.config:
         args.overrides = [args.config, *args.overrides]
         args.config = None
@@ -23,6 +25,21 @@ def run(args: argparse.Namespace) -> int:
         from torchloom.errors import ConfigError
 
         raise ConfigError.at("command line", "--workers", "must be 1 or more")
+    started = WorkerProcesses(args.workers - 1) if args.workers > 1 else None
+    try:
+        return _search(args, started)
+    finally:
+        if started is not None:
+            started.stop()  # a search that failed to begin; else they have ended already
+
+
+def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
+    from torchloom.analysis.build import build_hooks
+    from torchloom.search.page import write_page
+    from torchloom.search.processes import run_workers
+    from torchloom.search.results import write_results
+    from torchloom.search.runner import SearchRequest, prepare_search, resume_search
+
     request = SearchRequest(
         config=args.config,
         overrides=list(args.overrides),
@@ -53,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         search_dir, record = prepare_search(request)
     print(f"search folder: {search_dir}")
     print(f"study '{record.study}' in {record.storage}; {record.mode} {record.monitor}")
-    status = run_workers(search_dir, record, args.workers, build_hooks)
+    status = run_workers(search_dir, record, args.workers, build_hooks, print, started)
     results = write_results(search_dir, record, args.importance)
     page = write_page(search_dir, record, results)
     best = results.best

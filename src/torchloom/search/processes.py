@@ -1,10 +1,15 @@
 """The workers of a search: worker 0 in this process and, with --workers K, K - 1 processes
 sharing the study; how Ctrl-C, SIGTERM and SIGHUP stop them all, and how a worker stops when
-the `loom search` that started it is gone."""
+the `loom search` that started it is gone.
+
+This module imports neither torch nor the trial machinery at its top (the worker loop loads
+in the functions that run it): `loom search` starts its worker processes before it imports
+torch itself, so that their start-up overlaps its own."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -14,10 +19,77 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchloom.search.record import SearchRecord, read_record
-from torchloom.search.worker import Say, work
+
+if TYPE_CHECKING:
+    from torchloom.search.worker import Say
+
+
+class WorkerProcesses:
+    """Workers 1 to K - 1 of `--workers K`, each a process of its own. They may start before
+    the search folder exists: a worker's start-up (importing torch, and Dynamo, which every
+    optimizer imports: about 3 s of a core) then runs beside this process's own instead of
+    taking a core from the trials. Until `begin` names the search folder they wait on their
+    stdin; a search that never begins (a bad config) closes it and they exit at once."""
+
+    def __init__(self, count: int) -> None:
+        self.env = dict(os.environ)
+        self.env.setdefault("OMP_NUM_THREADS", "1")  # one torch thread each unless told
+        self.env.setdefault("MKL_NUM_THREADS", self.env["OMP_NUM_THREADS"])
+        self.env[PARENT_ENV] = str(os.getpid())  # a worker stops when this process is gone
+        command = [sys.executable, "-m", "torchloom.cli.main", "search", "--worker", "-"]
+        # Sessions of their own: a Ctrl-C at the terminal reaches this process alone, which
+        # hands each worker exactly one SIGINT (a second would stop its run at once, unsaved).
+        self.processes: list[subprocess.Popen[bytes]] = []
+        try:
+            for index in range(1, count + 1):
+                self.processes.append(
+                    subprocess.Popen(
+                        [*command, "--worker-index", str(index)],
+                        stdin=subprocess.PIPE,
+                        env=self.env,
+                        start_new_session=True,
+                    )
+                )
+        except BaseException:
+            self.stop()
+            raise
+
+    def begin(self, search_dir: Path, deadline: float | None) -> None:
+        told = json.dumps({"search_dir": str(search_dir), "deadline": deadline}) + "\n"
+        for process in self.processes:
+            assert process.stdin is not None
+            # One that died already: its exit status says so when it is waited for.
+            with contextlib.suppress(OSError):
+                process.stdin.write(told.encode())
+                process.stdin.close()
+
+    def wait(self) -> list[int]:
+        return [process.wait() for process in self.processes]
+
+    def stop(self) -> None:
+        """Stop whoever still runs (see `_stop_all`); those not told a search exit first."""
+        for process in self.processes:
+            if process.stdin is not None and not process.stdin.closed:
+                with contextlib.suppress(OSError):
+                    process.stdin.close()
+        _stop_all(self.processes)
+
+
+def wait_for_search() -> tuple[Path, float | None] | None:
+    """In a worker started before its search (`--worker -`): get ready to train, then read
+    the search folder and the deadline from stdin; None when the search never began."""
+    import torch._dynamo  # noqa: F401  (what building any optimizer imports: seconds, spent now)
+
+    import torchloom.search.worker  # noqa: F401
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return None
+    told = json.loads(line)
+    return Path(told["search_dir"]), told["deadline"]
 
 
 def run_workers(
@@ -26,10 +98,14 @@ def run_workers(
     workers: int,
     hook_factory: Any = None,
     say: Say = print,
+    started: WorkerProcesses | None = None,
 ) -> int:
-    """Run the study's remaining trials with `workers` processes; returns 130 when stopped by
-    Ctrl-C / SIGTERM / SIGHUP (the study keeps what finished; `--resume` continues), else the
-    first worker's non-zero exit status (a crashed worker), else 0."""
+    """Run the study's remaining trials with `workers` processes (worker 0 in this one, the
+    others `started` already or started now); returns 130 when stopped by Ctrl-C / SIGTERM /
+    SIGHUP (the study keeps what finished; `--resume` continues), else the first worker's
+    non-zero exit status (a crashed worker), else 0."""
+    from torchloom.search.worker import work
+
     timeout = record.settings.get("timeout")
     deadline = time.time() + float(timeout) if timeout else None
     with _hangup_stops():
@@ -39,13 +115,14 @@ def run_workers(
             except KeyboardInterrupt:
                 return 130
             return 0
-        return _run_processes(search_dir, record, workers, hook_factory, say, deadline)
+        others = started if started is not None else WorkerProcesses(workers - 1)
+        return _run_processes(search_dir, record, others, hook_factory, say, deadline)
 
 
 def _run_processes(
     search_dir: Path,
     record: SearchRecord,
-    workers: int,
+    others: WorkerProcesses,
     hook_factory: Any,
     say: Say,
     deadline: float | None,
@@ -53,38 +130,27 @@ def _run_processes(
     """Worker 0 in this process and the others each in a process of their own: a process
     start-up (torch's import, the data read again) is seconds of a core, which --workers K
     on K cores would otherwise take from the trials."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")  # one torch thread per worker unless told otherwise
-    env.setdefault("MKL_NUM_THREADS", env["OMP_NUM_THREADS"])
-    env[PARENT_ENV] = str(os.getpid())  # a worker stops when this process is gone
-    command = [sys.executable, "-m", "torchloom.cli.main", "search", "--worker", str(search_dir)]
-    if deadline is not None:
-        command += ["--deadline", str(deadline)]
-    # Sessions of their own: a Ctrl-C at the terminal reaches this process alone, which hands
-    # each worker exactly one SIGINT (a second one would stop its run at once, unsaved).
-    processes: list[subprocess.Popen[bytes]] = []
+    from torchloom.search.results import import_result_modules
+    from torchloom.search.worker import work
+
     codes: list[int] = []
     try:
         try:
-            for index in range(1, workers):
-                processes.append(
-                    subprocess.Popen(
-                        [*command, "--worker-index", str(index)], env=env, start_new_session=True
-                    )
-                )
-            with _torch_threads(env["OMP_NUM_THREADS"]):  # as many as each other worker
+            others.begin(search_dir, deadline)
+            with _torch_threads(others.env["OMP_NUM_THREADS"]):  # as many as each other worker
                 work(search_dir, record, hook_factory, say, deadline, worker=0)
-            codes = [process.wait() for process in processes]
+            import_result_modules()  # seconds this process would wait for the others anyway
+            codes = others.wait()
         except KeyboardInterrupt:
-            for process in processes:
+            for process in others.processes:
                 if process.poll() is None:
                     process.send_signal(signal.SIGINT)
             # Each fails its trial, queues it again and exits; a second Ctrl-C ends the wait
             # (the finally below stops whoever is left).
-            _wait_all(processes, STOP_GRACE_SECONDS)
+            _wait_all(others.processes, STOP_GRACE_SECONDS)
             return 130
     finally:
-        _stop_all(processes)
+        others.stop()
     return worker_status(codes)
 
 
@@ -177,13 +243,21 @@ def _hangup_stops() -> Iterator[None]:
 
 
 def continue_worker(
-    search_dir: Path, deadline: float | None, hook_factory: Any, index: int = 0
+    search_dir: Path | None, deadline: float | None, hook_factory: Any, index: int = 0
 ) -> int:
-    """One worker process of `--workers K` (the hidden `loom search --worker DIR`): it stops
-    as on Ctrl-C when the `loom search` that started it is gone."""
+    """One worker process of `--workers K` (the hidden `loom search --worker DIR`, or
+    `--worker -`: the folder comes on stdin, see `WorkerProcesses`): it stops as on Ctrl-C
+    when the `loom search` that started it is gone."""
+    from torchloom.search.worker import work
+
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
     if parent:
         stop_with_parent(parent)
+    if search_dir is None:
+        told = wait_for_search()
+        if told is None:
+            return 0
+        search_dir, deadline = told
     record = read_record(search_dir)
     try:
         work(
