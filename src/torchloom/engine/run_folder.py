@@ -261,8 +261,9 @@ def run_liveness(run_dir: Path, now: float | None = None) -> Liveness:
 
 # ---- stopping by signal ---------------------------------------------------------------------
 class StopSignals:
-    """Whether the run was asked to stop at its next step boundary: by Ctrl-C or SIGTERM
-    (a second one stops it at once), or by a hook with its reason (a search's pruner)."""
+    """Whether the run was asked to stop at the end of its step or epoch: by Ctrl-C or
+    SIGTERM (a second one stops it at once), or by a hook with its reason (a search's
+    pruner)."""
 
     def __init__(self) -> None:
         self.requested = False
