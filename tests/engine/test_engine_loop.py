@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from torchloom.api import Hook, RunView
 from torchloom.engine.checkpoint import load_checkpoint
 from torchloom.engine.step import Diverged
 from toy_runs import StopAt, model_weights, only_run, summary, toy_config, train
@@ -71,6 +72,34 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identical(tmp_path: Path) -> None:
     assert column(resumed.run_dir, "training_statistics.csv", "loss") == column(
         reference.run_dir, "training_statistics.csv", "loss"
     )
+
+
+class StopAfterValidation(Hook):
+    """Asks the run to stop, with a reason, after the validation of epoch `epoch` (as a
+    search's pruner does)."""
+
+    name = "stop_after_validation"
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def after_eval(self, run: RunView, section: str, values: dict[str, Any], partial: bool) -> None:
+        if section == "validation" and run.progress.epoch == self.epoch:
+            run.request_stop(f"judged at epoch {self.epoch}")
+
+
+def test_a_hook_stops_a_run_at_the_epoch_it_judged_with_its_reason(tmp_path: Path) -> None:
+    stopped = train(toy_config(epochs=3), tmp_path / "a", StopAfterValidation(1))
+    ended = summary(stopped.run_dir)
+    assert (ended["status"], ended["reason"]) == ("stopped", "judged at epoch 1")
+    assert (ended["epochs"], ended["episodes"]) == (1, 5)  # not a step into epoch 2
+    assert "test" not in ended["final"]  # stopped early: no test pass
+    assert "--resume" not in (stopped.run_dir / "run.log").read_text()
+    # Asked during the last epoch's validation, the stop finds the run at its limit: the run
+    # ends as it would have, its test pass included (a signal then would stop that pass).
+    last = train(toy_config(epochs=3), tmp_path / "b", StopAfterValidation(3))
+    ended = summary(last.run_dir)
+    assert ended["status"] == "epoch_limit" and "test" in ended["final"]
 
 
 def test_online_mode_validates_part_of_the_set_every_n_episodes(tmp_path: Path) -> None:

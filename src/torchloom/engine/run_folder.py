@@ -274,6 +274,12 @@ class StopSignals:
         self.requested, self.reason = True, reason
 
     @property
+    def by_signal(self) -> bool:
+        """A signal's request: it also stops the final test pass, which a hook's, come too
+        late to stop the training, does not (the run then ends at its limit as it would)."""
+        return self.requested and self.reason is None
+
+    @property
     def status(self) -> Status:
         """How a run that stops on this request ends."""
         return Status.INTERRUPTED if self.reason is None else Status.STOPPED

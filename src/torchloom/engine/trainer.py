@@ -434,7 +434,7 @@ class TrainingLoop:
             setup.device,
             observe=self._observer("test"),
             # Processes may have uneven shares: a pass stops together only at its end.
-            stop=None if setup.distributed.active else (lambda: setup.signals.requested),
+            stop=None if setup.distributed.active else (lambda: setup.signals.by_signal),
             distributed=setup.distributed,
         )
         setup.hooks.after_eval(self.view, "test", values, False)

@@ -120,7 +120,7 @@ def run_trial(
         result = prepared.run()
         # A signal that came during the last validation or the test pass finds no step left
         # to stop at: the run ends as if none came. The search stops all the same.
-        signalled = prepared.setup.signals.requested and reporter.pruned_at is None
+        signalled = prepared.setup.signals.by_signal
     except LoomError as error:
         raise TrialFailed(failure_reason(error), run_dir) from error
     except (KeyboardInterrupt, TrialFailed):
