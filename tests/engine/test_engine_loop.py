@@ -6,6 +6,7 @@ step and per epoch."""
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,13 @@ def test_a_hook_stops_a_run_at_the_epoch_it_judged_with_its_reason(tmp_path: Pat
     last = train(toy_config(epochs=3), tmp_path / "b", StopAfterValidation(3))
     ended = summary(last.run_dir)
     assert ended["status"] == "epoch_limit" and "test" in ended["final"]
+
+
+def test_a_finished_run_leaves_no_logger_behind(tmp_path: Path) -> None:
+    # Many runs in one process (a search's trials): `logging` would keep each run's logger.
+    result = train(toy_config(epochs=1), tmp_path)
+    kept = [name for name in logging.Logger.manager.loggerDict if str(result.run_dir) in name]
+    assert kept == []
 
 
 def test_online_mode_validates_part_of_the_set_every_n_episodes(tmp_path: Path) -> None:

@@ -68,6 +68,9 @@ def close_logger(logger: logging.Logger) -> None:
             logging.getLogger(name).removeHandler(handler)
         handler.close()
         logger.removeHandler(handler)
+    # `logging` keeps every named logger for the life of the process; a search in one process
+    # makes one per trial.
+    logging.Logger.manager.loggerDict.pop(logger.name, None)
 
 
 class Reporter:
