@@ -172,7 +172,8 @@ def test_init_publishes_globals_and_reads_no_data(monkeypatch: pytest.MonkeyPatc
     def no_data(*args: object, **kwargs: object) -> None:
         raise AssertionError("building the task must not touch the data")
 
-    for loader in ("ensure_gzipped_files", "packaged_copy", "read_idx_images", "read_idx_labels"):
+    loaders = ("ensure_gzipped_files", "packaged_copy", "idx_images_shape", "read_idx_images")
+    for loader in (*loaders, "read_idx_labels"):
         monkeypatch.setattr(idx_classification, loader, no_data)
     task = MNIST.create(data_folder="/no/such/folder", split="validation")
 

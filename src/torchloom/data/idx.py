@@ -78,7 +78,14 @@ def _read_bytes(path: Path) -> bytes:
 
 def read_idx(path: str | Path) -> np.ndarray:
     """Read any IDX file (raw or gzip) into a numpy array of its own element type and shape."""
-    path = Path(path)
+    array = _idx_view(Path(path))
+    # Native byte order (torch cannot hold big-endian data) and a writable copy of our own.
+    return array.astype(array.dtype.newbyteorder("="))
+
+
+def _idx_view(path: Path) -> np.ndarray:
+    """The file's elements, checked against its header, as a read-only view of its bytes:
+    nothing is copied, so a caller can copy only the part it keeps."""
     data = _read_bytes(path)
     if len(data) < 4 or data[0] != 0 or data[1] != 0:
         raise _malformed(
@@ -105,9 +112,7 @@ def read_idx(path: str | Path) -> np.ndarray:
             f"shape {list(shape)} of {element_type.name} needs {expected} bytes of data, "
             f"found {actual}",
         )
-    array = np.frombuffer(data, dtype=element_type, offset=header_size).reshape(shape)
-    # Native byte order (torch cannot hold big-endian data) and a writable copy of our own.
-    return array.astype(element_type.newbyteorder("="))
+    return np.frombuffer(data, dtype=element_type, offset=header_size).reshape(shape)
 
 
 def _check_ndim(path: Path, array: np.ndarray, ndim: int, what: str) -> None:
@@ -117,14 +122,27 @@ def _check_ndim(path: Path, array: np.ndarray, ndim: int, what: str) -> None:
         )
 
 
-def read_idx_images(path: str | Path) -> torch.Tensor:
-    """Images [count, height, width] as uint8, from an IDX file of unsigned bytes."""
-    path = Path(path)
-    array = read_idx(path)
+def idx_images_shape(path: str | Path) -> tuple[int, int, int]:
+    """[count, height, width] of an IDX file of images, checked as `read_idx_images` checks
+    it, without copying an image."""
+    count, height, width = _images_view(Path(path)).shape
+    return count, height, width
+
+
+def read_idx_images(path: str | Path, rows: slice | None = None) -> torch.Tensor:
+    """Images [count, height, width] as uint8, from an IDX file of unsigned bytes; `rows`:
+    only those, the only images copied out of the file (a subset of MNIST's 47 MB of
+    training images is a fraction of that)."""
+    array = _images_view(Path(path))
+    return torch.from_numpy(array[rows if rows is not None else slice(None)].copy())
+
+
+def _images_view(path: Path) -> np.ndarray:
+    array = _idx_view(path)
     _check_ndim(path, array, 3, "images [count, height, width]")
     if array.dtype != np.uint8:
         raise _malformed(path, f"expected unsigned-byte images, found {array.dtype.name}")
-    return torch.from_numpy(array)
+    return array
 
 
 def read_idx_labels(path: str | Path) -> torch.Tensor:
