@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import logging
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import torch
 
 from torchloom.api import Hook, RunView
 from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.state import StopSignals
 from torchloom.engine.step import Diverged
 from toy_runs import StopAt, model_weights, only_run, summary, toy_config, train
 
@@ -101,6 +104,17 @@ def test_a_hook_stops_a_run_at_the_epoch_it_judged_with_its_reason(tmp_path: Pat
     last = train(toy_config(epochs=3), tmp_path / "b", StopAfterValidation(3))
     ended = summary(last.run_dir)
     assert ended["status"] == "epoch_limit" and "test" in ended["final"]
+
+
+def test_a_ctrl_c_after_a_hooks_stop_is_a_first_ctrl_c() -> None:
+    """A hook's stop (a pruner's) is not a signal: the user's first Ctrl-C after it still
+    stops the run gracefully (last.pt saved); only a second one stops it at once."""
+    with StopSignals() as signals:
+        signals.stop("pruned by the search at step 1")
+        os.kill(os.getpid(), signal.SIGINT)  # handled at once, in this (the main) thread
+        assert signals.by_signal and signals.status.value == "interrupted"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def test_a_finished_run_leaves_no_logger_behind(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Run folders: `<expdir>/<pipeline name>/<YYYYmmdd_HHMMSS>[_<tag>]/`, created atomically;
-who trains in one (its lock); how its run ends (summary.json, signals).
+who trains in one (its lock); how its run ended (summary.json).
 
 `os.mkdir` either creates the folder or fails, so two runs started in the same second can
 never share one: the second gets a `-2` suffix (then `-3`, ...). Nothing is ever written
@@ -9,9 +9,7 @@ summary.json is written at the start (status "running", with the process's PID a
 a run killed with SIGKILL still says it was running (`loom runs` then asks the run's lock
 whether its process lives), and again at the end, however the run ends -- finished,
 interrupted, diverged or failed -- with the status, reason, counters, wall time and
-statistics per section. Ctrl-C and SIGTERM stop a run at the next step boundary, where its
-state is consistent, so last.pt can be saved and the summary written; a second one stops at
-once.
+statistics per section. (How Ctrl-C and SIGTERM stop a run: engine/state.py, StopSignals.)
 """
 
 from __future__ import annotations
@@ -20,7 +18,6 @@ import contextlib
 import fcntl
 import json
 import os
-import signal
 import socket
 import threading
 import time
@@ -28,7 +25,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from torchloom.data.atomic_files import write_text_atomic
@@ -39,7 +35,6 @@ __all__ = [
     "RunLock",
     "RunResult",
     "Status",
-    "StopSignals",
     "create_run_folder",
     "run_liveness",
     "write_artifacts",
@@ -257,53 +252,6 @@ def run_liveness(run_dir: Path, now: float | None = None) -> Liveness:
         return Liveness(False, pid, host, heartbeat, f"lock unreadable: {_os_reason(error)}")
     gone = f"process {pid} is gone" if pid is not None else "the process that took it is gone"
     return Liveness(False, pid, host, heartbeat, gone)
-
-
-# ---- stopping by signal ---------------------------------------------------------------------
-class StopSignals:
-    """Whether the run was asked to stop at the end of its step or epoch: by Ctrl-C or
-    SIGTERM (a second one stops it at once), or by a hook with its reason (a search's
-    pruner)."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.reason: str | None = None  # a hook's; None for a signal
-        self._previous: dict[int, Any] = {}
-
-    def stop(self, reason: str) -> None:
-        self.requested, self.reason = True, reason
-
-    @property
-    def by_signal(self) -> bool:
-        """A signal's request: it also stops the final test pass, which a hook's, come too
-        late to stop the training, does not (the run then ends at its limit as it would)."""
-        return self.requested and self.reason is None
-
-    @property
-    def status(self) -> Status:
-        """How a run that stops on this request ends."""
-        return Status.INTERRUPTED if self.reason is None else Status.STOPPED
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
 
 
 # ---- summary.json ---------------------------------------------------------------------------

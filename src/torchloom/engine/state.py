@@ -32,10 +32,13 @@ package: whoever starts a run (the CLI, the Python API) builds the hooks and han
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any
 
 import torch
@@ -47,10 +50,58 @@ from torchloom.engine.architecture_search import ArchitectureSearch
 from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.reporting import Reporter
-from torchloom.engine.run_folder import NoLock, RunLock, StopSignals
+from torchloom.engine.run_folder import NoLock, RunLock, Status
 from torchloom.engine.step import DivergenceGuard, Precision, WeightedLoss
 from torchloom.engine.terminal import Monitor
 from torchloom.errors import Where
+
+
+class StopSignals:
+    """Whether the run was asked to stop at the end of its step or epoch, where its state is
+    consistent (last.pt saved, the summary written): by Ctrl-C or SIGTERM, a second one of
+    which stops it at once, or by a hook with its reason (a search's pruner)."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.reason: str | None = None  # a hook's; None for a signal
+        self._previous: dict[int, Any] = {}
+
+    def stop(self, reason: str | None = None) -> None:
+        """Stop as a signal does (no reason), or for a hook's reason; a signal's stop stays."""
+        if not self.by_signal:
+            self.requested, self.reason = True, reason
+
+    @property
+    def by_signal(self) -> bool:
+        """A signal's request: it also stops the final test pass, which a hook's, come too
+        late to stop the training, does not (the run then ends at its limit as it would)."""
+        return self.requested and self.reason is None
+
+    @property
+    def status(self) -> Status:
+        """How a run that stops on this request ends."""
+        return Status.INTERRUPTED if self.reason is None else Status.STOPPED
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.by_signal:  # a second signal; a hook's stop before it was no signal
+            raise KeyboardInterrupt
+        self.stop()
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
 
 
 @dataclass
@@ -185,10 +236,7 @@ class RunView:
         return self._setup.reporter.writer
 
     def request_stop(self, reason: str | None = None) -> None:
-        if reason is None:
-            self._setup.signals.requested = True
-        else:
-            self._setup.signals.stop(reason)
+        self._setup.signals.stop(reason)
 
 
 class Hook:
