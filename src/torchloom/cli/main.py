@@ -274,8 +274,8 @@ def _search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", metavar="SEARCH_DIR", help="continue a search folder's study")
     p.add_argument("--expdir", default="runs", help="parent of searches/<name>/<date>")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+    # A worker process `loom search --workers K` starts; it reads its search on stdin.
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
 
 

@@ -4,7 +4,6 @@ run of its own (torchloom/search/). `--resume DIR` continues a search folder's s
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 # Only what starts the worker processes loads here: the rest imports torch, which the workers
 # import beside this process once started (search/processes.py, WorkerProcesses).
@@ -16,8 +15,7 @@ def run(args: argparse.Namespace) -> int:
         from torchloom.analysis.build import build_hooks
         from torchloom.search.processes import continue_worker
 
-        folder = None if args.worker == "-" else Path(args.worker)
-        return continue_worker(folder, args.deadline, build_hooks, args.worker_index)
+        return continue_worker(build_hooks, args.worker_index)
     if args.resume and args.config:
         args.overrides = [args.config, *args.overrides]
         args.config = None

@@ -511,24 +511,22 @@ class TrainingLoop:
                     status = self.train_epoch()
             except Diverged as error:
                 status, diverged = Status.DIVERGED, error
-            if status is Status.INTERRUPTED:
+            reason = diverged.format() if diverged is not None else status.reason
+            if status.requested:
                 self.save("last.pt")
-                # A run another command started (a QAT fine-tuning) is continued by it.
-                started_by = read_started_by(setup.run_dir) or {}
-                command = started_by.get("command") or f"loom train --resume {setup.run_dir}"
-                setup.log.info("interrupted: last.pt saved; continue with `%s`", command)
-            elif status is Status.STOPPED:
-                self.save("last.pt")
-                setup.log.info("stopped: %s; last.pt saved", setup.signals.reason)
+                if status is Status.STOPPED:  # by a hook, for its reason: no --resume to offer
+                    reason = str(setup.signals.reason)
+                    setup.log.info("stopped: %s; last.pt saved", reason)
+                else:  # a run another command started (a QAT fine-tuning) is continued by it
+                    started_by = read_started_by(setup.run_dir) or {}
+                    command = started_by.get("command") or f"loom train --resume {setup.run_dir}"
+                    setup.log.info("interrupted: last.pt saved; continue with `%s`", command)
             elif status is not Status.DIVERGED and setup.online and setup.validation_data:
                 self.validate(partial=False)
             for component in setup.pipeline.components.values():
                 component.end_pass()
             training_seconds = time.perf_counter() - started
             setup.hooks.training_ended()
-            reason = diverged.format() if diverged is not None else status.reason
-            if status is Status.STOPPED:
-                reason = str(setup.signals.reason)
             test = None
             if setup.test_data is not None and status.finished and status is not Status.DIVERGED:
                 try:

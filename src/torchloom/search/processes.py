@@ -39,7 +39,7 @@ class WorkerProcesses:
         self.env.setdefault("OMP_NUM_THREADS", "1")  # one torch thread each unless told
         self.env.setdefault("MKL_NUM_THREADS", self.env["OMP_NUM_THREADS"])
         self.env[PARENT_ENV] = str(os.getpid())  # a worker stops when this process is gone
-        command = [sys.executable, "-m", "torchloom.cli.main", "search", "--worker", "-"]
+        command = [sys.executable, "-m", "torchloom.cli.main", "search", "--worker"]
         # Sessions of their own: a Ctrl-C at the terminal reaches this process alone, which
         # hands each worker exactly one SIGINT (a second would stop its run at once, unsaved).
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -79,8 +79,8 @@ class WorkerProcesses:
 
 
 def wait_for_search() -> tuple[Path, float | None] | None:
-    """In a worker started before its search (`--worker -`): get ready to train, then read
-    the search folder and the deadline from stdin; None when the search never began."""
+    """In a worker process (`loom search --worker`): get ready to train, then read the
+    search folder and the deadline from stdin; None when the search never began."""
     import torch._dynamo  # noqa: F401  (what building any optimizer imports: seconds, spent now)
 
     import torchloom.search.worker  # noqa: F401
@@ -104,12 +104,12 @@ def run_workers(
     others `started` already or started now); returns 130 when stopped by Ctrl-C / SIGTERM /
     SIGHUP (the study keeps what finished; `--resume` continues), else the first worker's
     non-zero exit status (a crashed worker), else 0."""
-    from torchloom.search.worker import work
-
     timeout = record.settings.get("timeout")
     deadline = time.time() + float(timeout) if timeout else None
     with _hangup_stops():
         if workers <= 1:
+            from torchloom.search.worker import work
+
             try:
                 work(search_dir, record, hook_factory, say, deadline)
             except KeyboardInterrupt:
@@ -242,22 +242,19 @@ def _hangup_stops() -> Iterator[None]:
         signal.signal(signal.SIGHUP, previous)
 
 
-def continue_worker(
-    search_dir: Path | None, deadline: float | None, hook_factory: Any, index: int = 0
-) -> int:
-    """One worker process of `--workers K` (the hidden `loom search --worker DIR`, or
-    `--worker -`: the folder comes on stdin, see `WorkerProcesses`): it stops as on Ctrl-C
-    when the `loom search` that started it is gone."""
+def continue_worker(hook_factory: Any, index: int) -> int:
+    """One worker process of `--workers K` (the hidden `loom search --worker`, told its
+    search on stdin: see `WorkerProcesses`): it stops as on Ctrl-C when the `loom search`
+    that started it is gone."""
     from torchloom.search.worker import work
 
     parent = int(os.environ.get(PARENT_ENV, "0") or 0)
     if parent:
         stop_with_parent(parent)
-    if search_dir is None:
-        told = wait_for_search()
-        if told is None:
-            return 0
-        search_dir, deadline = told
+    told = wait_for_search()
+    if told is None:
+        return 0
+    search_dir, deadline = told
     record = read_record(search_dir)
     try:
         work(
