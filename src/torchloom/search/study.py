@@ -162,11 +162,18 @@ def make_sampler(settings: SearchSettings, space: SearchSpace | None, seed: int 
         ) from error
 
 
-def make_pruner(settings: SearchSettings) -> Any:
+def make_pruner(settings: SearchSettings, epochs: int | None = None) -> Any:
+    """The search's pruner; `epochs`: how many epochs every trial trains, when the search
+    knows (worker.trial_epochs)."""
     import optuna
 
     spec = dict(settings.pruner)
     cls = getattr(optuna.pruners, PRUNERS[spec.pop("type")])
+    if cls is optuna.pruners.HyperbandPruner and epochs is not None:
+        # Optuna's max_resource="auto" learns it from the first trial to finish and prunes
+        # nothing until one has: every trial that K workers (or machines) start before then
+        # trains to the end unjudged. A search knows the epochs its trials train.
+        spec.setdefault("max_resource", epochs)
     if cls is optuna.pruners.SuccessiveHalvingPruner:
         # Optuna's default (bootstrap_count=0) is kept explicit: a bootstrap_count of k
         # prunes the first k trials at every rung.

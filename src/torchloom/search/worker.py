@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +24,7 @@ from torchloom.search.claims import (
     reap_dead_trials,
 )
 from torchloom.search.record import SearchRecord
+from torchloom.search.space import SearchSpace
 from torchloom.search.study import load_study, make_pruner, make_sampler
 from torchloom.search.trial import Objective, Pruned, TrialFailed, run_trial
 
@@ -38,9 +39,12 @@ Proposal = tuple[Any, list[str], dict[str, Any]]
 Propose = Callable[["optuna.Trial"], Proposal]
 
 
-def yaml_proposer(search_dir: Path, record: SearchRecord) -> tuple[Propose, Any]:
+def yaml_proposer(
+    search_dir: Path, record: SearchRecord
+) -> tuple[Propose, SearchSpace, int | None]:
     """Trials of a YAML space: the search folder's config.yaml with the sampled values as
-    overrides; and the space (for the grid sampler)."""
+    overrides; the space (for the grid sampler); and the epochs every trial trains (for the
+    pruner), when they are known (trial_epochs)."""
     loaded = load_config(search_dir / record.config)
     space = read_space(loaded, search_dir / record.space if record.space else None)
 
@@ -48,7 +52,24 @@ def yaml_proposer(search_dir: Path, record: SearchRecord) -> tuple[Propose, Any]
         values = space.sample(trial, loaded.data)
         return search_dir / record.config, trial_overrides(loaded, values), values
 
-    return propose, space
+    return propose, space, trial_epochs(loaded.data, space)
+
+
+def trial_epochs(config: Mapping[str, Any], space: SearchSpace) -> int | None:
+    """The epochs every trial of this config trains when it is not stopped early, which are
+    the steps a pruner hears (PruningReporter): the epoch limit of an offline run, unless
+    the space searches the terminal conditions or the mode; None when not known so."""
+    training = config.get("training") or {}
+    conditions = training.get("terminal_conditions") or {}
+    searched = any(
+        path.startswith(("training.terminal_conditions", "training.mode"))
+        for path in space.parameters
+    )
+    epochs = conditions.get("epoch_limit")
+    if searched or training.get("mode", "offline") != "offline" or not isinstance(epochs, int):
+        return None
+    # An episode limit may end every trial before its epochs: then no one knows.
+    return None if conditions.get("episode_limit") is not None else epochs
 
 
 def work(
@@ -67,9 +88,9 @@ def work(
     whether the `loom search` that started this worker is gone (then it stops)."""
     from optuna.storages._heartbeat import get_heartbeat_thread
 
-    space = None
+    space, epochs = None, None
     if propose is None:
-        propose, space = yaml_proposer(search_dir, record)
+        propose, space, epochs = yaml_proposer(search_dir, record)
     settings = record.search_settings()
     seed = record.seed
     url = record.storage_url(search_dir)
@@ -83,7 +104,7 @@ def work(
         url,
         record.study,
         sampler,
-        make_pruner(settings),
+        make_pruner(settings, epochs),
         record.study_identity(),
     )
     objective = Objective(record.monitor, record.mode)
