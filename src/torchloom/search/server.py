@@ -22,11 +22,13 @@ def serve(url: str, host: str, port: int) -> int:
             "cannot be served: Optuna's gRPC proxy serves a database (an SQLAlchemy URL)",
             "e.g. loom search-server postgresql://user@db/studies, or sqlite:///studies.db",
         )
-    from optuna.storages import get_storage
     from optuna.storages._grpc.server import make_server
 
-    # Optuna's cached storage in front of the database, as its proxy server recommends.
-    storage = get_storage(open_storage(url))
+    from torchloom.search.served_storage import served_storage
+
+    # Optuna's cached storage in front of the database, as its proxy server recommends; on
+    # SQLite, which locks no row, its trials' state changes one at a time (served_storage.py).
+    storage = served_storage(open_storage(url))
     try:
         server = make_server(storage, host, port)
         server.start()
