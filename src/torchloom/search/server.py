@@ -3,9 +3,11 @@ studies of many workers: each worker keeps one gRPC channel to this server inste
 database connection of its own (`loom search ... --storage grpc://HOST:PORT`).
 
 The server holds the database's connections and Optuna's cache of the study; the workers
-reach the study only through it. Optuna's proxy does not serve a journal file (optuna#6084)
-and gives no heartbeats, so a worker's trial on a machine that dies stays running until a
-worker on that machine fails it (docs/search.md, "Thousands of workers: a gRPC server")."""
+reach the study only through it. On SQLite, which locks no row, it makes the trials' state
+changes one at a time, so a queued trial goes to one worker only (served_storage.py).
+Optuna's proxy does not serve a journal file (optuna#6084) and gives no heartbeats, so a
+worker's trial on a machine that dies stays running until a worker on that machine fails it
+(docs/search.md, "Thousands of workers: a gRPC server")."""
 
 from __future__ import annotations
 
