@@ -1,8 +1,9 @@
 """`loom search --storage grpc://HOST:PORT` through a real `loom search-server` (Optuna's gRPC
-storage proxy in front of an SQLite database), started here on a port of 127.0.0.1: processes
-racing for the last trials start exactly the budget (no lock reaches through the proxy:
-claim_trial hands a trial over the budget back), two searches share one study, and a server
-that is not there, or a journal given to the server, is refused plainly."""
+storage proxy in front of an SQLite database), started here on a port of 127.0.0.1: workers
+asking at once are each handed a queued trial of their own, processes racing for the last
+trials start exactly the budget (no lock reaches through the proxy: claim_trial hands a trial
+over the budget back), two searches share one study, and a server that is not there, or a
+journal given to the server, is refused plainly."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from search_helpers import IDENTITY, SOURCE, claim_race, tiny_config, two_machines_search
@@ -20,6 +23,9 @@ from search_helpers import IDENTITY, SOURCE, claim_race, tiny_config, two_machin
 from torchloom.cli.main import main
 from torchloom.search.claims import counted_trials
 from torchloom.search.study import create_study, load_study
+
+if TYPE_CHECKING:
+    import optuna
 
 pytest.importorskip("grpc", reason="grpcio is not installed (pip install 'torchloom[search]')")
 
@@ -52,6 +58,40 @@ def grpc_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.send_signal(signal.SIGTERM)  # stops as Ctrl-C does
         rest = server.communicate(timeout=60)[0]
         assert server.returncode == 0 and "search server: stopped" in rest, rest
+
+
+def test_each_queued_trial_is_handed_to_one_worker(grpc_url: str) -> None:
+    """Workers, each with its own channel to the server as separate processes have, ask for
+    queued trials (retries, a grid) at the same moments: each queued trial goes to exactly one
+    of them. Before the server made its state changes one at a time, SQLite behind it (no
+    row lock) let two of its threads both move one WAITING trial to RUNNING: 5 to 16 trials
+    of 120 were handed out twice in each of 10 tries (both workers trained them)."""
+    create_study(grpc_url, "queue", IDENTITY)
+    # As many workers as the server has threads (Optuna's make_server: 10); 120 trials made
+    # the old server hand some out twice in every try.
+    workers, rounds = 10, 12
+    queued = workers * rounds
+    study = load_study(grpc_url, "queue", None, None)
+    for number in range(queued):
+        study.enqueue_trial({"x": number})
+    studies = [load_study(grpc_url, "queue", None, None) for _ in range(workers)]
+    together = threading.Barrier(workers, timeout=30)
+    handed: list[int] = []
+
+    def worker(own: optuna.Study) -> None:
+        for _ in range(rounds):
+            together.wait()  # every worker asks at once, all after the same first trial
+            handed.append(own.ask().number)
+
+    threads = [threading.Thread(target=worker, args=(own,)) for own in studies]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    # One ask per queued trial: a trial handed twice leaves another asked as a new trial.
+    assert sorted(handed) == list(range(queued))
+    trials = load_study(grpc_url, "queue", None, None).trials
+    assert [t.state.name for t in trials] == ["RUNNING"] * queued
 
 
 def test_processes_on_a_grpc_server_start_exactly_the_budget(tmp_path: Path, grpc_url: str) -> None:

@@ -1,6 +1,6 @@
 """What a search refuses or cleans up rather than going wrong quietly: another search's study
 in a shared storage, a study that is gone, options a resumed search cannot change, workers
-that crash or outlive `loom search`."""
+that crash or outlive `loom search`, a trial that another process finished first."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ import pytest
 from search_helpers import tiny_config
 
 import torchloom
+from torchloom.api import TrainOptions
 from torchloom.cli.main import main
 from torchloom.search import processes, runner, worker
+from torchloom.search.trial import Objective, TrialFailed
 
 SEARCH = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
 OTHER = "search:\n  training.optimizer.lr: {loguniform: [1.0e-3, 1.0e-1]}\n"
@@ -319,3 +321,51 @@ def test_workers_started_for_a_search_that_never_begins_are_stopped(
     assert len(started) == 2
     assert all(process.poll() is not None for process in started)  # none outlives the command
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("when", ["drawing its values", "as its run folder is made", "at its end"])
+def test_a_trial_another_process_finished_is_dropped_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Two processes handed one queued trial (Optuna's own gRPC proxy, or one SQLite file
+    shared by two search folders: docs/search.md), or a trial failed for a stopped heartbeat
+    that then goes on: the other process finishes it first, at any moment of this one's run.
+    This worker keeps the other's ending, says so and goes on; before, each of the three
+    crashed it (ValueError or UpdateFinishedTrialError)."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(storage=url, study_name="s")
+    study.enqueue_trial({"x": 1.0})
+    trial = study.ask()
+    other = optuna.load_study(storage=url, study_name="s")  # the other process
+
+    def propose(trial: optuna.Trial) -> worker.Proposal:
+        trial.suggest_float("x", 0.0, 2.0)
+        if when == "drawing its values":
+            other.tell(trial.number, 5.0)
+        return tmp_path / "config.yml", [], {"x": 1.0}
+
+    def run_trial(
+        trial: optuna.Trial, source: Path, overrides: list[str], *args: object
+    ) -> tuple[float, None]:
+        on_run_dir = args[-1]
+        run_dir = tmp_path / "trials" / "run"
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text("name: run\n", encoding="utf-8")
+        if when == "as its run folder is made":
+            other.tell(trial.number, 5.0)
+            try:
+                on_run_dir(run_dir)  # type: ignore[operator]
+            except Exception as error:  # as run_trial turns a crash into a failed trial
+                raise TrialFailed(f"crashed: {error}", run_dir) from error
+        if when == "at its end":
+            other.tell(trial.number, 5.0)
+        return 1.0, None
+
+    monkeypatch.setattr(worker, "run_trial", run_trial)
+    said: list[str] = []
+    options = TrainOptions(expdir=str(tmp_path / "trials"), quiet=True)
+    objective = Objective("validation.loss", "min")
+    worker._run_one(study, trial, propose, tmp_path, objective, options, said.append)
+    assert said == [f"trial {trial.number}: finished by another process; this run of it is dropped"]
+    (kept,) = other.trials
+    assert kept.state.name == "COMPLETE" and kept.value == 5.0

@@ -3,9 +3,11 @@ studies of many workers: each worker keeps one gRPC channel to this server inste
 database connection of its own (`loom search ... --storage grpc://HOST:PORT`).
 
 The server holds the database's connections and Optuna's cache of the study; the workers
-reach the study only through it. Optuna's proxy does not serve a journal file (optuna#6084)
-and gives no heartbeats, so a worker's trial on a machine that dies stays running until a
-worker on that machine fails it (docs/search.md, "Thousands of workers: a gRPC server")."""
+reach the study only through it. On SQLite, which locks no row, it makes the trials' state
+changes one at a time, so a queued trial goes to one worker only (served_storage.py).
+Optuna's proxy does not serve a journal file (optuna#6084) and gives no heartbeats, so a
+worker's trial on a machine that dies stays running until a worker on that machine fails it
+(docs/search.md, "Thousands of workers: a gRPC server")."""
 
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ def serve(url: str, host: str, port: int) -> int:
             "cannot be served: Optuna's gRPC proxy serves a database (an SQLAlchemy URL)",
             "e.g. loom search-server postgresql://user@db/studies, or sqlite:///studies.db",
         )
-    from optuna.storages import get_storage
     from optuna.storages._grpc.server import make_server
 
-    # Optuna's cached storage in front of the database, as its proxy server recommends.
-    storage = get_storage(open_storage(url))
+    from torchloom.search.served_storage import served_storage
+
+    # Optuna's cached storage in front of the database, as its proxy server recommends; on
+    # SQLite, which locks no row, its trials' state changes one at a time (served_storage.py).
+    storage = served_storage(open_storage(url))
     try:
         server = make_server(storage, host, port)
         server.start()

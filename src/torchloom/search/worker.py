@@ -172,29 +172,61 @@ def _run_one(
         shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in values.items())
         value, _ = run_trial(trial, source, overrides, objective, options, on_run_dir)
     except Pruned as pruned:
-        trial.set_user_attr("reason", pruned.reason)
-        _tell(study, trial, state=TrialState.PRUNED)
-        say(f"trial {trial.number}: pruned ({pruned.reason}) [{shown}]")
+        if _finish(study, trial, say, {"reason": pruned.reason}, state=TrialState.PRUNED):
+            say(f"trial {trial.number}: pruned ({pruned.reason}) [{shown}]")
     except TrialFailed as failed:
-        trial.set_user_attr("reason", failed.reason)
-        _tell(study, trial, state=TrialState.FAIL)
-        say(f"trial {trial.number}: failed: {failed.reason} [{shown}]")
-    except UpdateFinishedTrialError:
-        # Through the gRPC proxy no lock reaches the queue: two processes can be handed the
-        # same queued trial. The one that finds it finished leaves it to the other.
-        say(f"trial {trial.number}: finished by another process; this run of it is dropped")
+        # A write to a trial another process finished fails the run (UpdateFinishedTrialError
+        # in run_trial): _finish tells that from a failure of its own.
+        if _finish(study, trial, say, {"reason": failed.reason}, state=TrialState.FAIL):
+            say(f"trial {trial.number}: failed: {failed.reason} [{shown}]")
+    except UpdateFinishedTrialError:  # finished elsewhere while its values were drawn
+        say(_DROPPED.format(number=trial.number))
     except KeyboardInterrupt:
-        trial.set_user_attr("reason", "interrupted (Ctrl-C or SIGTERM)")
-        trial.set_user_attr("retried", True)
-        _tell(study, trial, state=TrialState.FAIL)
-        retry_of = trial.user_attrs.get("retry_of", trial.number)
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
-        say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
+        attrs = {"reason": "interrupted (Ctrl-C or SIGTERM)", "retried": True}
+        if _finish(study, trial, say, attrs, state=TrialState.FAIL):
+            retry_of = trial.user_attrs.get("retry_of", trial.number)
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
+            say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
         raise
     else:
-        _tell(study, trial, value)
-        seconds = time.perf_counter() - started
-        say(f"trial {trial.number}: {objective.monitor}={value:.4g} in {seconds:.1f} s [{shown}]")
+        if _finish(study, trial, say, {}, value):
+            seconds = f"{time.perf_counter() - started:.1f} s"
+            say(f"trial {trial.number}: {objective.monitor}={value:.4g} in {seconds} [{shown}]")
+
+
+_DROPPED = "trial {number}: finished by another process; this run of it is dropped"
+
+
+def _finish(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    say: Say,
+    attrs: dict[str, Any],
+    value: float | None = None,
+    **kw: Any,
+) -> bool:
+    """Write the ending's attributes and tell it; False, with a line, when another process
+    finished the trial first, whose ending stands. That happens where two processes are handed
+    one queued trial (one SQLite file without `loom search-server` in front: Optuna's own
+    proxy, or several search folders on it; docs/search.md), or to a trial failed for a
+    stopped heartbeat whose process then went on."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    try:
+        for key, attr in attrs.items():
+            trial.set_user_attr(key, attr)
+        _tell(study, trial, value, **kw)
+        return True
+    except (UpdateFinishedTrialError, ValueError) as error:
+        # tell's own look at the trial ("Cannot tell a COMPLETE trial."), before it writes;
+        # not a ValueError of the sampler's after_trial, which comes after ours is stored.
+        refused = isinstance(error, UpdateFinishedTrialError) or str(error).startswith(
+            "Cannot tell a "
+        )
+        if not refused or not study._storage.get_trial(trial._trial_id).state.is_finished():
+            raise
+    say(_DROPPED.format(number=trial.number))
+    return False
 
 
 def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None, **kw: Any) -> None:
