@@ -140,6 +140,36 @@ def test_sigterm_during_validation_stops_like_ctrl_c_and_resumes_bit_identically
     assert_bit_identical(weights(reference), weights(run))
 
 
+@pytest.mark.parametrize("nohup", [False, True], ids=["terminal", "nohup"])
+def test_a_closed_terminal_stops_a_run_as_ctrl_c_does_unless_under_nohup(
+    tmp_path: Path, nohup: bool
+) -> None:
+    """SIGHUP (a closed terminal or SSH session) killed the run unsaved; it now stops it as
+    Ctrl-C does. A command started to ignore it (`nohup loom train ...`) goes on."""
+    expdir = tmp_path / "runs"
+    process = subprocess.Popen(
+        [*LOOM, "train", str(toy_config(tmp_path)), "--expdir", str(expdir), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        # what nohup does before it starts the command
+        preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None,
+    )
+    run = wait_for_log(process, expdir, "epoch 1 (episode 3) training")
+    process.send_signal(signal.SIGHUP)
+    _, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stderr
+    if nohup:
+        assert process.returncode == 0, stderr
+        assert summary(run)["status"] == "epoch_limit"
+    else:
+        assert process.returncode == 130, stderr
+        stopped = summary(run)
+        assert stopped["status"] == "interrupted" and "SIGHUP" in stopped["reason"]
+        assert (run / "checkpoints" / "last.pt").is_file()
+
+
 def test_sigterm_during_the_final_test_pass_is_an_interruption(tmp_path: Path) -> None:
     expdir = tmp_path / "runs"
     process = start("train", str(toy_config(tmp_path)), "--expdir", str(expdir), "--quiet")

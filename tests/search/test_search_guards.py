@@ -230,9 +230,16 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGHUP])
+@pytest.mark.parametrize(
+    ("signum", "after"),
+    [
+        (signal.SIGKILL, 3.0),
+        (signal.SIGHUP, 3.0),  # during the trials
+        (signal.SIGHUP, 0.0),  # while `loom search` still imports torch and reads the config
+    ],
+)
 def test_no_worker_outlives_a_killed_loom_search(
-    tmp_path: Path, mnist_folder: Path, signum: int
+    tmp_path: Path, mnist_folder: Path, signum: int, after: float
 ) -> None:
     config = tiny_config(tmp_path, mnist_folder, SEARCH, epochs=3)
     runs = tmp_path / "runs"
@@ -251,7 +258,7 @@ def test_no_worker_outlives_a_killed_loom_search(
         workers = {int(p) for p in _children(process.pid)}
         time.sleep(0.2)
     assert workers, "no worker started"
-    time.sleep(3)
+    time.sleep(after)
     workers |= {int(p) for p in _children(process.pid)}
     process.send_signal(signum)
     code = process.wait(timeout=180)
@@ -369,3 +376,19 @@ def test_a_trial_another_process_finished_is_dropped_not_a_crash(
     assert said == [f"trial {trial.number}: finished by another process; this run of it is dropped"]
     (kept,) = other.trials
     assert kept.state.name == "COMPLETE" and kept.value == 5.0
+
+
+def test_a_search_under_nohup_keeps_ignoring_a_closed_terminal() -> None:
+    """`nohup loom search ...` (SIGHUP ignored) goes on when its terminal closes; otherwise
+    SIGHUP stops it as Ctrl-C does."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with processes._hangup_stops():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        with processes._hangup_stops(), pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)  # the handler raises as soon as the signal is taken
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, previous)

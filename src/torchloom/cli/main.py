@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 
 from torchloom.host_memory import prefer_huge_page_tensors
+from torchloom.signals import terminating_signals
 
 # subcommand -> (module under torchloom.cli, one-line help)
 SUBCOMMANDS = {
@@ -436,7 +437,7 @@ STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.ED
 
 
 def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM stops a command as Ctrl-C does, in every phase
+    raise KeyboardInterrupt  # SIGTERM and SIGHUP stop a command as Ctrl-C does, in every phase
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -465,9 +466,9 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     args = parse(argv)
     # Before any subcommand imports torch, which reads it once (see torchloom/host_memory.py).
     prefer_huge_page_tensors()
-    previous = None
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _terminate)
+        previous = {signum: signal.signal(signum, _terminate) for signum in terminating_signals()}
     module = importlib.import_module(f"torchloom.cli.{SUBCOMMANDS[args.command][0]}")
     from torchloom.errors import LoomError, StorageError  # light: no torch
 
@@ -489,8 +490,8 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -304,7 +304,7 @@ _REASONS = {
     Status.EARLY_STOPPED: "the monitored statistic stopped improving (early_stopping.patience)",
     Status.EPOCH_LIMIT: "terminal_conditions.epoch_limit reached",
     Status.EPISODE_LIMIT: "terminal_conditions.episode_limit reached",
-    Status.INTERRUPTED: "stopped by a signal (Ctrl-C or SIGTERM); resume with --resume",
+    Status.INTERRUPTED: "stopped by a signal (Ctrl-C, SIGTERM or SIGHUP); resume with --resume",
     Status.STOPPED: "stopped by a hook",  # the summary gives the hook's own reason
     Status.DIVERGED: "a loss became NaN or infinite",
     Status.FAILED: "an error ended the run",

@@ -54,12 +54,14 @@ from torchloom.engine.run_folder import NoLock, RunLock, Status
 from torchloom.engine.step import DivergenceGuard, Precision, WeightedLoss
 from torchloom.engine.terminal import Monitor
 from torchloom.errors import Where
+from torchloom.signals import terminating_signals
 
 
 class StopSignals:
     """Whether the run was asked to stop at the end of its step or epoch, where its state is
-    consistent (last.pt saved, the summary written): by Ctrl-C or SIGTERM, a second one of
-    which stops it at once, or by a hook with its reason (a search's pruner)."""
+    consistent (last.pt saved, the summary written): by Ctrl-C, SIGTERM or SIGHUP (unless
+    ignored: torchloom/signals.py), a second one of which stops it at once, or by a hook with
+    its reason (a search's pruner)."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -89,7 +91,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
+            for signum in (signal.SIGINT, *terminating_signals()):
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

@@ -22,6 +22,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from torchloom.search.record import SearchRecord, read_record
+from torchloom.signals import terminating_signals
 
 if TYPE_CHECKING:
     from torchloom.search.worker import Say
@@ -221,25 +222,27 @@ def _ignoring_interrupts() -> Iterator[None]:
 
 
 def _hang_up(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # a closed terminal or SSH session stops the search as Ctrl-C
+    raise KeyboardInterrupt  # SIGTERM, or a closed terminal or SSH session: as Ctrl-C
 
 
 @contextlib.contextmanager
 def _hangup_stops() -> Iterator[None]:
-    """SIGHUP stops a search as SIGTERM and Ctrl-C do: its workers stopped, its trials
-    queued again (by default it would kill this process and leave the workers running).
-    SIGINT stops it even when the search started with SIGINT ignored (a script's background
-    job inherits that, and Python then installs no handler): as `loom train` stops."""
+    """SIGHUP stops a search as SIGTERM and Ctrl-C do, unless ignored (`nohup`): its workers
+    stopped, its trials queued again (by default it would kill this process and leave the
+    workers running). The `loom` command does so from its start (cli/main.py); this is for
+    `torchloom.search` in a program. SIGINT stops it even when the search started with SIGINT
+    ignored (a script's background job inherits that, and Python then installs no handler):
+    as `loom train` stops."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGHUP, _hang_up)
-    previous_interrupt = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = {signum: signal.signal(signum, _hang_up) for signum in terminating_signals()}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous_interrupt)
-        signal.signal(signal.SIGHUP, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def continue_worker(hook_factory: Any, index: int) -> int:

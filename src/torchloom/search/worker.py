@@ -182,7 +182,7 @@ def _run_one(
     except UpdateFinishedTrialError:  # finished elsewhere while its values were drawn
         say(_DROPPED.format(number=trial.number))
     except KeyboardInterrupt:
-        attrs = {"reason": "interrupted (Ctrl-C or SIGTERM)", "retried": True}
+        attrs = {"reason": "interrupted (Ctrl-C, SIGTERM or SIGHUP)", "retried": True}
         if _finish(study, trial, say, attrs, state=TrialState.FAIL):
             retry_of = trial.user_attrs.get("retry_of", trial.number)
             study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
