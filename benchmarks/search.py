@@ -11,7 +11,8 @@
 
     python benchmarks/search.py importance
     OMP_NUM_THREADS=1 python benchmarks/search.py overhead --rounds 9 --subset 4096 --epochs 2
-    OMP_NUM_THREADS=1 python benchmarks/search.py pruning --trials 20 --epochs 12 --subset 1024
+    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/search.py pruning --trials 20 --epochs 27 \
+        --subset 1024 --rounds 3
     python benchmarks/search.py workers --trials 8 --epochs 4 --subset 4096
 """
 
