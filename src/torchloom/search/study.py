@@ -12,6 +12,7 @@ database race (optuna#1092).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import time
 import warnings
 from collections.abc import Mapping
@@ -52,6 +53,18 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
+def with_installed_driver(url: str) -> str:
+    """A `postgresql://` URL, which names no driver, with the one installed: SQLAlchemy 2.1
+    reads it as psycopg 3's, and torchloom installs psycopg2 (psycopg2-binary), so the URL
+    every PostgreSQL guide writes failed with "needs a driver"."""
+    scheme, separator, rest = url.partition("://")
+    if scheme != "postgresql" or not separator:
+        return url
+    if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2"):
+        return f"postgresql+psycopg2://{rest}"
+    return url
+
+
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """`journal:PATH` or an SQLAlchemy URL; an unreachable database is a StorageUnreachable
     naming the host, not a SQLAlchemy traceback."""
@@ -64,6 +77,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         return _grpc_proxy(url)
     from optuna.storages import RDBStorage
 
+    url = with_installed_driver(url)
     parts = urlsplit(url)
     where = f"{parts.hostname or 'localhost'}:{parts.port or 'default port'}"
     last: Exception | None = None
