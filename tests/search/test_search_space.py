@@ -16,6 +16,8 @@ from torchloom.search.checking import check_values, read_space
 from torchloom.search.settings import read_settings
 from torchloom.search.space import SearchSpace, overrides_for, yaml_value
 
+SEARCH_LR = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+
 
 def _space(tmp_path: Path, data: Path, search: str) -> tuple[Path, LoadedConfig, SearchSpace]:
     config = tiny_config(tmp_path, data, search)
@@ -161,3 +163,36 @@ def test_a_config_with_a_search_section_still_trains_and_checks(
     config = tiny_config(tmp_path, mnist_folder, search)
     assert main(["check", str(config)]) == 0
     assert "search: ok, sampler tpe: training.optimizer.lr (loguniform" in capsys.readouterr().out
+
+
+def test_a_sampler_whose_package_is_missing_is_refused_before_any_trial(
+    tmp_path: Path,
+    mnist_folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Optuna's CmaEsSampler imports cmaes only at its second trial: without it, a search
+    crashed there with a traceback, its trial left running and no results written."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "cmaes" else real(name, *a)
+    )
+    config = tiny_config(tmp_path, mnist_folder, SEARCH_LR)
+    runs = tmp_path / "runs"
+    command = ["search", str(config), "--trials", "2", "--sampler", "cmaes"]
+    assert main([*command, "--expdir", str(runs)]) == 2
+    error = capsys.readouterr().err
+    assert "the cmaes sampler needs the package cmaes" in error and "command line" in error
+    assert not runs.exists()
+
+
+def test_a_cmaes_search_runs_its_trials(tmp_path: Path, mnist_folder: Path) -> None:
+    config = tiny_config(tmp_path, mnist_folder, SEARCH_LR)
+    runs = tmp_path / "runs"
+    command = ["search", str(config), "--trials", "3", "--sampler", "cmaes", "--seed", "0"]
+    assert main([*command, "--expdir", str(runs)]) == 0
+    (folder,) = (runs / "searches").glob("*/*")
+    rows = (folder / "trials.csv").read_text(encoding="utf-8").splitlines()[1:]
+    assert len(rows) == 3 and all(",complete," in row for row in rows)

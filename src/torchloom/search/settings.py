@@ -18,6 +18,7 @@ A sampler's or pruner's other keys are its Optuna constructor's arguments, check
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ PRUNERS = {
     "threshold": "ThresholdPruner",
 }
 SETTINGS = ("sampler", "pruner", "monitor", "mode", "trials", "timeout")
+# Packages a sampler imports only when it first samples (CmaEsSampler at the second trial):
+# looked for when the settings are read, so that a missing one is refused before any trial.
+NEEDS = {"cmaes": "cmaes", "qmc": "scipy"}
 
 
 @dataclass
@@ -129,6 +133,14 @@ def _component(key: str, raw: Any, kinds: Mapping[str, str], where: str) -> dict
             f"search setting '{key}'",
             f"unknown {key} '{spec['type']}'",
             did_you_mean(spec["type"], kinds) or f"known: {', '.join(kinds)}",
+        )
+    package = NEEDS.get(spec["type"]) if key == "sampler" else None
+    if package and importlib.util.find_spec(package) is None:
+        raise ConfigError.at(
+            where,
+            f"search setting '{key}'",
+            f"the {spec['type']} sampler needs the package {package}, which is not installed",
+            f"pip install 'torchloom[search]' (or pip install {package})",
         )
     cls = component_class(key, spec["type"])
     accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
