@@ -6,11 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from search_helpers import tiny_config
 
 import torchloom
 from torchloom.config import load_config
+from torchloom.errors import ConfigError
 
 
 def test_search_a_config_with_a_space_mapping(tmp_path: Path, mnist_folder: Path) -> None:
@@ -45,3 +47,68 @@ def test_search_a_code_first_builder(tmp_path: Path, mnist_folder: Path) -> None
     best = yaml.safe_load(found.best_config.read_text())
     assert best["training"]["optimizer"]["type"] == found.best_params["optimizer"]
     assert best["training"]["dataloader"]["batch_size"] == found.best_params["batch"]
+
+
+def _builder(base: dict[str, Any], batch: tuple[int, int]) -> Any:
+    def build(hp: Any) -> dict[str, Any]:
+        config = yaml.safe_load(yaml.safe_dump(base))
+        config["training"]["dataloader"]["batch_size"] = hp.int("batch", *batch, step=16)
+        config["training"]["optimizer"]["type"] = hp.choice("optimizer", ["Adam", "SGD"])
+        return config
+
+    return build
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (lambda hp: hp.int("batch", 256, 32), "'batch' (hp.int): low 256 is above high 32"),
+        (lambda hp: hp.float("lr", 0.0, 0.1, log=True), "a log range must be above 0"),
+        (lambda hp: hp.int("depth", 1, 8, step=0), "step 0 must be above 0"),
+        (lambda hp: hp.choice("optimizer", []), "'optimizer' (hp.choice): has no options"),
+    ],
+)
+def test_a_code_first_range_optuna_would_refuse_names_its_line_before_anything_is_written(
+    tmp_path: Path, mnist_folder: Path, call: Any, expected: str
+) -> None:
+    base = load_config(tiny_config(tmp_path, mnist_folder)).data
+
+    def build(hp: Any) -> dict[str, Any]:
+        call(hp)
+        return base
+
+    runs = tmp_path / "runs"
+    with pytest.raises(ConfigError) as refused:
+        torchloom.search(build, trials=2, expdir=str(runs))
+    message = refused.value.format()
+    assert expected in message and f"{Path(__file__).name}:" in message, message
+    assert not runs.exists()  # before: Optuna's ValueError, a folder, a trial left running
+
+
+def test_a_code_first_grid_enumerates_the_builders_choices(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    base = load_config(tiny_config(tmp_path, mnist_folder)).data
+    found = torchloom.search(
+        _builder(base, (16, 32)), trials=4, sampler="grid", expdir=str(tmp_path / "runs")
+    )
+    tried = sorted((row["batch"], row["optimizer"]) for row in found.trials)
+    assert tried == [(16, "Adam"), (16, "SGD"), (32, "Adam"), (32, "SGD")]
+
+    def ranged(hp: Any) -> dict[str, Any]:
+        hp.float("lr", 1e-4, 1e-2, log=True)
+        return base
+
+    with pytest.raises(ConfigError, match=r"'lr' \(hp\.float\): is a continuous range"):
+        torchloom.search(ranged, trials=2, sampler="grid", expdir=str(tmp_path / "grid"))
+
+
+def test_a_builder_that_returns_no_config_is_told_what_to_return(tmp_path: Path) -> None:
+    import torch
+
+    def build(hp: Any) -> torch.nn.Module:
+        return torch.nn.Linear(4, hp.int("width", 2, 8))
+
+    with pytest.raises(ConfigError, match="returned Linear, not a config") as refused:
+        torchloom.search(build, trials=1, expdir=str(tmp_path / "runs"))
+    assert "type: my_module:MyModel" in refused.value.format()

@@ -20,7 +20,9 @@ config (a mapping); `hp.float`, `hp.int` and `hp.choice` are the search space.
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +45,7 @@ from torchloom.search.runner import (
     prepare_search,
     resume_search,
 )
-from torchloom.search.settings import SearchSettings
+from torchloom.search.settings import SearchSettings, component_spec
 from torchloom.search.study import config_digest, create_study, journal_url, load_study
 from torchloom.search.worker import Proposal, work
 
@@ -64,43 +66,98 @@ class SearchResult:
 
 class TrialParameters:
     """The `hp` a code-first builder receives: each call is one parameter of the space, named
-    by its first argument, sampled by the study's sampler."""
+    by its first argument, sampled by the study's sampler. Without a trial (the first look at
+    the builder, before anything is written) each parameter takes its first value and its
+    grid is noted. A range Optuna would refuse is a ConfigError naming the builder's line: at
+    the first look it stops the search; in a trial, a branch the first look did not take, it
+    fails that trial."""
 
     def __init__(self, trial: optuna.trial.BaseTrial | None) -> None:
         self._trial = trial
         self.values: dict[str, Any] = {}
+        # name -> every value (what the grid sampler enumerates), or None for a float range
+        self.grid: dict[str, list[Any] | None] = {}
 
     def float(
         self, name: str, low: float, high: float, *, log: bool = False, step: float | None = None
     ) -> float:
-        value = (
-            low
-            if self._trial is None
-            else self._trial.suggest_float(name, low, high, log=log, step=step)
-        )
+        _check(name, "hp.float", low, high, log, step, whole=False)
+        if self._trial is None:
+            value = low
+            self.grid[name] = None
+            if step is not None:  # Optuna's stepped float: low, low + step, ... up to high
+                steps = math.floor((high - low) / step + 1e-9)
+                self.grid[name] = [low + i * step for i in range(steps + 1)]
+        else:
+            value = self._trial.suggest_float(name, low, high, log=log, step=step)
         self.values[name] = value
         return value
 
     def int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
-        value = (
-            low
-            if self._trial is None
-            else self._trial.suggest_int(name, low, high, step=step, log=log)
-        )
+        _check(name, "hp.int", low, high, log, step, whole=True)
+        if self._trial is None:
+            value = low
+            self.grid[name] = list(range(low, high + 1, step))
+        else:
+            value = self._trial.suggest_int(name, low, high, step=step, log=log)
         self.values[name] = value
         return value
 
     def choice(self, name: str, options: Sequence[Any]) -> Any:
         options = list(options)
+        if not options:
+            raise ConfigError.at(
+                _builder_line(), f"search parameter '{name}' (hp.choice)", "has no options"
+            )
         encoded = any(isinstance(o, list | dict) for o in options)
+        shown = [json.dumps(o) if encoded else o for o in options]
         if self._trial is None:
             value = options[0]
+            self.grid[name] = shown
         else:
-            shown = [json.dumps(o) if encoded else o for o in options]
             picked = self._trial.suggest_categorical(name, shown)
             value = json.loads(str(picked)) if encoded else picked
         self.values[name] = value
         return value
+
+    def grid_space(self) -> dict[str, list[Any]]:
+        """The grid sampler's search space; a ConfigError for a float range without a step."""
+        ranges = [name for name, values in self.grid.items() if values is None]
+        if ranges:
+            raise ConfigError.at(
+                "torchloom.search",
+                f"search parameter '{ranges[0]}' (hp.float)",
+                "is a continuous range, which the grid sampler cannot enumerate",
+                "give it a step (hp.float(..., step=s)), use hp.choice, or another sampler",
+            )
+        return {name: values for name, values in self.grid.items() if values is not None}
+
+
+def _builder_line() -> str:
+    """file:line of the builder's `hp.*` call: the first frame outside this module."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+def _check(
+    name: str, call: str, low: float, high: float, log: bool, step: float | None, *, whole: bool
+) -> None:
+    """The range of one `hp` call, as Optuna's distributions would check it."""
+    problem = ""
+    if low > high:
+        problem = f"low {low} is above high {high}"
+    elif log and whole and low < 1:
+        problem = "a log range of integers must start at 1 or above"
+    elif log and not whole and low <= 0:
+        problem = "a log range must be above 0"
+    elif step is not None and step <= 0:
+        problem = f"step {step} must be above 0"
+    elif log and step not in (None, 1):
+        problem = "a log range takes no step"
+    if problem:
+        raise ConfigError.at(_builder_line(), f"search parameter '{name}' ({call})", problem)
 
 
 def search(
@@ -200,10 +257,23 @@ def _deadline(record: SearchRecord) -> float | None:
 def _proposer(build: Builder) -> Callable[[optuna.Trial], Proposal]:
     def propose(trial: optuna.Trial) -> Proposal:
         hp = TrialParameters(trial)
-        config = build(hp)
-        return dict(config), list(TRIAL_OVERRIDES[1:]), hp.values
+        config = _config_of(build, build(hp))
+        return config, list(TRIAL_OVERRIDES[1:]), hp.values
 
     return propose
+
+
+def _config_of(build: Builder, built: Any) -> dict[str, Any]:
+    if isinstance(built, Mapping):
+        return dict(built)
+    name = getattr(build, "__qualname__", repr(build))
+    raise ConfigError.at(
+        "torchloom.search",
+        f"code-first builder {name}",
+        f"returned {type(built).__name__}, not a config (a mapping)",
+        "a model of your own is a component of the config (docs/writing-a-component.md): "
+        "name its class in the pipeline (type: my_module:MyModel) and set its arguments from hp",
+    )
 
 
 def _code_first(
@@ -234,16 +304,20 @@ def _code_first(
         raise ConfigError.at("torchloom.search", "trials", "says how many trials to run")
     # The builder's config at the first values (low ends, first choices) names the search
     # and says what the monitor is; every trial's config is checked again when it starts.
-    loaded, _ = load_and_validate(dict(build(TrialParameters(None))))
+    first = TrialParameters(None)
+    loaded, _ = load_and_validate(_config_of(build, build(first)))
     monitor, mode = monitor_of(loaded.data, monitor, mode, set())
+    where = "torchloom.search"
     settings = SearchSettings(
-        sampler={"type": sampler or "tpe"},
-        pruner={"type": pruner or "none"},
+        sampler=component_spec("sampler", sampler or "tpe", where),
+        pruner=component_spec("pruner", pruner or "none", where),
         monitor=monitor,
         mode=mode,
         trials=trials,
         timeout=timeout,
     )
+    if settings.sampler["type"] == "grid":
+        settings.sampler.setdefault("search_space", first.grid_space())
     name = pipeline_name(loaded)
     record = SearchRecord(
         name=name,

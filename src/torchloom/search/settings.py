@@ -120,6 +120,11 @@ def read_settings(space: SearchSpace, command_line: Mapping[str, Any]) -> Search
     return settings
 
 
+def component_spec(key: str, raw: Any, where: str) -> dict[str, Any]:
+    """The checked {type: name, ...} of a sampler or pruner given as a name or a mapping."""
+    return _component(key, raw, SAMPLERS if key == "sampler" else PRUNERS, where)
+
+
 def _component(key: str, raw: Any, kinds: Mapping[str, str], where: str) -> dict[str, Any]:
     spec = {"type": raw} if isinstance(raw, str) else raw
     if not isinstance(spec, Mapping) or not isinstance(spec.get("type"), str):
