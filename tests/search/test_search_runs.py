@@ -141,3 +141,24 @@ def test_no_trial_starts_after_the_timeout(
     out = capsys.readouterr().out
     assert "--timeout reached; no new trial starts" in out and "no trial completed" in out
     assert (_search_dir(runs) / "search.html").is_file()
+
+
+def test_an_importance_asked_for_is_kept_for_the_report(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--importance fanova` ranks with fANOVA, and `loom report` of the folder ranks with it
+    again (it rewrote importance.json with PED-ANOVA)."""
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    command = ["search", str(config), "--trials", "3", "--expdir", str(runs)]
+    assert main([*command, "--importance", "fanova"]) == 0
+    found = _search_dir(runs)
+    assert json.loads((found / "importance.json").read_text())["evaluator"] == "fanova"
+    assert main(["report", str(found)]) == 0
+    assert json.loads((found / "importance.json").read_text())["evaluator"] == "fanova"
+    capsys.readouterr()
+    elsewhere = tmp_path / "elsewhere"
+    assert main([*command[:-1], str(elsewhere), "--importance", "anova"]) == 2
+    assert "unknown importance evaluator 'anova'" in capsys.readouterr().err
+    assert not elsewhere.exists()

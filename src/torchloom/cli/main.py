@@ -268,9 +268,10 @@ def _search(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="the sampler's seed")
     p.add_argument(
         "--importance",
-        default="ped-anova",
-        choices=("ped-anova", "fanova"),
-        help="parameter importance evaluator",
+        default=None,
+        metavar="ped-anova|fanova",
+        help="parameter importance evaluator (default: ped-anova, or what the search folder "
+        "keeps; `loom report` ranks with it too)",
     )
     p.add_argument("--resume", metavar="SEARCH_DIR", help="continue a search folder's study")
     p.add_argument("--expdir", default="runs", help="parent of searches/<name>/<date>")

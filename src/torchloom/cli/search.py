@@ -35,9 +35,11 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     from torchloom.analysis.build import build_hooks
     from torchloom.search.page import write_page
     from torchloom.search.processes import run_workers
+    from torchloom.search.record import check_importance
     from torchloom.search.results import write_results
     from torchloom.search.runner import SearchRequest, prepare_search, resume_search
 
+    check_importance(args.importance, "command line --importance")
     request = SearchRequest(
         config=args.config,
         overrides=list(args.overrides),
@@ -68,8 +70,9 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
         search_dir, record = prepare_search(request)
     print(f"search folder: {search_dir}")
     print(f"study '{record.study}' in {record.storage}; {record.mode} {record.monitor}")
+    record.set_importance(args.importance, search_dir)
     status = run_workers(search_dir, record, args.workers, build_hooks, print, started)
-    results = write_results(search_dir, record, args.importance)
+    results = write_results(search_dir, record)
     page = write_page(search_dir, record, results)
     best = results.best
     if best is not None:

@@ -36,7 +36,7 @@ from torchloom.errors import ConfigError
 from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource
 from torchloom.search.page import write_page
 from torchloom.search.processes import run_workers
-from torchloom.search.record import SearchRecord, read_record
+from torchloom.search.record import SearchRecord, check_importance, read_record
 from torchloom.search.results import write_results
 from torchloom.search.runner import (
     SearchRequest,
@@ -179,12 +179,15 @@ def search(
     workers: int = 1,
     resume: str | os.PathLike[str] | None = None,
     quiet: bool = True,
+    importance: str | None = None,
 ) -> SearchResult:
     """Search a YAML config's space (its `search:` section, a space file or a mapping), or a
     code-first builder's; or continue the search folder `resume`. Raises LoomError for
     anything the user can fix; a failed trial is recorded, never raised. Ctrl-C writes the
-    results so far, then raises KeyboardInterrupt (`resume=search_dir` continues)."""
+    results so far, then raises KeyboardInterrupt (`resume=search_dir` continues).
+    `importance`: "ped-anova" (default) or "fanova", kept in the folder for `loom report`."""
     say: Callable[[str], None] = (lambda line: None) if quiet else print
+    check_importance(importance, "torchloom.search importance")
     interrupted = False
     if callable(config):
         if workers != 1:
@@ -233,6 +236,7 @@ def search(
         prepared = resume_search(request) if resume is not None else prepare_search(request)
         search_dir, record = prepared
         interrupted = run_workers(search_dir, record, workers, build_hooks, say) == 130
+    record.set_importance(importance, search_dir)  # kept for `loom report`
     results = write_results(search_dir, record)
     write_page(search_dir, record, results)
     if interrupted:  # what finished is written; `resume=search_dir` continues

@@ -15,6 +15,9 @@ from torchloom.errors import ConfigError
 from torchloom.search.settings import SearchSettings
 
 RECORD = "search.json"
+# How a search ranks its parameters (results.importance): PED-ANOVA by default, fANOVA on
+# request (it needs scikit-learn). Kept in search.json, so `loom report` ranks them the same.
+IMPORTANCE_EVALUATORS = ("ped-anova", "fanova")
 
 
 @dataclass
@@ -31,6 +34,13 @@ class SearchRecord:
     config: str = "config.yaml"
     space: str | None = None  # space.yml when the space came from --space
     digest: str = ""  # of the config and the space (study.config_digest); "" before it was kept
+    importance: str = "ped-anova"  # one of IMPORTANCE_EVALUATORS
+
+    def set_importance(self, evaluator: str | None, search_dir: Path) -> None:
+        """Rank the parameters with `evaluator` from now on (None: as before)."""
+        if evaluator is not None:
+            self.importance = evaluator
+            self.save(search_dir)
 
     @property
     def direction(self) -> str:
@@ -62,6 +72,17 @@ class SearchRecord:
 
     def save(self, search_dir: Path) -> None:
         write_text_atomic(search_dir / RECORD, json.dumps(asdict(self), indent=2) + "\n")
+
+
+def check_importance(evaluator: str | None, where: str) -> None:
+    """Refuse an unknown importance evaluator before the search begins."""
+    if evaluator is not None and evaluator not in IMPORTANCE_EVALUATORS:
+        raise ConfigError.at(
+            where,
+            "importance",
+            f"unknown importance evaluator '{evaluator}'",
+            f"one of {', '.join(IMPORTANCE_EVALUATORS)}",
+        )
 
 
 def is_search_dir(path: Path) -> bool:

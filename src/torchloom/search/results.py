@@ -19,7 +19,6 @@ from torchloom.search.study import load_study
 if TYPE_CHECKING:
     import optuna
 
-IMPORTANCE_EVALUATORS = ("ped-anova", "fanova")
 # PED-ANOVA asks which parameters it takes to reach the best `target_quantile` of trials.
 # Optuna's 0.1 keeps 20 of 200 trials, and misranks loss = 3x + 2y + z + 0w on one seed of
 # three (y before x); 0.2 ranks it right on all three (docs/benchmarks.md, "Search").
@@ -110,9 +109,9 @@ def importance(study: optuna.Study, evaluator: str = "ped-anova") -> tuple[dict[
     return {k: float(v) for k, v in values.items() if math.isfinite(v)}, evaluator
 
 
-def write_results(
-    search_dir: Path, record: SearchRecord, evaluator: str = "ped-anova"
-) -> SearchResults:
+def write_results(search_dir: Path, record: SearchRecord) -> SearchResults:
+    """trials.csv, best.yml and importance.json (ranked by the record's evaluator)."""
+    evaluator = record.importance
     study = open_study(search_dir, record)
     rows = trial_rows(study, record)
     out = io.StringIO()
