@@ -392,3 +392,38 @@ def test_a_search_under_nohup_keeps_ignoring_a_closed_terminal() -> None:
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_the_loser_of_two_processes_creating_an_sqlite_study_tries_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two `loom search` on a fresh SQLite file at once: the second to create the tables was
+    refused 'UNIQUE constraint failed: alembic_version.version_num' (1 time in 5 by hand) and
+    its search ended; it now opens the tables the first made."""
+    from torchloom.search import study as study_module
+
+    calls: list[str] = []
+
+    class RacingStorage:
+        def __init__(self, url: str, **kw: object) -> None:
+            calls.append(url)
+            if len(calls) == 1:
+                raise RuntimeError(
+                    "(sqlite3.IntegrityError) UNIQUE constraint failed: alembic_version.version_num"
+                )
+
+    monkeypatch.setattr(optuna.storages, "RDBStorage", RacingStorage)
+    monkeypatch.setattr(study_module.time, "sleep", lambda seconds: None)
+    assert isinstance(study_module.open_storage("sqlite:///fresh.db"), RacingStorage)
+    assert len(calls) == 2
+
+
+def test_an_sqlite_file_that_cannot_be_made_is_named_as_a_file(tmp_path: Path) -> None:
+    from torchloom.search.study import StorageUnreachable, open_storage
+
+    url = f"sqlite:///{tmp_path / 'missing' / 'studies.db'}"
+    with pytest.raises(StorageUnreachable) as refused:
+        open_storage(url)
+    message = refused.value.format()
+    assert "cannot open the SQLite database" in message and "folder exists" in message
+    assert "server runs" not in message

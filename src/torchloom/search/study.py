@@ -97,16 +97,28 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             ) from error
         except Exception as error:  # sqlalchemy.exc.OperationalError and friends
             last = error
-            if "already exists" not in str(error):
+            # The loser of two processes creating the tables at once: PostgreSQL says the
+            # table "already exists", SQLite that alembic_version's row is taken.
+            if not any(text in str(error) for text in _CREATED_BY_ANOTHER):
                 break
             time.sleep(0.5 * (attempt + 1))
     message = str(last).strip().splitlines()[0] if last else "?"
+    if parts.scheme.startswith("sqlite"):
+        raise StorageUnreachable.at(
+            "--storage",
+            url,
+            f"cannot open the SQLite database: {message}",
+            "check that its folder exists and this user may write there",
+        ) from last
     raise StorageUnreachable.at(
         "--storage",
         _hide_password(url),
         f"cannot open the database on {where}: {message}",
         "check that the server runs and accepts this user from this machine",
     ) from last
+
+
+_CREATED_BY_ANOTHER = ("already exists", "UNIQUE constraint failed: alembic_version")
 
 
 GRPC = "grpc://"
