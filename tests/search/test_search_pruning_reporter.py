@@ -5,10 +5,12 @@ asks its run to stop once."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import optuna
+import pytest
 
 from torchloom.search.trial import Objective, PruningReporter
 
@@ -62,3 +64,28 @@ def test_a_pruned_trial_asks_its_run_to_stop_once() -> None:
         reporter.after_eval(run, "validation", {"accuracy": 0.5}, partial=False)
     assert reporter.pruned_at == 1 and run.stops == 1
     assert run.reasons == ["pruned by the search at step 1"]  # the run ends `stopped`
+
+
+def test_a_full_validation_at_the_episode_of_a_partial_one_is_told_once_without_a_warning(
+    recwarn: pytest.WarningsRecorder,
+) -> None:
+    trial, reporter = _reporter(optuna.pruners.NopPruner())
+    run = FakeRun(online=True)
+    run.progress.episode = 50
+    reporter.after_eval(run, "validation", {"accuracy": 0.4}, partial=True)
+    reporter.after_eval(run, "validation", {"accuracy": 0.6}, partial=False)  # the epoch's end
+    assert trial.study.trials[0].intermediate_values == {50: 0.4}
+    assert not [w for w in recwarn if "already reported" in str(w.message)]
+
+
+def test_asking_for_a_trial_with_heartbeats_warns_nothing(
+    tmp_path: Path, recwarn: pytest.WarningsRecorder
+) -> None:
+    """The worker asks for each trial and runs its heartbeat itself (worker.work): Optuna's
+    "supposed to be used with Study.optimize" was printed at every trial on a database."""
+    from torchloom.search.study import create_study, load_study
+
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    create_study(url, "beating", {"monitor": "m", "direction": "maximize", "digest": "d"})
+    load_study(url, "beating", None, None).ask()
+    assert not [w for w in recwarn if "Heartbeat" in str(w.message)]

@@ -51,6 +51,9 @@ def quiet_optuna() -> None:
     # Heartbeats and their retry callback are "experimental" since Optuna 2.8/2.9: said once
     # here (docs/search.md), not at every trial.
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    # Each trial is asked for, not run by Study.optimize, and the worker runs its heartbeat
+    # thread itself (worker.work): Optuna's warning about that, at every trial, says nothing.
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 
 def with_installed_driver(url: str) -> str:

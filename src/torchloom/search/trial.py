@@ -69,6 +69,7 @@ class PruningReporter(Hook):
         self.trial, self.objective = trial, objective
         self.best: float | None = None
         self.pruned_at: int | None = None
+        self.reported: set[int] = set()
 
     def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None:
         if self.objective.section == "training":
@@ -89,8 +90,11 @@ class PruningReporter(Hook):
         value = float(value)
         if self.objective.better(value, self.best):
             self.best = value
-        if math.isfinite(value):
+        # Online, a full validation can come at the episode of the partial one just told:
+        # Optuna keeps a step's first value and warns at a second.
+        if math.isfinite(value) and step not in self.reported:
             self.trial.report(value, step)
+            self.reported.add(step)
         if self.pruned_at is None and self.trial.should_prune():
             self.pruned_at = step
             run.log.info("search: trial %d pruned at step %d", self.trial.number, step)
