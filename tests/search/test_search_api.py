@@ -19,13 +19,18 @@ def test_search_a_config_with_a_space_mapping(tmp_path: Path, mnist_folder: Path
     config = tiny_config(tmp_path, mnist_folder)
     found = torchloom.search(
         config,
-        space={"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}},
+        space={
+            "training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]},
+            "training.optimizer.betas": {"choice": [[0.9, 0.999], [0.8, 0.99]]},
+        },
         trials=2,
         expdir=str(tmp_path / "runs"),
     )
     assert [row["state"] for row in found.trials] == ["complete", "complete"]
     assert found.best_value == max(row["validation.accuracy"] for row in found.trials)
-    assert set(found.best_params) == {"training.optimizer.lr"}
+    assert set(found.best_params) == {"training.optimizer.lr", "training.optimizer.betas"}
+    # a list choice is the list the config got, not Optuna's JSON text of it
+    assert found.best_params["training.optimizer.betas"] in ([0.9, 0.999], [0.8, 0.99])
     assert found.best_config is not None and found.best_config.is_file()
     assert (found.search_dir / "space.yml").is_file()  # kept for --resume
 

@@ -35,7 +35,7 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     from torchloom.analysis.build import build_hooks
     from torchloom.search.page import write_page
     from torchloom.search.processes import run_workers
-    from torchloom.search.record import check_importance
+    from torchloom.search.record import check_importance, sampled_values
     from torchloom.search.results import write_results
     from torchloom.search.runner import SearchRequest, prepare_search, resume_search
 
@@ -76,7 +76,8 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     page = write_page(search_dir, record, results)
     best = results.best
     if best is not None:
-        print(f"best: trial {best.number}, {record.monitor} = {best.value:.4g}: {best.params}")
+        values = sampled_values(best)
+        print(f"best: trial {best.number}, {record.monitor} = {best.value:.4g}: {values}")
         print(f"best config: {search_dir / 'best.yml'}")
     else:
         print("no trial completed")

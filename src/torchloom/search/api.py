@@ -36,7 +36,7 @@ from torchloom.errors import ConfigError
 from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource
 from torchloom.search.page import write_page
 from torchloom.search.processes import run_workers
-from torchloom.search.record import SearchRecord, check_importance, read_record
+from torchloom.search.record import SearchRecord, check_importance, read_record, sampled_values
 from torchloom.search.results import write_results
 from torchloom.search.runner import (
     SearchRequest,
@@ -245,7 +245,7 @@ def search(
     return SearchResult(
         search_dir,
         best.value if best is not None else None,
-        dict(best.params) if best is not None else {},
+        sampled_values(best) if best is not None else {},
         search_dir / "best.yml" if (search_dir / "best.yml").is_file() else None,
         results.rows,
     )

@@ -14,7 +14,7 @@ from typing import Any
 from torchloom.analysis.html_report import escape, page, png_file_figure, table
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.search.pareto import section as pareto_section
-from torchloom.search.record import SearchRecord
+from torchloom.search.record import SearchRecord, sampled_values
 from torchloom.search.results import SearchResults, make_evaluator
 
 PAGE = "search.html"
@@ -119,7 +119,7 @@ def _summary(search_dir: Path, record: SearchRecord, results: SearchResults) -> 
     ]
     best = results.best
     if best is not None:
-        params = ", ".join(f"{k} = {v}" for k, v in best.params.items())
+        params = ", ".join(f"{k} = {v}" for k, v in sampled_values(best).items())
         lines.append(
             f"<p>best: trial {best.number}, {escape(record.monitor)} = "
             f"{best.value:.6g} ({escape(params)}); its config: "

@@ -23,7 +23,7 @@ from torchloom.search.claims import (
     identity,
     reap_dead_trials,
 )
-from torchloom.search.record import SearchRecord
+from torchloom.search.record import VALUES, SearchRecord
 from torchloom.search.space import SearchSpace
 from torchloom.search.study import load_study, make_pruner, make_sampler
 from torchloom.search.trial import Objective, Pruned, TrialFailed, run_trial
@@ -169,6 +169,8 @@ def _run_one(
             source, overrides, values = propose(trial)
         except LoomError as error:  # a code-first builder refusing its values
             raise TrialFailed(failure_reason(error)) from error
+        # As sampled: Optuna's params hold a list or mapping choice as its JSON text.
+        trial.set_user_attr(VALUES, values)
         shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in values.items())
         value, _ = run_trial(trial, source, overrides, objective, options, on_run_dir)
     except Pruned as pruned:
