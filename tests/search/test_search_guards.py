@@ -310,10 +310,14 @@ def test_check_training_returns_the_run_statistics(tmp_path: Path, mnist_folder:
 
 
 def test_workers_started_for_a_search_that_never_begins_are_stopped(
-    tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    mnist_folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     """`loom search --workers K` starts its K - 1 worker processes before it reads the
-    config (their start-up then overlaps its own); a config it refuses stops them all."""
+    config (their start-up then overlaps its own); a config it refuses stops them all,
+    silently (each printed 'interrupted' before the error)."""
     started: list[subprocess.Popen[bytes]] = []
     real_popen = subprocess.Popen
 
@@ -322,12 +326,20 @@ def test_workers_started_for_a_search_that_never_begins_are_stopped(
         return started[-1]
 
     monkeypatch.setattr(processes.subprocess, "Popen", spy)
+    real_prepare = runner.prepare_search
+
+    def slow_prepare(*args: object, **kwargs: object) -> object:
+        time.sleep(1.5)  # as `loom search` importing torch: the workers are starting up
+        return real_prepare(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "prepare_search", slow_prepare)
     bad = "search:\n  training.optimizer.lr: {loguniform: [1.0, 0.1]}\n"  # low > high
     config = tiny_config(tmp_path, mnist_folder, bad)
     assert main(["search", str(config), "--workers", "3", "--expdir", str(tmp_path / "r")]) == 2
     assert len(started) == 2
     assert all(process.poll() is not None for process in started)  # none outlives the command
     assert not (tmp_path / "r").exists()
+    assert "interrupted" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("when", ["drawing its values", "as its run folder is made", "at its end"])

@@ -44,6 +44,7 @@ class WorkerProcesses:
         # Sessions of their own: a Ctrl-C at the terminal reaches this process alone, which
         # hands each worker exactly one SIGINT (a second would stop its run at once, unsaved).
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.told = False
         try:
             for index in range(1, count + 1):
                 self.processes.append(
@@ -60,6 +61,7 @@ class WorkerProcesses:
 
     def begin(self, search_dir: Path, deadline: float | None) -> None:
         told = json.dumps({"search_dir": str(search_dir), "deadline": deadline}) + "\n"
+        self.told = True
         for process in self.processes:
             assert process.stdin is not None
             # One that died already: its exit status says so when it is waited for.
@@ -71,11 +73,19 @@ class WorkerProcesses:
         return [process.wait() for process in self.processes]
 
     def stop(self) -> None:
-        """Stop whoever still runs (see `_stop_all`); those not told a search exit first."""
+        """Stop whoever still runs (see `_stop_all`). Workers never told a search hold
+        nothing yet (no folder, no trial): they are killed, not stopped as after a Ctrl-C,
+        which had each print 'interrupted' above the error that stopped the search."""
         for process in self.processes:
             if process.stdin is not None and not process.stdin.closed:
                 with contextlib.suppress(OSError):
                     process.stdin.close()
+        if not self.told:
+            for process in self.processes:
+                if process.poll() is None:
+                    with contextlib.suppress(OSError):
+                        process.kill()
+                    process.wait()
         _stop_all(self.processes)
 
 
