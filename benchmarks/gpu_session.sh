@@ -6,6 +6,8 @@
 #   benchmarks/gpu_session.sh          # on the GPU machine, full sizes
 #   benchmarks/gpu_session.sh --cpu    # here (or GPU_SESSION_CPU=1): the same steps on the CPU
 #                                      # at tiny sizes, nvidia-smi skipped; proves the script
+# LOOM_PYTHON names the Python (default python3, the GPU image's); here, the venv's:
+#   LOOM_PYTHON=/work/main/.venv/bin/python benchmarks/gpu_session.sh --cpu
 #
 # Each step runs under its own `timeout`, so one stuck step costs its limit and no more; a
 # failed step is recorded and the next one runs. The limits add up to 560 s, so even a session
