@@ -35,8 +35,8 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     from torchloom.analysis.build import build_hooks
     from torchloom.search.page import write_page
     from torchloom.search.processes import run_workers
-    from torchloom.search.record import check_importance, sampled_values
-    from torchloom.search.results import write_results
+    from torchloom.search.record import check_importance
+    from torchloom.search.results import sampled_values, write_results
     from torchloom.search.runner import SearchRequest, prepare_search, resume_search
 
     check_importance(args.importance, "command line --importance")

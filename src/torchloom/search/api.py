@@ -36,8 +36,8 @@ from torchloom.errors import ConfigError
 from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource
 from torchloom.search.page import write_page
 from torchloom.search.processes import run_workers
-from torchloom.search.record import SearchRecord, check_importance, read_record, sampled_values
-from torchloom.search.results import write_results
+from torchloom.search.record import SearchRecord, check_importance, read_record
+from torchloom.search.results import sampled_values, write_results
 from torchloom.search.runner import (
     SearchRequest,
     check_budget,

@@ -14,8 +14,8 @@ from typing import Any
 from torchloom.analysis.html_report import escape, page, png_file_figure, table
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.search.pareto import section as pareto_section
-from torchloom.search.record import SearchRecord, sampled_values
-from torchloom.search.results import SearchResults, make_evaluator
+from torchloom.search.record import SearchRecord
+from torchloom.search.results import SearchResults, make_evaluator, sampled_values
 
 PAGE = "search.html"
 

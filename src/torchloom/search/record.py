@@ -74,18 +74,6 @@ class SearchRecord:
         write_text_atomic(search_dir / RECORD, json.dumps(asdict(self), indent=2) + "\n")
 
 
-# The user attribute of a trial with its values as sampled (a list choice a list, not the JSON
-# text Optuna's params keep of it).
-VALUES = "values"
-
-
-def sampled_values(trial: Any) -> dict[str, Any]:
-    """A trial's values as its config got them (its params for trials run before they were
-    kept)."""
-    kept = trial.user_attrs.get(VALUES)
-    return dict(kept) if isinstance(kept, dict) else dict(trial.params)
-
-
 def check_importance(evaluator: str | None, where: str) -> None:
     """Refuse an unknown importance evaluator before the search begins."""
     if evaluator is not None and evaluator not in IMPORTANCE_EVALUATORS:

@@ -25,6 +25,18 @@ if TYPE_CHECKING:
 PED_ANOVA_QUANTILE = 0.2
 
 
+# The user attribute of a trial with its values as sampled (a list choice a list, not the JSON
+# text Optuna's params keep of it).
+VALUES = "values"
+
+
+def sampled_values(trial: Any) -> dict[str, Any]:
+    """A trial's values as its config got them (its params for trials run before they were
+    kept)."""
+    kept = trial.user_attrs.get(VALUES)
+    return dict(kept) if isinstance(kept, dict) else dict(trial.params)
+
+
 @dataclass
 class SearchResults:
     study: optuna.Study

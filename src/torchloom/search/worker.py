@@ -23,7 +23,8 @@ from torchloom.search.claims import (
     identity,
     reap_dead_trials,
 )
-from torchloom.search.record import VALUES, SearchRecord
+from torchloom.search.record import SearchRecord
+from torchloom.search.results import VALUES
 from torchloom.search.space import SearchSpace
 from torchloom.search.study import load_study, make_pruner, make_sampler
 from torchloom.search.trial import Objective, Pruned, TrialFailed, run_trial
