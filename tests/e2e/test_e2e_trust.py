@@ -153,8 +153,11 @@ def test_a_closed_terminal_stops_a_run_as_ctrl_c_does_unless_under_nohup(
         stderr=subprocess.PIPE,
         text=True,
         env=ENV,
-        # what nohup does before it starts the command
-        preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if nohup else None,
+        # nohup ignores SIGHUP before it starts the command; a terminal's shell does not (and
+        # this test may itself run under nohup, whose ignoring a child inherits)
+        preexec_fn=lambda: signal.signal(
+            signal.SIGHUP, signal.SIG_IGN if nohup else signal.SIG_DFL
+        ),
     )
     run = wait_for_log(process, expdir, "epoch 1 (episode 3) training")
     process.send_signal(signal.SIGHUP)

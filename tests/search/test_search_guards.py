@@ -251,6 +251,8 @@ def test_no_worker_outlives_a_killed_loom_search(
         env={**os.environ, "PYTHONPATH": path},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # as from a terminal: SIGHUP not ignored, even where this test runs under nohup
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
     )
     workers: set[int] = set()
     deadline = time.time() + 180
