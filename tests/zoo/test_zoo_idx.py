@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchloom.data.idx import idx_images_shape, read_idx, read_idx_images, read_idx_labels
+from torchloom.data.idx import idx_images_view, read_idx, read_idx_images, read_idx_labels
 from torchloom.data.sources import packaged_copy
 from torchloom.errors import DataError
 
@@ -27,7 +27,7 @@ def test_only_the_rows_asked_for_are_copied_out_of_the_file(tmp_path: Path) -> N
     # A subset of MNIST's 60,000 training images copies those images, not all 47 MB.
     images = np.arange(50 * 3 * 4, dtype=np.uint8).reshape(50, 3, 4)
     path = write_idx(tmp_path / "images.idx.gz", images, compress=True)
-    assert idx_images_shape(path) == (50, 3, 4)
+    assert idx_images_view(path).shape == (50, 3, 4)
     some = read_idx_images(path, rows=slice(10, 14))
     assert torch.equal(some, torch.from_numpy(images[10:14]))
     assert some.untyped_storage().nbytes() == 4 * 3 * 4  # those rows alone

@@ -172,7 +172,7 @@ def test_init_publishes_globals_and_reads_no_data(monkeypatch: pytest.MonkeyPatc
     def no_data(*args: object, **kwargs: object) -> None:
         raise AssertionError("building the task must not touch the data")
 
-    loaders = ("ensure_gzipped_files", "packaged_copy", "idx_images_shape", "read_idx_images")
+    loaders = ("ensure_gzipped_files", "packaged_copy", "idx_images_view")
     for loader in (*loaders, "read_idx_labels"):
         monkeypatch.setattr(idx_classification, loader, no_data)
     task = MNIST.create(data_folder="/no/such/folder", split="validation")

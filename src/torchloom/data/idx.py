@@ -122,27 +122,22 @@ def _check_ndim(path: Path, array: np.ndarray, ndim: int, what: str) -> None:
         )
 
 
-def idx_images_shape(path: str | Path) -> tuple[int, int, int]:
-    """[count, height, width] of an IDX file of images, checked as `read_idx_images` checks
-    it, without copying an image."""
-    count, height, width = _images_view(Path(path)).shape
-    return count, height, width
-
-
-def read_idx_images(path: str | Path, rows: slice | None = None) -> torch.Tensor:
-    """Images [count, height, width] as uint8, from an IDX file of unsigned bytes; `rows`:
-    only those, the only images copied out of the file (a subset of MNIST's 47 MB of
-    training images is a fraction of that)."""
-    array = _images_view(Path(path))
-    return torch.from_numpy(array[rows if rows is not None else slice(None)].copy())
-
-
-def _images_view(path: Path) -> np.ndarray:
+def idx_images_view(path: str | Path) -> np.ndarray:
+    """Images [count, height, width] of unsigned bytes, checked, as a read-only view of the
+    file's bytes: nothing is copied, so a caller copies only the rows it keeps (a subset of
+    MNIST's 47 MB of training images is a fraction of that) and reads the file once."""
+    path = Path(path)
     array = _idx_view(path)
     _check_ndim(path, array, 3, "images [count, height, width]")
     if array.dtype != np.uint8:
         raise _malformed(path, f"expected unsigned-byte images, found {array.dtype.name}")
     return array
+
+
+def read_idx_images(path: str | Path, rows: slice | None = None) -> torch.Tensor:
+    """Images [count, height, width] as uint8 (`rows`: only those), a copy of their own."""
+    view = idx_images_view(path)
+    return torch.from_numpy(view[rows if rows is not None else slice(None)].copy())
 
 
 def read_idx_labels(path: str | Path) -> torch.Tensor:

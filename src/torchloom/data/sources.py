@@ -79,9 +79,10 @@ def md5_of(path: str | Path) -> str:
     with open(path, "rb") as file:
         for chunk in iter(lambda: file.read(_CHUNK_SIZE), b""):
             digest.update(chunk)
+    hexdigest = digest.hexdigest()
     if time.time_ns() - stat.st_mtime_ns > _SETTLED_NS:
-        _DIGESTS[key] = digest.hexdigest()
-    return digest.hexdigest()
+        _DIGESTS[key] = hexdigest
+    return hexdigest
 
 
 def packaged_copy(package: str, relative_dir: str) -> Path | None:

@@ -17,7 +17,7 @@ from pydantic import Field, PositiveInt
 
 from torchloom.core.component import BuildContext
 from torchloom.data.gzipped_files import GzippedFile, ensure_gzipped_files
-from torchloom.data.idx import idx_images_shape, read_idx_images, read_idx_labels
+from torchloom.data.idx import idx_images_view, read_idx_labels
 from torchloom.data.sources import Origins, packaged_copy
 from torchloom.errors import DataError
 from torchloom.zoo.image_transforms import Normalization
@@ -130,14 +130,14 @@ class IdxImageClassification(FixedSplitImageClassification):
         # a packaged copy with download false (a packaged copy is not a download).
         self.note(f"{dataset.name} {self.params.split} split from {origins.describe()}")
         images_path = paths[images_file.name]
-        shape = idx_images_shape(images_path)  # checked; no image copied yet
+        images = idx_images_view(images_path)  # checked; no image copied yet
         labels = read_idx_labels(paths[labels_file.name])
         size = dataset.image_size
-        if shape[0] != labels.shape[0] or shape[1:] != (size, size):
+        if images.shape[0] != labels.shape[0] or images.shape[1:] != (size, size):
             self._malformed(
                 images_path,
                 f"expected {labels.shape[0]} images of {size}x{size} matching the labels, "
-                f"found shape {list(shape)}",
+                f"found shape {list(images.shape)}",
             )
         classes = len(dataset.class_names)
         if labels.numel() and not (int(labels.min()) >= 0 and int(labels.max()) < classes):
@@ -146,9 +146,9 @@ class IdxImageClassification(FixedSplitImageClassification):
                 f"labels must be class indices 0 to {classes - 1}, found "
                 f"{int(labels.min())} to {int(labels.max())}",
             )
-        split = self._split_slice(shape[0], str(images_path))
+        split = self._split_slice(images.shape[0], str(images_path))
         # Only the split's (and subset's) images are copied out of the file.
-        return read_idx_images(images_path, rows=split).unsqueeze(1), labels[split].tolist()
+        return torch.from_numpy(images[split].copy()).unsqueeze(1), labels[split].tolist()
 
     def _malformed(self, path: Path, message: str) -> NoReturn:
         raise DataError.at(str(path), f"{self.DATASET.name} file", message)
