@@ -19,8 +19,6 @@ config (a mapping); `hp.float`, `hp.int` and `hp.choice` are the search space.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +44,7 @@ from torchloom.search.runner import (
     resume_search,
 )
 from torchloom.search.settings import SearchSettings, component_spec
+from torchloom.search.space import parse_parameter
 from torchloom.search.study import config_digest, create_study, journal_url, load_study
 from torchloom.search.worker import Proposal, work
 
@@ -66,10 +65,12 @@ class SearchResult:
 
 class TrialParameters:
     """The `hp` a code-first builder receives: each call is one parameter of the space, named
-    by its first argument, sampled by the study's sampler. Without a trial (the first look at
-    the builder, before anything is written) each parameter takes its first value and its
-    grid is noted. A range Optuna would refuse is a ConfigError naming the builder's line: at
-    the first look it stops the search; in a trial, a branch the first look did not take, it
+    by its first argument, sampled by the study's sampler, and read as the same parameter of
+    a YAML space is (space.parse_parameter: its checks, its sampling, its grid), with the
+    builder's line as where it was written. Without a trial (the first look at the builder,
+    before anything is written) each parameter takes its first value (a range's low end, the
+    first option) and its grid is noted. A range Optuna would refuse is a ConfigError: at the
+    first look it stops the search; in a trial, a branch the first look did not take, it
     fails that trial."""
 
     def __init__(self, trial: optuna.trial.BaseTrial | None) -> None:
@@ -81,54 +82,36 @@ class TrialParameters:
     def float(
         self, name: str, low: float, high: float, *, log: bool = False, step: float | None = None
     ) -> float:
-        _check(name, "hp.float", low, high, log, step, whole=False)
-        if self._trial is None:
-            value = low
-            self.grid[name] = None
-            if step is not None:  # Optuna's stepped float: low, low + step, ... up to high
-                steps = math.floor((high - low) / step + 1e-9)
-                self.grid[name] = [low + i * step for i in range(steps + 1)]
-        else:
-            value = self._trial.suggest_float(name, low, high, log=log, step=step)
-        self.values[name] = value
-        return value
+        spec: dict[str, Any] = {"loguniform" if log else "uniform": [low, high]}
+        if step is not None:
+            spec["step"] = step
+        return self._sample(name, spec)
 
     def int(self, name: str, low: int, high: int, *, step: int = 1, log: bool = False) -> int:
-        _check(name, "hp.int", low, high, log, step, whole=True)
-        if self._trial is None:
-            value = low
-            self.grid[name] = list(range(low, high + 1, step))
-        else:
-            value = self._trial.suggest_int(name, low, high, step=step, log=log)
-        self.values[name] = value
-        return value
+        return self._sample(name, {"int": [low, high], "step": step, "log": log})
 
     def choice(self, name: str, options: Sequence[Any]) -> Any:
-        options = list(options)
-        if not options:
-            raise ConfigError.at(
-                _builder_line(), f"search parameter '{name}' (hp.choice)", "has no options"
-            )
-        encoded = any(isinstance(o, list | dict) for o in options)
-        shown = [json.dumps(o) if encoded else o for o in options]
+        return self._sample(name, {"choice": list(options)})
+
+    def _sample(self, name: str, spec: dict[str, Any]) -> Any:
+        parameter = parse_parameter(name, spec, _builder_line())
         if self._trial is None:
-            value = options[0]
-            self.grid[name] = shown
+            value = parameter.corners()[0]
+            self.grid[name] = parameter.grid()
         else:
-            picked = self._trial.suggest_categorical(name, shown)
-            value = json.loads(str(picked)) if encoded else picked
+            value = parameter.suggest(self._trial)
         self.values[name] = value
         return value
 
     def grid_space(self) -> dict[str, list[Any]]:
-        """The grid sampler's search space; a ConfigError for a float range without a step."""
+        """The grid sampler's search space; a ConfigError for a range it cannot enumerate."""
         ranges = [name for name, values in self.grid.items() if values is None]
         if ranges:
             raise ConfigError.at(
                 "torchloom.search",
-                f"search parameter '{ranges[0]}' (hp.float)",
+                f"search parameter '{ranges[0]}'",
                 "is a continuous range, which the grid sampler cannot enumerate",
-                "give it a step (hp.float(..., step=s)), use hp.choice, or another sampler",
+                "use hp.choice or hp.int (without log), or another sampler",
             )
         return {name: values for name, values in self.grid.items() if values is not None}
 
@@ -139,25 +122,6 @@ def _builder_line() -> str:
     while frame.f_back is not None and frame.f_code.co_filename == __file__:
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
-def _check(
-    name: str, call: str, low: float, high: float, log: bool, step: float | None, *, whole: bool
-) -> None:
-    """The range of one `hp` call, as Optuna's distributions would check it."""
-    problem = ""
-    if low > high:
-        problem = f"low {low} is above high {high}"
-    elif log and whole and low < 1:
-        problem = "a log range of integers must start at 1 or above"
-    elif log and not whole and low <= 0:
-        problem = "a log range must be above 0"
-    elif step is not None and step <= 0:
-        problem = f"step {step} must be above 0"
-    elif log and step not in (None, 1):
-        problem = "a log range takes no step"
-    if problem:
-        raise ConfigError.at(_builder_line(), f"search parameter '{name}' ({call})", problem)
 
 
 def search(

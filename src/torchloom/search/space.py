@@ -56,10 +56,14 @@ class Parameter:
         """Whether choices go to Optuna as JSON text: it takes None/bool/int/float/str only."""
         return any(isinstance(c, list | dict) for c in self.choices)
 
+    @property
+    def options(self) -> list[Any]:
+        """The choices as Optuna takes them (JSON text when encoded)."""
+        return [json.dumps(c) if self.encoded else c for c in self.choices]
+
     def suggest(self, trial: optuna.trial.BaseTrial) -> Any:
         if self.kind == "choice":
-            options = [json.dumps(c) if self.encoded else c for c in self.choices]
-            picked = trial.suggest_categorical(self.path, options)
+            picked = trial.suggest_categorical(self.path, self.options)
             return json.loads(str(picked)) if self.encoded else picked
         if self.kind == "int":
             return trial.suggest_int(
@@ -82,7 +86,7 @@ class Parameter:
     def grid(self) -> list[Any] | None:
         """Every value a grid sampler tries, or None for a continuous range."""
         if self.kind == "choice":
-            return [json.dumps(c) if self.encoded else c for c in self.choices]
+            return self.options
         if self.kind == "int" and not self.log:
             return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
         return None
@@ -188,7 +192,7 @@ def parse_space(section: Any, where: Where, config: Mapping[str, Any]) -> Search
             settings[key], settings_where[key] = spec, where(key)
             continue
         try:
-            parameters[key] = _parameter(key, spec, where(key))
+            parameters[key] = parse_parameter(key, spec, where(key))
         except ConfigError as error:
             problems += error.problems
     problems += _path_problems(parameters, config)
@@ -207,7 +211,9 @@ def parse_space(section: Any, where: Where, config: Mapping[str, Any]) -> Search
     return SearchSpace(_in_order(parameters), settings, settings_where, where())
 
 
-def _parameter(path: str, spec: Any, where: str) -> Parameter:
+def parse_parameter(path: str, spec: Any, where: str) -> Parameter:
+    """One parameter of a space from its spec ({loguniform: [a, b]}, ...), checked; `where`
+    is where it was written (a YAML file:line, or a code-first builder's line)."""
     subject = f"search parameter '{path}'"
     if not isinstance(spec, Mapping):
         raise ConfigError.at(
