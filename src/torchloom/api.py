@@ -144,7 +144,7 @@ def check_training(config: ConfigSource, overrides: Sequence[str] = ()) -> set[s
     from torchloom.engine.assemble import assemble
     from torchloom.engine.evaluation import statistic_names
     from torchloom.engine.optim import checking_only
-    from torchloom.engine.setup import build_training_parts
+    from torchloom.engine.training_parts import build_training_parts
     from torchloom.errors import ConfigError
 
     assembled = assemble(config, overrides)

@@ -46,9 +46,9 @@ from torchloom.engine.assemble import (
 from torchloom.engine.checkpoint import seed_everything, set_deterministic
 from torchloom.engine.loaders import SectionLoader, to_device
 from torchloom.engine.run_folder import create_run_folder
-from torchloom.engine.setup import build_training_parts
 from torchloom.engine.state import Hook
 from torchloom.engine.step import Precision, WeightedLoss, clip_gradients
+from torchloom.engine.training_parts import build_training_parts
 from torchloom.errors import ConfigError, Problem
 from torchloom.statistics.csv_log import CsvLog
 

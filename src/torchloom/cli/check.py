@@ -11,7 +11,7 @@ from torchloom.core.component import Component
 from torchloom.core.streams import StreamSpec
 from torchloom.engine.assemble import Assembled, assemble
 from torchloom.engine.optim import checking_only
-from torchloom.engine.setup import build_training_parts
+from torchloom.engine.training_parts import build_training_parts
 
 
 def _streams(component: Component, specs: dict[str, StreamSpec]) -> str:

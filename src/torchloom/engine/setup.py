@@ -24,7 +24,7 @@ from torchloom.config.loading import ConfigSource
 from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.weights import match_pipeline_weights
-from torchloom.engine.architecture_search import build_search, check_search, with_search_split
+from torchloom.engine.architecture_search import build_search, with_search_split
 from torchloom.engine.assemble import (
     build_checked,
     load_and_validate,
@@ -39,7 +39,6 @@ from torchloom.engine.distributed import (
     process_device,
     wrap_models,
 )
-from torchloom.engine.evaluation import statistic_names
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.optim import build_optimizer, build_scheduler
 from torchloom.engine.reporting import Reporter, log_build_notes, make_logger
@@ -62,76 +61,13 @@ from torchloom.engine.state import Hooks, RunSetup, TrainOptions
 from torchloom.engine.step import (
     DivergenceGuard,
     Precision,
-    WeightedLoss,
     compile_models,
-    compile_options,
 )
-from torchloom.engine.terminal import Monitor, check_monitor, make_monitor
 from torchloom.engine.trainer import TrainingLoop
-from torchloom.errors import ConfigError, LoomError, Problem, StorageError, WeightsError, Where
+from torchloom.engine.training_parts import build_training_parts
+from torchloom.errors import ConfigError, Problem, StorageError, WeightsError, Where
 from torchloom.host_memory import VARIABLE as THP_VARIABLE
 from torchloom.host_memory import huge_page_tensors_in_effect
-
-
-# ---- the parts a config describes besides the pipeline --------------------------------------
-@dataclass
-class TrainingParts:
-    """Optimizer, scheduler, weighted loss, monitor, torch.compile options: built (and so
-    checked) without reading data, by `loom check` and `loom train` alike."""
-
-    optimizer: torch.optim.Optimizer
-    scheduler: Any
-    loss: WeightedLoss
-    monitor: Monitor
-    compile_options: dict[str, Any] | None  # for torch.compile; None: eager
-
-
-def build_training_parts(
-    pipeline: Pipeline, training: TrainingConfig, where: Where
-) -> TrainingParts:
-    """Every part, collecting every problem into one error."""
-    problems: list[Problem] = []
-    limits = training.terminal_conditions
-    if limits.epoch_limit is None and limits.episode_limit is None:
-        problems.append(
-            Problem(
-                where("training", "terminal_conditions"),
-                "training.terminal_conditions",
-                "sets no epoch_limit or episode_limit, so the run would never end",
-                "add e.g. `epoch_limit: 10`",
-            )
-        )
-    optimizer = scheduler = loss = compiling = None
-    try:
-        compiling = compile_options(training.compile, where)
-    except LoomError as error:
-        problems += error.problems
-    try:
-        optimizer = build_optimizer(training.optimizer.model_dump(), pipeline, where)
-        scheduler = build_scheduler(
-            training.scheduler.model_dump() if training.scheduler else None, optimizer, where
-        )
-    except LoomError as error:
-        problems += error.problems
-    try:
-        loss = WeightedLoss(pipeline, training.loss_weights, where)
-    except LoomError as error:
-        problems += error.problems
-    has_validation = "validation" in pipeline.tasks
-    monitor = make_monitor(training.terminal_conditions, has_validation)
-    if loss is not None:
-        sections = ["training", *(["validation"] if has_validation else [])]
-        names = statistic_names(pipeline, loss, sections)
-        monitor_key = where("training", "terminal_conditions", "early_stopping", "monitor")
-        try:
-            check_monitor(monitor, names, monitor_key)
-        except LoomError as error:
-            problems += error.problems
-    problems += check_search(pipeline, training, where)
-    if problems:
-        raise ConfigError(problems)
-    assert optimizer is not None and loss is not None
-    return TrainingParts(optimizer, scheduler, loss, monitor, compiling)
 
 
 # ---- from a config ---------------------------------------------------------------------------
