@@ -74,28 +74,8 @@ step() {
   return "$rc"
 }
 
-# ---- install: offline, from what gpu_prepare.sh carried ------------------------------------
-# The GPU machine reaches no registry and its python3 already holds torch; `make install`
-# would fetch requirements-ci.txt (torch 2.14.1) from the network. So the carried wheels go
-# into a folder of their own, and the tree's src/ comes first on the path.
-install_offline() {
-  [ -d "$CARRY/wheels" ] || { echo "no $CARRY: run benchmarks/gpu_prepare.sh first"; return 2; }
-  local wheels=("$CARRY"/wheels/*.whl)
-  if [ "$CPU" = 1 ]; then
-    # The dependency wheels are for the GPU's Python 3.12; here the venv has them.
-    wheels=("$CARRY"/wheels/torchloom-*.whl)
-  fi
-  "$PY" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir \
-    --target "$SITE" "${wheels[@]}" || return 1
-  # Fashion-MNIST as a data folder of its own, decompressed: the task checks decompressed
-  # files by their content's md5, while Debian's re-compressed .gz files pass only from
-  # Debian's own folder (a system path, left alone).
-  mkdir -p "$FASHION" || return 1
-  local file
-  for file in "$CARRY"/fashion-mnist/*.gz; do
-    gunzip -c "$file" >"$FASHION/$(basename "$file" .gz)" || return 1
-  done
-}
+# ---- install: offline, from what gpu_prepare.sh carried (benchmarks/gpu_install.sh) -------
+source "$ROOT/benchmarks/gpu_install.sh"
 # `timeout` runs programs, not shell functions: the function goes to a child bash.
 export CPU CARRY SITE PY FASHION
 export -f install_offline
