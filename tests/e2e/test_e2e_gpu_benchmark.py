@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -103,3 +104,16 @@ def test_the_offline_install_takes_the_dependency_wheels_where_they_fit(
     assert result.returncode == 0, result.stdout + result.stderr
     assert {module.stem for module in site.glob("*.py")} == installed
     assert (fashion / "t10k-labels-idx1-ubyte").read_bytes() == b"labels"
+
+
+def test_the_session_steps_fit_one_device_call() -> None:
+    """Every step's limit (`step NAME LIMIT ...`, `lenet NAME LIMIT ...`) adds up to at most
+    560 s: with the 10 s a step may take to stop and the session's own 590 s deadline, the
+    600 s call is never killed from outside (its last lines would not be written)."""
+    script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    limits = {
+        match[1]: int(match[2])
+        for match in re.finditer(r"^\s*(?:step|lenet) (\S+) (\d+) ", script, re.MULTILINE)
+    }
+    assert set(limits) >= {"install", "versions", "nvidia-smi", "cuda-tests", "throughput"}
+    assert sum(limits.values()) <= 560, limits
