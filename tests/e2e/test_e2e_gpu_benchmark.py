@@ -4,7 +4,12 @@ no GPU is lent: what it asks of the engine is checked here, in a second, without
 
 from __future__ import annotations
 
+import gzip
+import os
+import re
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -39,8 +44,76 @@ def test_the_default_window_stays_inside_the_first_epoch(throughput: ModuleType)
 
 
 def test_the_session_scripts_parse() -> None:
-    for script in ("gpu_session.sh", "gpu_prepare.sh"):
+    for script in ("gpu_session.sh", "gpu_prepare.sh", "gpu_install.sh"):
         result = subprocess.run(
             ["bash", "-n", str(ROOT / "benchmarks" / script)], capture_output=True, text=True
         )
         assert result.returncode == 0, result.stderr
+
+
+def fake_wheel(folder: Path, name: str) -> None:
+    """The smallest wheel pip installs: one module, named `name`."""
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}.py": "",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+
+
+THIS_PYTHON = "{}.{}".format(*sys.version_info[:2])
+
+
+@pytest.mark.parametrize(
+    ("cpu", "wheels_for", "installed"),
+    [
+        ("0", "2.7", {"torchloom", "pydantic"}),  # the GPU machine: every wheel, always
+        ("1", THIS_PYTHON, {"torchloom", "pydantic"}),  # a venv emulating the GPU's Python
+        ("1", "2.7", {"torchloom"}),  # the project's venv: has the dependencies already
+    ],
+)
+def test_the_offline_install_takes_the_dependency_wheels_where_they_fit(
+    tmp_path: Path, cpu: str, wheels_for: str, installed: set[str]
+) -> None:
+    """A dry run (--cpu) on a Python of the carried wheels' version installs them as the GPU
+    machine does, so an emulation of its image tests them; elsewhere only torchloom's."""
+    carry = tmp_path / "carry"
+    (carry / "wheels").mkdir(parents=True)
+    (carry / "fashion-mnist").mkdir()
+    for name in ("torchloom", "pydantic"):
+        fake_wheel(carry / "wheels", name)
+    (carry / "python-version").write_text(wheels_for + "\n")
+    (carry / "fashion-mnist" / "t10k-labels-idx1-ubyte.gz").write_bytes(gzip.compress(b"labels"))
+    site, fashion = tmp_path / "site", tmp_path / "fashion"
+    script = ROOT / "benchmarks" / "gpu_install.sh"
+    environment = {
+        **os.environ,
+        **{"CPU": cpu, "CARRY": str(carry), "SITE": str(site), "PY": sys.executable},
+        "FASHION": str(fashion),
+    }
+    result = subprocess.run(
+        ["bash", "-c", f'source "{script}" && install_offline'],
+        env=environment,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {module.stem for module in site.glob("*.py")} == installed
+    assert (fashion / "t10k-labels-idx1-ubyte").read_bytes() == b"labels"
+
+
+def test_the_session_steps_fit_one_device_call() -> None:
+    """Every step's limit (`step NAME LIMIT ...`, `lenet NAME LIMIT ...`) adds up to at most
+    560 s: with the 10 s a step may take to stop and the session's own 590 s deadline, the
+    600 s call is never killed from outside (its last lines would not be written)."""
+    script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    limits = {
+        match[1]: int(match[2])
+        for match in re.finditer(r"^\s*(?:step|lenet) (\S+) (\d+) ", script, re.MULTILINE)
+    }
+    assert set(limits) >= {"install", "versions", "nvidia-smi", "cuda-tests", "throughput"}
+    assert sum(limits.values()) <= 560, limits
