@@ -14,14 +14,19 @@ from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams, Statistic
 from torchloom.core.streams import Dim, StreamSpec
+from torchloom.errors import ConfigError
 from toy_components import ToyLinear
 
 
 class FailsAtStep(Component):
-    """Reads `inputs` and raises RuntimeError on its `at`-th training call: a component bug."""
+    """Reads `inputs` and raises RuntimeError on its `at`-th training call: a component bug
+    (`user_error`: a ConfigError instead). With `rank`, only in the worker of that global
+    rank of several processes."""
 
     class Params(ComponentParams):
         at: int = Field(3, gt=0)
+        rank: int | None = None
+        user_error: bool = False
 
     def __init__(self, params: Any, context: BuildContext) -> None:
         super().__init__(params, context)
@@ -33,7 +38,12 @@ class FailsAtStep(Component):
     def forward(self, inputs: Batch) -> Batch:
         if self.training:
             self.calls += 1
-            if self.calls == self.params.at:
+            mine = self.params.rank is None or os.environ.get("RANK") == str(self.params.rank)
+            if self.calls == self.params.at and mine:
+                if self.params.user_error:
+                    raise ConfigError.at(
+                        "toy component", "pipeline.fails", f"refuses step {self.calls}"
+                    )
                 raise RuntimeError(f"boom at step {self.calls}\nsecond line of the message")
         return {}
 

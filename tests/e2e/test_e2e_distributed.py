@@ -6,8 +6,11 @@ machine, and clear errors for what cannot start."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,10 +19,11 @@ import pytest
 import torch
 from e2e_helpers import LOOM, only_run, summary
 
+from torchloom.cli.main import main
 from torchloom.config import dump_config
 from torchloom.data.samplers import RankShard, build_sampler
 from torchloom.engine.checkpoint import load_checkpoint
-from torchloom.engine.distributed import free_port
+from torchloom.engine.launch import free_port
 from torchloom.engine.run_folder import RunLock
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -51,8 +55,15 @@ def toy_config(
             "logging_interval": 2,
             "terminal_conditions": {"epoch_limit": epochs},
         },
-        "validation": {"task": {"type": "toy_components:ToyTask", "size": 21}},
-        "test": {"task": {"type": "toy_components:ToyTask", "size": 16}},
+        # Several batches (the last one of 5), so that loss_min/max/std are over batches.
+        "validation": {
+            "task": {"type": "toy_components:ToyTask", "size": 21},
+            "dataloader": {"batch_size": 8},
+        },
+        "test": {
+            "task": {"type": "toy_components:ToyTask", "size": 16},
+            "dataloader": {"batch_size": 8},
+        },
         "pipeline": {
             "model": {
                 "type": "toy_components:ToyLinear",
@@ -109,6 +120,7 @@ def test_rank_shards_together_are_the_global_batches() -> None:
 
 
 def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) -> None:
+    elastic_folders = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
     done = loom(
         "train",
         str(toy_config(tmp_path)),
@@ -120,13 +132,17 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
     )
     assert done.returncode == 0, done.stderr
     assert "status: epoch_limit" in done.stdout and "Traceback" not in done.stderr
+    # The elastic agent's log folders go with the launch (by default it leaves one in /tmp).
+    assert set(Path(tempfile.gettempdir()).glob("torchelastic_*")) <= elastic_folders
     run = only_run(tmp_path / "runs")  # one run folder, written by rank 0
     assert_close(weights(one_process), weights(run))
     two, one = summary(run)["final"], summary(one_process)["final"]
     for section in ("validation", "test"):
         assert two[section]["samples"] == one[section]["samples"]  # every sample once
         assert two[section]["accuracy"] == one[section]["accuracy"]
-        assert two[section]["loss"] == pytest.approx(one[section]["loss"], abs=1e-6)
+        # Every loss figure is the batches' own, not the processes' halves of them.
+        for name in ("loss", "loss_min", "loss_max", "loss_std"):
+            assert two[section][name] == pytest.approx(one[section][name], abs=1e-6), name
     assert two["training"]["accuracy"] == one["training"]["accuracy"]
     assert "2 processes train" in (run / "run.log").read_text()
 
@@ -284,6 +300,156 @@ def test_what_cannot_start_is_a_clear_error(tmp_path: Path, one_process: Path) -
     assert f"is in use by process {os.getpid()}" in taken_run.stderr
     assert "Traceback" not in taken_run.stderr
     assert spawned_workers() - before == set(), "a worker outlived its command"
+
+
+def test_the_launch_flags_are_checked_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = str(toy_config(tmp_path))
+    cases = {
+        ("--nproc", "0"): "--nproc 0: must be 1 or more",
+        ("--nproc", "-1"): "--nproc -1: must be 1 or more",
+        ("--nnodes", "0"): "--nnodes 0: must be 1 or more",
+        ("--nproc", "2", "--max-restarts", "-1"): "--max-restarts -1: must be 0 or more",
+        ("--nproc", "2", "--rdzv-timeout", "0"): "--rdzv-timeout 0: must be 1 or more",
+    }
+    if not torch.cuda.is_available():
+        cases[("--gpu",)] = "--gpu: asks for one process per GPU, but torch sees no CUDA GPU"
+    for flags, message in cases.items():
+        status = main(["train", config, "--expdir", str(tmp_path / "runs"), "--quiet", *flags])
+        err = capsys.readouterr().err
+        assert status == 2 and message in err, (flags, err)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_rendezvous_no_other_machine_joins_ends_at_its_timeout(tmp_path: Path) -> None:
+    started = time.monotonic()
+    done = loom(
+        "train",
+        str(toy_config(tmp_path)),
+        "--expdir",
+        str(tmp_path / "runs"),
+        "--quiet",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--rdzv-timeout",
+        "3",
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "did not all join within --rdzv-timeout 3 s" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert time.monotonic() - started < 60
+    assert not (tmp_path / "runs").exists()
+
+
+def test_ctrl_c_stops_every_process_as_it_stops_one(tmp_path: Path) -> None:
+    before = spawned_workers()
+    config = toy_config(tmp_path, epochs=2000, training={"checkpoint_interval": 1})
+    expdir = tmp_path / "runs"
+    command = [*LOOM, "train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2"]
+    # In a process group of its own, as a terminal's job: Ctrl-C goes to the whole group.
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not list(expdir.glob("*/*/checkpoints/last.pt")):
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr
+            time.sleep(0.2)
+        time.sleep(1.0)
+        stopped = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, (process.returncode, err[-2000:])
+    assert time.monotonic() - stopped < 20  # not the agent's 30 s wait for its workers
+    assert "status: interrupted" in out and "Traceback" not in err
+    run = only_run(expdir)
+    assert summary(run)["status"] == "interrupted"
+    log = (run / "run.log").read_text()
+    assert "interrupted: last.pt saved" in log and "second signal" not in log
+    assert spawned_workers() - before == set(), "a worker outlived its command"
+
+
+@pytest.mark.parametrize("user_error", [False, True], ids=["internal", "user-error"])
+def test_a_failure_on_another_rank_reaches_rank_0s_log(tmp_path: Path, user_error: bool) -> None:
+    fails = {"type": "trust_components:FailsAtStep", "at": 3, "rank": 1, "user_error": user_error}
+    done = loom(
+        "train",
+        str(toy_config(tmp_path, fails=fails)),
+        "--expdir",
+        str(tmp_path / "runs"),
+        "--quiet",
+        "--nproc",
+        "2",
+    )
+    said = "refuses step 3" if user_error else "boom at step 3"
+    assert done.returncode == (2 if user_error else 1), done.stderr[-2000:]
+    assert done.stderr.count(said) == 1, done.stderr  # said once, by the launcher
+    assert ("Traceback" in done.stderr) != user_error
+    assert "rank 1 failed first" in done.stderr or user_error
+    run = only_run(tmp_path / "runs")
+    assert summary(run)["status"] == "failed"
+    assert summary(run)["reason"].startswith("rank 1: ") and said in summary(run)["reason"]
+    assert "failed first on rank 1: " in (run / "run.log").read_text()
+
+
+def test_a_user_error_is_not_restarted(tmp_path: Path) -> None:
+    fails = {"type": "trust_components:FailsAtStep", "at": 3, "rank": 1, "user_error": True}
+    done = loom(
+        "train",
+        str(toy_config(tmp_path, fails=fails)),
+        "--expdir",
+        str(tmp_path / "runs"),
+        "--quiet",
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "2",
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.count("refuses step 3") == 1
+    only_run(tmp_path / "runs")  # restarts of a config error would each start a new run
+
+
+def test_torchrun_runs_torchloom_as_a_module(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "torchloom",
+            "train",
+            str(toy_config(tmp_path, epochs=1)),
+            "--expdir",
+            str(tmp_path / "runs"),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = only_run(tmp_path / "runs")
+    assert summary(run)["status"] == "epoch_limit"
+    assert "2 processes train" in (run / "run.log").read_text()
 
 
 # ---- FSDP2 and sharded checkpoints -----------------------------------------------------------

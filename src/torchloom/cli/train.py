@@ -4,6 +4,8 @@ several (`--nproc N`, `--gpu`, `--nnodes M`: torch.distributed's elastic launche
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import shutil
 import sys
@@ -12,10 +14,20 @@ from pathlib import Path
 from typing import Any
 
 from torchloom.analysis.build import build_hooks
-from torchloom.engine.run_folder import RunResult, check_run_tag
+from torchloom.engine.launch import (
+    Failure,
+    Handoff,
+    LaunchOptions,
+    WorkerFailed,
+    check_launch,
+    launch,
+)
+from torchloom.engine.reporting import LOG_FORMAT
+from torchloom.engine.run_folder import RunResult, check_run_tag, write_summary
 from torchloom.engine.setup import prepare_training
 from torchloom.engine.state import TrainOptions
-from torchloom.errors import LoomError
+from torchloom.engine.trainer import failure_reason
+from torchloom.errors import ConfigError, LoomError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,10 +49,38 @@ def run(args: argparse.Namespace) -> int:
     }
     from torchloom.engine.distributed import started_by_a_launcher
 
-    if (args.nproc > 1 or args.nnodes > 1 or args.gpu) and not started_by_a_launcher():
-        return _launch(args, request)
+    options, gpus = _launch_options(args)
+    check_launch(options, gpus)  # every flag, also for one process (`--nproc 0` is no 1)
+    if (options.several or args.gpu) and not started_by_a_launcher():
+        return _launch(options, request, args.rdzv_endpoint)
     outcome = worker(request)  # this process alone, or one that torchrun started
     return _report(outcome) if outcome is not None else 0
+
+
+def _launch_options(args: argparse.Namespace) -> tuple[LaunchOptions, int | None]:
+    """The launch the flags ask for, and the GPUs visible with --gpu (None without)."""
+    gpus = None
+    if args.gpu:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus == 0:
+            raise ConfigError.at(
+                "command line",
+                "--gpu",
+                "asks for one process per GPU, but torch sees no CUDA GPU on this machine",
+                "train on the CPU without --gpu (--nproc N for N processes), or check "
+                "CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)",
+            )
+    options = LaunchOptions(
+        nproc=gpus if gpus is not None and args.nproc == 1 else args.nproc,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        rdzv_endpoint=args.rdzv_endpoint,
+        max_restarts=args.max_restarts,
+        rdzv_timeout=args.rdzv_timeout,
+    )
+    return options, gpus
 
 
 def worker(request: dict[str, Any]) -> dict[str, Any] | None:
@@ -48,38 +88,48 @@ def worker(request: dict[str, Any]) -> dict[str, Any] | None:
     rank 0's outcome (None on the other ranks). Module-level: the launcher spawns it."""
     from torchloom.engine.distributed import join, leave
 
-    dist = join(request["device"])
-    handoff = Path(request["handoff"]) if request.get("handoff") else None
-    config, overrides, resume = request["config"], request["overrides"], request["resume"]
+    handoff = Handoff(Path(request["handoff"])) if request.get("handoff") else None
+    rank = int(os.environ.get("RANK", "0"))
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if restarted and handoff is not None and (handoff / "run_dir").is_file():
+    if handoff is not None:
+        handoff.start_worker(rank)
+        if restarted and handoff.user_error() is not None:
+            # A user error ended an earlier attempt, and would end this one: a restart is
+            # for a worker that died, not for a config the run cannot train.
+            os._exit(2)
+    config, overrides, resume = request["config"], request["overrides"], request["resume"]
+    run_dir = handoff.run_dir() if restarted and handoff is not None else None
+    if run_dir is not None and (run_dir / "checkpoints" / "last.pt").is_file():
         # An elastic restart after a worker died: continue the run the first attempt made.
-        run_dir = Path((handoff / "run_dir").read_text(encoding="utf-8"))
-        if (run_dir / "checkpoints" / "last.pt").is_file():
-            config, overrides, resume = None, [], str(run_dir)
+        config, overrides, resume = None, [], str(run_dir)
     options = TrainOptions(
         expdir=request["expdir"],
         tag=request["tag"],
         device=request["device"],
-        quiet=request["quiet"],
+        # The launcher says which rank failed and why, once: the others keep quiet.
+        quiet=request["quiet"] or (handoff is not None and rank != 0),
         tensorboard=request["tensorboard"],
         disable=request["disable"],
         hook_factory=build_hooks,  # the config's analysis section
     )
     try:
+        dist = join(request["device"])
         prepared = prepare_training(config, overrides, options, resume=resume)
         if isinstance(prepared, RunResult):
             return _outcome(prepared, finished=True) if dist.main else None
         if dist.main and handoff is not None:
-            (handoff / "run_dir").write_text(str(prepared.setup.run_dir), encoding="utf-8")
+            handoff.set_run_dir(prepared.setup.run_dir)
         result = prepared.run()
         return _outcome(result) if dist.main else None
-    except LoomError as error:
+    except BaseException as error:
         if handoff is None:
             raise
-        # For the launcher, which prints it as one process would; the agent then stops the
-        # other workers. Exit without a traceback: a user error is no crash.
-        (handoff / f"error-{dist.rank:04d}.txt").write_text(error.format(), encoding="utf-8")
+        # For the launcher, which says which rank failed first, and why, once.
+        handoff.record_failure(rank, error, failure_reason(error))
+        if not isinstance(error, LoomError):
+            raise  # an internal error: the agent sees the worker fail
+        # The agent then stops the other workers. Exit without a traceback: a user error
+        # is no crash.
         sys.stderr.flush()
         os._exit(2)
     finally:
@@ -90,36 +140,48 @@ def _outcome(result: RunResult, finished: bool = False) -> dict[str, Any]:
     return {"run_dir": str(result.run_dir), "summary": result.summary, "finished": finished}
 
 
-def _launch(args: argparse.Namespace, request: dict[str, Any]) -> int:
-    import torch
-
-    from torchloom.engine.distributed import LaunchOptions, WorkerFailed, check_launch, launch
-
-    nproc = torch.cuda.device_count() if args.gpu and args.nproc == 1 else args.nproc
-    options = LaunchOptions(
-        nproc=nproc,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        rdzv_endpoint=args.rdzv_endpoint,
-        max_restarts=args.max_restarts,
-        rdzv_timeout=args.rdzv_timeout,
-    )
-    check_launch(options, gpus=args.gpu)
-    handoff = tempfile.mkdtemp(prefix="torchloom-launch-")
+def _launch(options: LaunchOptions, request: dict[str, Any], endpoint: str | None) -> int:
+    handoff = Handoff(Path(tempfile.mkdtemp(prefix="torchloom-launch-")))
     try:
-        run_id = f"torchloom-{args.rdzv_endpoint or Path(handoff).name}"
+        run_id = f"torchloom-{endpoint or handoff.folder.name}"
         try:
-            results = launch(options, worker, [{**request, "handoff": handoff}], run_id)
+            results = launch(
+                options, worker, [{**request, "handoff": str(handoff.folder)}], run_id, handoff
+            )
         except WorkerFailed:
-            errors = sorted(Path(handoff).glob("error-*.txt"))
-            if errors:  # a user error: the first rank's message, as one process would say it
-                print(errors[0].read_text(encoding="utf-8"), file=sys.stderr)
+            failures = handoff.failures()
+            if not failures:
+                raise
+            first = failures[0]
+            _tell_the_run_folder(handoff.run_dir(), failures)
+            if first.user_error:  # as one process would say it
+                print(first.text, file=sys.stderr)
                 return 2
-            raise
+            print(f"rank {first.rank} failed first:\n{first.text}", file=sys.stderr)
+            return 1
     finally:
-        shutil.rmtree(handoff, ignore_errors=True)
+        shutil.rmtree(handoff.folder, ignore_errors=True)
     outcome = next((value for value in results.values() if value is not None), None)
     return _report(outcome) if outcome is not None else 0
+
+
+def _tell_the_run_folder(run_dir: Path | None, failures: list[Failure]) -> None:
+    """Rank 0's run.log and summary.json name the failure that ended the run when another
+    rank failed first, of which rank 0 saw only its connection to it close (unless rank 0
+    stopped for a user error of its own, which it has said)."""
+    first, own = failures[0], next((f for f in failures if f.rank == 0), None)
+    if first.rank == 0 or (own is not None and own.user_error):
+        return
+    if run_dir is None or not (run_dir / "summary.json").is_file():
+        return
+    reason = f"rank {first.rank}: {first.reason}"
+    handler = logging.FileHandler(run_dir / "run.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    message = f"failed first on {reason}" + ("" if first.user_error else f"\n{first.text}")
+    handler.emit(logging.makeLogRecord({"levelname": "ERROR", "msg": message.rstrip()}))
+    handler.close()
+    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    write_summary(run_dir, {**summary, "reason": reason})
 
 
 def _report(outcome: dict[str, Any]) -> int:

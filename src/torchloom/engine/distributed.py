@@ -2,9 +2,9 @@
 group, never a home-made one.
 
 `loom train CONFIG --nproc N` starts N worker processes on this machine through
-`torch.distributed.launcher.elastic_launch` (the engine torchrun runs on); `--nnodes M
---node-rank R --rdzv-endpoint HOST:PORT` joins machines. A process started by torchrun
-(`torchrun ... -m torchloom.cli.main train CONFIG`) finds its rank in the environment. Each
+`torch.distributed.launcher.elastic_launch` (the engine torchrun runs on; engine/launch.py);
+`--nnodes M --node-rank R --rdzv-endpoint HOST:PORT` joins machines. A process started by
+torchrun (`torchrun ... -m torchloom train CONFIG`) finds its rank in the environment. Each
 worker trains its share of every global batch (the config's batch size is the global one, so
 results do not change meaning with the world size); rank 0 alone writes the run folder.
 
@@ -15,16 +15,13 @@ the single-process loop pays nothing.
 
 from __future__ import annotations
 
-import logging
 import os
-import socket
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from torchloom.errors import ConfigError, LoomError, Problem
+from torchloom.errors import ConfigError, Problem
 
 
 @dataclass(frozen=True)
@@ -220,132 +217,3 @@ def whole(tensor: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-
-
-# ---- launching ---------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LaunchOptions:
-    nproc: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous; a free local port if None
-    max_restarts: int = 0
-    rdzv_timeout: int = 120  # seconds to wait for every node
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def check_launch(options: LaunchOptions, gpus: bool) -> None:
-    """Refuse what cannot start: more processes than cores or GPUs, a bad endpoint."""
-    if options.nproc < 1 or options.nnodes < 1:
-        raise ConfigError.at("command line", "--nproc/--nnodes", "must be at least 1")
-    available = torch.cuda.device_count() if gpus else (os.cpu_count() or 1)
-    if options.nproc > available:
-        what = "GPUs" if gpus else "CPU cores"
-        raise ConfigError.at(
-            "command line",
-            f"--nproc {options.nproc}",
-            f"is more than the {available} {what} of this machine",
-            f"use --nproc {available} or fewer",
-        )
-    if not 0 <= options.node_rank < options.nnodes:
-        raise ConfigError.at(
-            "command line",
-            f"--node-rank {options.node_rank}",
-            f"must be in 0..{options.nnodes - 1}",
-        )
-    if options.nnodes > 1 and not options.rdzv_endpoint:
-        raise ConfigError.at(
-            "command line",
-            "--rdzv-endpoint",
-            "is needed to join several machines",
-            "give HOST:PORT of node 0, the same on every machine",
-        )
-    if options.rdzv_endpoint and not _endpoint_ok(options.rdzv_endpoint):
-        raise ConfigError.at(
-            "command line", f"--rdzv-endpoint {options.rdzv_endpoint}", "is not HOST:PORT"
-        )
-
-
-def _endpoint_ok(text: str) -> bool:
-    host, _, port = text.rpartition(":")
-    return bool(host) and port.isdigit() and 0 < int(port) < 65536
-
-
-def launch(
-    options: LaunchOptions,
-    entry: Callable[..., Any],
-    arguments: Sequence[Any],
-    run_id: str,
-) -> dict[int, Any]:
-    """Run `entry(*arguments)` in `options.nproc` workers of this node through the elastic
-    launcher; their return values by global rank (this node's). `entry` must be importable
-    (the workers are spawned)."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    endpoint = options.rdzv_endpoint or f"127.0.0.1:{free_port()}"
-    if options.node_rank == 0:
-        _check_port_free(endpoint)
-    # The agent logs every worker's exit with a traceback; what failed is said by the caller
-    # (a user error in a worker's own words, an internal one through WorkerFailed).
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    config = LaunchConfig(
-        min_nodes=options.nnodes,
-        max_nodes=options.nnodes,
-        nproc_per_node=options.nproc,
-        run_id=run_id,
-        rdzv_backend="c10d",
-        rdzv_endpoint=endpoint,
-        rdzv_configs={
-            "is_host": options.node_rank == 0,
-            "join_timeout": options.rdzv_timeout,
-            "read_timeout": options.rdzv_timeout,
-            "rank": options.node_rank,
-        },
-        max_restarts=options.max_restarts,
-        start_method="spawn",
-        monitor_interval=0.5,
-    )
-    try:
-        return dict(elastic_launch(config, entry)(*arguments))
-    except ChildFailedError as error:
-        raise WorkerFailed(error) from error
-    except Exception as error:  # the rendezvous could not form (a port in use, a timeout)
-        raise LaunchFailed.at(
-            "command line",
-            f"rendezvous at {endpoint}",
-            f"could not start the workers: {str(error).splitlines()[0]}",
-            "check that the port is free and every node can reach node 0",
-        ) from error
-
-
-def _check_port_free(endpoint: str) -> None:
-    """Node 0 hosts the rendezvous: a port something else listens on would make it wait on a
-    stranger until the rendezvous times out, so it is refused at once."""
-    host, _, port = endpoint.rpartition(":")
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, int(port)))
-        except OSError as error:
-            raise LaunchFailed.at(
-                "command line",
-                f"--rdzv-endpoint {endpoint}",
-                f"cannot host the rendezvous there: {error.strerror or error}",
-                "choose a free port (another run or program uses this one)",
-            ) from None
-
-
-class LaunchFailed(LoomError):
-    headline = "launch failed"
-
-
-class WorkerFailed(Exception):
-    """A worker died after the allowed restarts (an internal error in a worker: exit 1)."""
-
-    def __init__(self, error: Any) -> None:
-        super().__init__(str(error))

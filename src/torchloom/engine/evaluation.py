@@ -138,9 +138,9 @@ def evaluate(
     `loss` is the mean over samples (each batch's mean loss weighted by its size), with
     `loss_min/max/std` over batches; statistics come from their set-level counts. `stop`,
     asked before each batch, ends the pass with PassInterrupted when it says so. With
-    several processes, each evaluates its share of the set (`batches`) and the values are
-    the set's: sums added, statistics merged; `loss_min/max/std` are over every process's
-    batch shares."""
+    several processes, each evaluates its share of the set (`batches`: its share of each
+    batch) and the values are the set's: sums added, statistics merged, and
+    `loss_min/max/std` over the batches' means, as one process computes them."""
     was_training = pipeline.training
     pipeline.eval()
     for statistic in statistics.values():
@@ -149,6 +149,9 @@ def evaluate(
     streams = ["loss", *(loss.streams if loss and len(loss.streams) > 1 else [])]
     per_batch = {name: RunningStats() for name in streams}
     weighted: dict[str, torch.Tensor] = {}
+    # With several processes: this process's share of each batch (its size and loss sums),
+    # from which the batches' own means are made once every process's shares are known.
+    shares: list[tuple[int, dict[str, float]]] = []
     samples = 0
     with torch.no_grad():
         for index, batch in enumerate(batches):
@@ -162,19 +165,25 @@ def evaluate(
                 pipeline(batch)
                 total = loss(batch) if loss is not None else None
             size = batch_size_of(batch)
+            share: dict[str, float] = {}
             for name in streams:
                 if total is None:
                     break
                 value = (total if name == "loss" else batch[name]).detach().to(torch.float64)
-                per_batch[name].add(value)
                 weighted[name] = weighted.get(name, 0) + value * size
+                if distributed.active:
+                    share[name] = float(value) * size
+                else:
+                    per_batch[name].add(value)
+            if distributed.active:
+                shares.append((size, share))
             pipeline.update_statistics(batch, statistics)
             if observe is not None:
                 observe(batch)  # hooks: per-sample analysis of the pass
             samples += size
     pipeline.train(was_training)
     if distributed.active:
-        samples, weighted = _sums_of_all(distributed, samples, weighted, per_batch, streams)
+        samples, weighted = _sums_of_all(distributed, samples, weighted, shares, per_batch)
         combine(statistics, distributed)
     values: dict[str, float] = {}
     for name in streams if weighted else ():
@@ -189,23 +198,21 @@ def _sums_of_all(
     distributed: Distributed,
     samples: int,
     weighted: dict[str, torch.Tensor],
+    shares: list[tuple[int, dict[str, float]]],
     per_batch: dict[str, RunningStats],
-    streams: list[str],
 ) -> tuple[int, dict[str, torch.Tensor]]:
-    """Every process's samples, weighted loss sums and per-batch loss stats, added."""
-    gathered = distributed.gather(
-        (
-            samples,
-            {name: float(value) for name, value in weighted.items()},
-            {name: per_batch[name].state_dict() for name in streams},
-        )
-    )
+    """Every process's samples and weighted loss sums, added; `per_batch` filled with each
+    batch's mean loss (the k-th share of every process is a part of the k-th batch, and a
+    process may have one share fewer: the last batch had less samples than processes)."""
+    gathered = distributed.gather((samples, {k: float(v) for k, v in weighted.items()}, shares))
     total = sum(count for count, _, _ in gathered)
     sums = {name: torch.tensor(sum(part[1][name] for part in gathered)) for name in weighted}
-    for rank, (_, _, stats) in enumerate(gathered):
-        if rank != distributed.rank:
-            for name in streams:
-                per_batch[name].merge_state(stats[name])
+    for index in range(max(len(part[2]) for part in gathered)):
+        parts = [part[2][index] for part in gathered if index < len(part[2])]
+        size = sum(count for count, _ in parts)
+        for name in per_batch:
+            value = sum(share[name] for _, share in parts if name in share) / max(size, 1)
+            per_batch[name].add(torch.tensor(value, dtype=torch.float64))
     return total, sums
 
 

@@ -33,15 +33,18 @@ class RunLogHandler(logging.FileHandler):
 
 def make_logger(run_dir: Path, quiet: bool, writing: bool = True) -> logging.Logger:
     """The run's logger: run.log and the console. `writing` False (a process other than
-    rank 0 of several): no file, and errors only on the console, prefixed with its rank."""
+    rank 0 of several): no file, and errors only on the console, prefixed (none when
+    `quiet`: `loom train --nproc` says which rank failed, once)."""
     logger = logging.getLogger(f"torchloom.run.{run_dir}" + ("" if writing else ".rank"))
     logger.setLevel(logging.INFO if writing else logging.ERROR)
     logger.propagate = False
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
     if not writing:
-        console = logging.StreamHandler(sys.stderr)
-        console.setFormatter(logging.Formatter("[worker] %(message)s"))
+        console: logging.Handler = logging.NullHandler()
+        if not quiet:
+            console = logging.StreamHandler(sys.stderr)
+            console.setFormatter(logging.Formatter("[worker] %(message)s"))
         logger.addHandler(console)
         return logger
     file_handler = RunLogHandler(run_dir / "run.log", encoding="utf-8")

@@ -1,0 +1,350 @@
+"""The launcher side of several processes: `loom train --nproc N` (and `--nnodes`, `--gpu`)
+starts its workers through torch.distributed's elastic launcher (engine/distributed.py is the
+workers' side).
+
+The launcher and its workers on this machine share a `Handoff` folder: each worker's pid (the
+launcher passes signals on to it), rank 0's run folder (an elastic restart continues it), and
+what ended a worker (a user error in its own words, or an internal failure with its
+traceback), so that the launcher can say which rank failed first and why, and write it into
+the run folder's log, whatever the other ranks died of after it.
+
+Signals: each launched worker leaves the launcher's process group (`Handoff.start_worker`), so
+that a terminal's Ctrl-C reaches it once, through the launcher, as it reaches a single
+process; the elastic agent runs in a thread of its own, where it installs no signal handlers
+of its own (its handlers would stop the workers with SIGTERM and wait 30 s for them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from torchloom.errors import ConfigError, LoomError
+from torchloom.signals import terminating_signals
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    nproc: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None  # HOST:PORT of the rendezvous; a free local port if None
+    max_restarts: int = 0
+    rdzv_timeout: int = 120  # seconds to wait for every node
+
+    @property
+    def several(self) -> bool:
+        return self.nproc > 1 or self.nnodes > 1
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def check_launch(options: LaunchOptions, gpus: int | None = None) -> None:
+    """Refuse what cannot start, each flag by its name: counts below their least, more
+    processes than cores or GPUs (`gpus`: the visible GPUs with --gpu), a bad endpoint."""
+    least = {
+        "--nproc": (options.nproc, 1),
+        "--nnodes": (options.nnodes, 1),
+        "--max-restarts": (options.max_restarts, 0),
+        "--rdzv-timeout": (options.rdzv_timeout, 1),
+    }
+    for flag, (value, minimum) in least.items():
+        if value < minimum:
+            raise ConfigError.at("command line", f"{flag} {value}", f"must be {minimum} or more")
+    available = gpus if gpus is not None else (os.cpu_count() or 1)
+    if options.nproc > available:
+        what = "GPUs" if gpus is not None else "CPU cores"
+        raise ConfigError.at(
+            "command line",
+            f"--nproc {options.nproc}",
+            f"is more than the {available} {what} of this machine",
+            f"use --nproc {available} or fewer",
+        )
+    if not 0 <= options.node_rank < options.nnodes:
+        raise ConfigError.at(
+            "command line",
+            f"--node-rank {options.node_rank}",
+            f"must be in 0..{options.nnodes - 1}",
+        )
+    if options.nnodes > 1 and not options.rdzv_endpoint:
+        raise ConfigError.at(
+            "command line",
+            "--rdzv-endpoint",
+            "is needed to join several machines",
+            "give HOST:PORT of node 0, the same on every machine",
+        )
+    if options.rdzv_endpoint and not _endpoint_ok(options.rdzv_endpoint):
+        raise ConfigError.at(
+            "command line", f"--rdzv-endpoint {options.rdzv_endpoint}", "is not HOST:PORT"
+        )
+
+
+def _endpoint_ok(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+# ---- what the launcher and its workers share -----------------------------------------------
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    reason: str  # one line
+    user_error: bool  # a LoomError: its whole message is `text`
+    text: str  # the user error's message, or the traceback of an internal one
+    at: float  # time.time() when the worker recorded it
+    attempt: int  # 0, or the elastic restart it happened in
+
+
+class Handoff:
+    """A folder the launcher shares with its workers on this machine (a temporary one, which
+    the launcher removes)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    # -- written by the workers
+    def start_worker(self, rank: int) -> None:
+        """Called first in a launched worker: out of the launcher's process group (see the
+        module's docstring), and its pid where the launcher finds it."""
+        os.setpgid(0, 0)
+        self._write(f"pid-{rank:04d}", str(os.getpid()))
+
+    def set_run_dir(self, run_dir: Path) -> None:
+        self._write("run_dir", str(run_dir))
+
+    def record_failure(self, rank: int, error: BaseException, reason: str) -> None:
+        """What ended this worker, before it exits (LoomError: a user error)."""
+        user = isinstance(error, LoomError)
+        text = error.format() if isinstance(error, LoomError) else traceback.format_exc()
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        record = {"rank": rank, "reason": reason, "user_error": user, "text": text}
+        record.update(at=time.time(), attempt=attempt)
+        self._write(f"failure-{attempt:03d}-{rank:04d}.json", json.dumps(record))
+
+    # -- read by the launcher (and by restarted workers)
+    def run_dir(self) -> Path | None:
+        path = self.folder / "run_dir"
+        return Path(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+    def pids(self) -> list[int]:
+        found = []
+        for path in self.folder.glob("pid-*"):
+            try:
+                found.append(int(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError):  # being written
+                continue
+        return found
+
+    def failures(self, attempt: int | None = None) -> list[Failure]:
+        """The failures recorded in an attempt (default: the last one), the first first."""
+        found = []
+        for path in self.folder.glob("failure-*.json"):
+            try:
+                found.append(Failure(**json.loads(path.read_text(encoding="utf-8"))))
+            except (OSError, ValueError, TypeError):
+                continue
+        if attempt is None:
+            attempt = max((failure.attempt for failure in found), default=0)
+        return sorted((f for f in found if f.attempt == attempt), key=lambda f: f.at)
+
+    def user_error(self) -> Failure | None:
+        """A user error recorded in any attempt."""
+        files = self.folder.glob("failure-*.json")
+        attempts = {int(path.name.split("-")[1]) for path in files}
+        return next(
+            (f for attempt in sorted(attempts) for f in self.failures(attempt) if f.user_error),
+            None,
+        )
+
+    def _write(self, name: str, text: str) -> None:
+        partial = self.folder / f".{name}.{os.getpid()}"
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, self.folder / name)  # whole or absent, for a reader polling it
+
+
+# ---- launching ---------------------------------------------------------------------------
+class LaunchFailed(LoomError):
+    headline = "launch failed"
+
+
+class WorkerFailed(Exception):
+    """A worker died after the allowed restarts (an internal error in a worker: exit 1)."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(str(error))
+
+
+def launch(
+    options: LaunchOptions,
+    entry: Callable[..., Any],
+    arguments: Sequence[Any],
+    run_id: str,
+    handoff: Handoff,
+) -> dict[int, Any]:
+    """Run `entry(*arguments)` in `options.nproc` workers of this node through the elastic
+    launcher; their return values by global rank (this node's). `entry` must be importable
+    (the workers are spawned) and call `handoff.start_worker` first. Signals this process
+    receives meanwhile are passed on to the workers; one that comes while none has started
+    (the rendezvous waiting for other machines) stops the launch (KeyboardInterrupt)."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    endpoint = options.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    if options.node_rank == 0:
+        _check_port_free(endpoint)
+    # The agent logs every worker's exit with a traceback; what failed is said by the caller
+    # (a user error in a worker's own words, an internal one through WorkerFailed).
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)  # "Terminating"
+    config = LaunchConfig(
+        min_nodes=options.nnodes,
+        max_nodes=options.nnodes,
+        nproc_per_node=options.nproc,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=endpoint,
+        rdzv_configs={
+            "is_host": options.node_rank == 0,
+            "join_timeout": options.rdzv_timeout,
+            "read_timeout": options.rdzv_timeout,
+            "rank": options.node_rank,
+        },
+        max_restarts=options.max_restarts,
+        start_method="spawn",
+        monitor_interval=0.5,
+        # In the handoff folder, which the caller removes (by default the agent leaves an
+        # empty torchelastic_* folder in /tmp at every launch).
+        logs_specs=DefaultLogsSpecs(log_dir=str(handoff.folder / "logs")),
+    )
+    outcome: dict[str, Any] = {}
+
+    def agent() -> None:
+        try:
+            outcome["results"] = dict(elastic_launch(config, entry)(*arguments))
+        except BaseException as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=agent, name="torchloom-elastic-agent", daemon=True)
+    with _passed_on(handoff) as signals:
+        thread.start()
+        signals.wait_for(thread)
+    error = outcome.get("error")
+    if error is None:
+        return dict(outcome["results"])
+    if signals.received:  # the workers stopped by a signal, one of them at once (a second)
+        raise KeyboardInterrupt from error
+    if isinstance(error, ChildFailedError):
+        raise WorkerFailed(error) from error
+    if isinstance(error, RendezvousTimeoutError):
+        raise LaunchFailed.at(
+            "command line",
+            f"--rdzv-endpoint {endpoint}",
+            f"the {options.nnodes} machines of --nnodes did not all join within "
+            f"--rdzv-timeout {options.rdzv_timeout} s",
+            f"start `loom train` with --nnodes {options.nnodes} and this --rdzv-endpoint on "
+            "every machine (each its own --node-rank), or raise --rdzv-timeout",
+        ) from error
+    if isinstance(error, Exception):  # the rendezvous could not form (a port in use, ...)
+        raise LaunchFailed.at(
+            "command line",
+            f"rendezvous at {endpoint}",
+            f"could not start the workers: {_first_line(error)}",
+            "check that the port is free and every node can reach node 0",
+        ) from error
+    raise error
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[0].strip() if lines else type(error).__name__
+
+
+class _PassedOn:
+    """Signals received by the launcher, passed on to every worker (each signal once to
+    each worker, also to one that writes its pid after the signal came)."""
+
+    GRACE_SECONDS = 10.0  # for a worker to start and write its pid (importing torch: ~3 s)
+
+    def __init__(self, handoff: Handoff) -> None:
+        self.handoff = handoff
+        self.received: list[int] = []
+        self.delivered: dict[int, int] = {}
+        self.first_at: float | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        self.deliver()
+
+    def deliver(self) -> None:
+        for pid in self.handoff.pids():
+            done = self.delivered.get(pid, 0)
+            for signum in self.received[done:]:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:  # that worker has ended
+                    break
+            self.delivered[pid] = len(self.received)
+
+    def wait_for(self, thread: threading.Thread) -> None:
+        while thread.is_alive():
+            thread.join(0.2)
+            self.deliver()
+            if self.first_at is None or self.delivered:
+                continue
+            # A signal and no worker to pass it to. None spawned: the rendezvous is waiting
+            # for other machines; stop here. Spawned but silent past the grace: stop them.
+            spawned = multiprocessing.active_children()
+            if not spawned or time.monotonic() - self.first_at > self.GRACE_SECONDS:
+                for child in spawned:
+                    child.kill()
+                raise KeyboardInterrupt
+
+
+@contextmanager
+def _passed_on(handoff: Handoff) -> Iterator[_PassedOn]:
+    forward = _PassedOn(handoff)
+    main = threading.current_thread() is threading.main_thread()
+    stopping = (signal.SIGINT, *terminating_signals())
+    previous = {s: signal.signal(s, forward) for s in stopping} if main else {}
+    try:
+        yield forward
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _check_port_free(endpoint: str) -> None:
+    """Node 0 hosts the rendezvous: a port something else listens on would make it wait on a
+    stranger until the rendezvous times out, so it is refused at once."""
+    host, _, port = endpoint.rpartition(":")
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, int(port)))
+        except OSError as error:
+            raise LaunchFailed.at(
+                "command line",
+                f"--rdzv-endpoint {endpoint}",
+                f"cannot host the rendezvous there: {error.strerror or error}",
+                "choose a free port (another run or program uses this one)",
+            ) from None
