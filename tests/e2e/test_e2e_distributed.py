@@ -382,6 +382,30 @@ def test_ctrl_c_stops_every_process_as_it_stops_one(tmp_path: Path) -> None:
     assert spawned_workers() - before == set(), "a worker outlived its command"
 
 
+def test_workers_whose_launcher_is_killed_save_and_stop(tmp_path: Path) -> None:
+    before = spawned_workers()
+    config = toy_config(tmp_path, epochs=2000, training={"checkpoint_interval": 1})
+    expdir = tmp_path / "runs"
+    command = [*LOOM, "train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2"]
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV
+    )
+    deadline = time.monotonic() + 120
+    while not list(expdir.glob("*/*/checkpoints/last.pt")):
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(1.0)
+    process.kill()  # SIGKILL: the launcher says nothing to anyone
+    process.wait()
+    deadline = time.monotonic() + 60
+    while spawned_workers() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert spawned_workers() - before == set(), "a worker outlived its launcher"
+    run = only_run(expdir)
+    assert summary(run)["status"] == "interrupted"  # rank 0 saved last.pt and said so
+    assert "interrupted: last.pt saved" in (run / "run.log").read_text()
+
+
 @pytest.mark.parametrize("user_error", [False, True], ids=["internal", "user-error"])
 def test_a_failure_on_another_rank_reaches_rank_0s_log(tmp_path: Path, user_error: bool) -> None:
     fails = {"type": "trust_components:FailsAtStep", "at": 3, "rank": 1, "user_error": user_error}

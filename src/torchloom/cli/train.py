@@ -92,7 +92,7 @@ def worker(request: dict[str, Any]) -> dict[str, Any] | None:
     rank = int(os.environ.get("RANK", "0"))
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     if handoff is not None:
-        handoff.start_worker(rank)
+        handoff.start_worker(rank, int(request["launcher"]))
         if restarted and handoff.user_error() is not None:
             # A user error ended an earlier attempt, and would end this one: a restart is
             # for a worker that died, not for a config the run cannot train.
@@ -134,6 +134,12 @@ def worker(request: dict[str, Any]) -> dict[str, Any] | None:
         os._exit(2)
     finally:
         leave()
+        if handoff is not None and os.getppid() != int(request["launcher"]):
+            # The launcher was killed and this run stopped (last.pt saved): nobody to hand
+            # the outcome to, and torch's spawn would wait for one forever.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
 
 
 def _outcome(result: RunResult, finished: bool = False) -> dict[str, Any]:
@@ -146,7 +152,11 @@ def _launch(options: LaunchOptions, request: dict[str, Any], endpoint: str | Non
         run_id = f"torchloom-{endpoint or handoff.folder.name}"
         try:
             results = launch(
-                options, worker, [{**request, "handoff": str(handoff.folder)}], run_id, handoff
+                options,
+                worker,
+                [{**request, "handoff": str(handoff.folder), "launcher": os.getpid()}],
+                run_id,
+                handoff,
             )
         except WorkerFailed:
             failures = handoff.failures()

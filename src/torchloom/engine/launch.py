@@ -16,12 +16,14 @@ of its own (its handlers would stop the workers with SIGTERM and wait 30 s for t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -120,10 +122,15 @@ class Handoff:
         self.folder = folder
 
     # -- written by the workers
-    def start_worker(self, rank: int) -> None:
+    def start_worker(self, rank: int, launcher: int) -> None:
         """Called first in a launched worker: out of the launcher's process group (see the
-        module's docstring), and its pid where the launcher finds it."""
+        module's docstring), stopped as by Ctrl-C if the launcher (pid `launcher`) dies, and
+        its pid where the launcher finds it."""
         os.setpgid(0, 0)
+        _no_parent_death_signal()
+        threading.Thread(
+            target=_stop_when_gone, args=(launcher,), name="torchloom-launcher-watch", daemon=True
+        ).start()
         self._write(f"pid-{rank:04d}", str(os.getpid()))
 
     def set_run_dir(self, run_dir: Path) -> None:
@@ -177,6 +184,25 @@ class Handoff:
         partial = self.folder / f".{name}.{os.getpid()}"
         partial.write_text(text, encoding="utf-8")
         os.replace(partial, self.folder / name)  # whole or absent, for a reader polling it
+
+
+def _stop_when_gone(launcher: int) -> None:
+    """In a worker: one SIGTERM to itself once its launcher is gone (killed, SIGKILL
+    included), which saves last.pt and stops the run as Ctrl-C does."""
+    while os.getppid() == launcher:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _no_parent_death_signal() -> None:
+    """Undo the parent-death signal torch's spawn asks Linux for (SIGINT): Linux sends it
+    once per thread of the launcher that exits (the agent's, then the main one), and a
+    second signal stops a run at once, before it saves. `_stop_when_gone` sends one."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG, none
 
 
 # ---- launching ---------------------------------------------------------------------------
