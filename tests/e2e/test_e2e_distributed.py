@@ -344,6 +344,26 @@ def test_a_rendezvous_no_other_machine_joins_ends_at_its_timeout(tmp_path: Path)
     assert "Traceback" not in done.stderr
     assert time.monotonic() - started < 60
     assert not (tmp_path / "runs").exists()
+    # A node other than 0 whose node 0 never answers.
+    lonely = loom(
+        "train",
+        str(toy_config(tmp_path)),
+        "--expdir",
+        str(tmp_path / "runs"),
+        "--quiet",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--rdzv-timeout",
+        "3",
+    )
+    assert lonely.returncode == 2, lonely.stderr[-2000:]
+    assert "node 0's rendezvous did not answer within --rdzv-timeout 3 s" in lonely.stderr
+    assert "Traceback" not in lonely.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_ctrl_c_stops_every_process_as_it_stops_one(tmp_path: Path) -> None:

@@ -289,6 +289,15 @@ def launch(
             f"start `loom train` with --nnodes {options.nnodes} and this --rdzv-endpoint on "
             "every machine (each its own --node-rank), or raise --rdzv-timeout",
         ) from error
+    if isinstance(error, Exception) and options.node_rank != 0:
+        raise LaunchFailed.at(
+            "command line",
+            f"--rdzv-endpoint {endpoint}",
+            f"node 0's rendezvous did not answer within --rdzv-timeout {options.rdzv_timeout} "
+            f"s: {_first_line(error)}",
+            "start node 0 (--node-rank 0) with the same --rdzv-endpoint, and check that this "
+            "machine reaches that address and port",
+        ) from error
     if isinstance(error, Exception):  # the rendezvous could not form (a port in use, ...)
         raise LaunchFailed.at(
             "command line",
