@@ -322,70 +322,49 @@ def test_the_launch_flags_are_checked_before_anything_starts(
     assert not (tmp_path / "runs").exists()
 
 
+def alone(tmp_path: Path, node_rank: int) -> subprocess.CompletedProcess[str]:
+    """One node of two, the other never started, a rendezvous of 3 s."""
+    flags = ["--nnodes", "2", "--node-rank", str(node_rank), "--rdzv-timeout", "3"]
+    config, expdir = str(toy_config(tmp_path)), str(tmp_path / "runs")
+    endpoint = f"127.0.0.1:{free_port()}"
+    return loom("train", config, "--expdir", expdir, "--quiet", "--rdzv-endpoint", endpoint, *flags)
+
+
 def test_a_rendezvous_no_other_machine_joins_ends_at_its_timeout(tmp_path: Path) -> None:
     started = time.monotonic()
-    done = loom(
-        "train",
-        str(toy_config(tmp_path)),
-        "--expdir",
-        str(tmp_path / "runs"),
-        "--quiet",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "0",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{free_port()}",
-        "--rdzv-timeout",
-        "3",
-    )
+    done = alone(tmp_path, node_rank=0)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "did not all join within --rdzv-timeout 3 s" in done.stderr
-    assert "Traceback" not in done.stderr
     assert time.monotonic() - started < 60
-    assert not (tmp_path / "runs").exists()
-    # A node other than 0 whose node 0 never answers.
-    lonely = loom(
-        "train",
-        str(toy_config(tmp_path)),
-        "--expdir",
-        str(tmp_path / "runs"),
-        "--quiet",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "1",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{free_port()}",
-        "--rdzv-timeout",
-        "3",
-    )
+    lonely = alone(tmp_path, node_rank=1)  # node 0 never answers
     assert lonely.returncode == 2, lonely.stderr[-2000:]
     assert "node 0's rendezvous did not answer within --rdzv-timeout 3 s" in lonely.stderr
-    assert "Traceback" not in lonely.stderr
+    assert "Traceback" not in done.stderr + lonely.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def long_run(tmp_path: Path, **popen: Any) -> tuple[subprocess.Popen[str], Path]:
+    """`loom train --nproc 2` of a run far longer than the test, once it has saved last.pt."""
+    config = toy_config(tmp_path, epochs=2000, training={"checkpoint_interval": 1})
+    expdir = tmp_path / "runs"
+    command = [*LOOM, "train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2"]
+    process = subprocess.Popen(command, text=True, env=ENV, **popen)
+    deadline = time.monotonic() + 120
+    while not list(expdir.glob("*/*/checkpoints/last.pt")):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"no last.pt: exit {process.returncode}")
+        time.sleep(0.2)
+    time.sleep(1.0)
+    return process, expdir
 
 
 def test_ctrl_c_stops_every_process_as_it_stops_one(tmp_path: Path) -> None:
     before = spawned_workers()
-    config = toy_config(tmp_path, epochs=2000, training={"checkpoint_interval": 1})
-    expdir = tmp_path / "runs"
-    command = [*LOOM, "train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2"]
     # In a process group of its own, as a terminal's job: Ctrl-C goes to the whole group.
-    process = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-        start_new_session=True,
-    )
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    process, expdir = long_run(tmp_path, start_new_session=True, **pipes)
     try:
-        deadline = time.monotonic() + 120
-        while not list(expdir.glob("*/*/checkpoints/last.pt")):
-            assert process.poll() is None and time.monotonic() < deadline, process.stderr
-            time.sleep(0.2)
-        time.sleep(1.0)
         stopped = time.monotonic()
         os.killpg(process.pid, signal.SIGINT)
         out, err = process.communicate(timeout=90)
@@ -404,17 +383,8 @@ def test_ctrl_c_stops_every_process_as_it_stops_one(tmp_path: Path) -> None:
 
 def test_workers_whose_launcher_is_killed_save_and_stop(tmp_path: Path) -> None:
     before = spawned_workers()
-    config = toy_config(tmp_path, epochs=2000, training={"checkpoint_interval": 1})
-    expdir = tmp_path / "runs"
-    command = [*LOOM, "train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2"]
-    process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV
-    )
-    deadline = time.monotonic() + 120
-    while not list(expdir.glob("*/*/checkpoints/last.pt")):
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.2)
-    time.sleep(1.0)
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    process, expdir = long_run(tmp_path, **quiet)
     process.kill()  # SIGKILL: the launcher says nothing to anyone
     process.wait()
     deadline = time.monotonic() + 60

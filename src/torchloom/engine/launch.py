@@ -326,10 +326,11 @@ class _PassedOn:
         self.first_at: float | None = None
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
+        # Recorded only: `wait_for`'s loop delivers (within 0.2 s). A handler that delivered
+        # too could interrupt that loop mid-delivery and send a worker the signal twice.
         self.received.append(signum)
         if self.first_at is None:
             self.first_at = time.monotonic()
-        self.deliver()
 
     def deliver(self) -> None:
         for pid in self.handoff.pids():
