@@ -49,17 +49,18 @@ class FailsAtStep(Component):
 
 
 class SlowInEvaluation(Component):
-    """Sleeps `seconds` per batch of an evaluation pass (validation, test): a window in which
-    a test can stop the process."""
+    """Sleeps `seconds` per batch of an evaluation pass (validation, test), or with
+    `in_training` per training step: a window in which a test can stop the process."""
 
     class Params(ComponentParams):
         seconds: float = Field(0.2, ge=0)
+        in_training: bool = False
 
     def input_specs(self) -> dict[str, StreamSpec]:
         return {"inputs": StreamSpec(None, None, "anything")}
 
     def forward(self, inputs: Batch) -> Batch:
-        if not self.training:
+        if self.training == self.params.in_training:
             time.sleep(self.params.seconds)
         return {}
 

@@ -381,6 +381,37 @@ def test_ctrl_c_stops_every_process_as_it_stops_one(tmp_path: Path) -> None:
     assert spawned_workers() - before == set(), "a worker outlived its command"
 
 
+def test_a_run_stopped_by_ctrl_c_resumes_exactly_with_as_many_processes(tmp_path: Path) -> None:
+    slow = {"type": "trust_components:SlowInEvaluation", "seconds": 0.15, "in_training": True}
+    config = toy_config(tmp_path, epochs=3, training={"checkpoint_interval": 1}, slow=slow)
+    flags = ["--quiet", "--nproc", "2"]
+    whole = loom("train", str(config), "--expdir", str(tmp_path / "whole"), *flags)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    expdir = tmp_path / "stopped"
+    process = subprocess.Popen(
+        [*LOOM, "train", str(config), "--expdir", str(expdir), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
+    while not list(expdir.glob("*/*/checkpoints/last.pt")):
+        assert process.poll() is None, process.communicate()[1][-2000:]
+        time.sleep(0.1)
+    os.killpg(process.pid, signal.SIGINT)  # mid-epoch: 6 steps an epoch, saved at each
+    assert process.wait(timeout=90) == 130
+    run = only_run(expdir)
+    stopped_at = summary(run)["episodes"]
+    assert summary(run)["status"] == "interrupted" and stopped_at < 18
+    resumed = loom("train", "--resume", str(run), *flags)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed from episode {stopped_at}" in (run / "run.log").read_text()
+    reference = weights(only_run(tmp_path / "whole"))
+    for key, tensor in weights(run).items():
+        assert torch.equal(tensor, reference[key]), f"{key} differs"
+
+
 def test_workers_whose_launcher_is_killed_save_and_stop(tmp_path: Path) -> None:
     before = spawned_workers()
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
