@@ -1,5 +1,21 @@
 # shellcheck shell=bash
-# install_offline, sourced by benchmarks/gpu_session.sh (and by its test): installs what
+# Sourced by benchmarks/gpu_session.sh and gpu_sort_of_clevr.sh (and by their test).
+#
+# session_folders ROOT: what both session scripts work with: OUT (made; absolute; ROOT/gpu_out
+# when unset), PY (LOOM_PYTHON, else the GPU image's python3), CARRY (ROOT/.gpu_carry), WORK (a
+# new temporary folder) with SITE and FASHION inside it.
+session_folders() {
+  OUT=${OUT:-$1/gpu_out}
+  mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || return 1
+  PY=${LOOM_PYTHON:-python3}
+  CARRY=$1/.gpu_carry
+  WORK=$(mktemp -d)
+  SITE=$WORK/site
+  FASHION=$WORK/fashion-mnist
+  export OUT PYTHONUNBUFFERED=1
+}
+
+# install_offline: installs what
 # benchmarks/gpu_prepare.sh carried, with no registry. Reads CPU (1 for a dry run), CARRY (the
 # carried folder), SITE (the folder the wheels go to), PY (the Python) and FASHION (the folder
 # Fashion-MNIST's files are decompressed into).

@@ -37,20 +37,12 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 CPU=${GPU_SESSION_CPU:-0}
 [ "${1:-}" = "--cpu" ] && CPU=1
-OUT=${OUT:-$ROOT/gpu_out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
-export OUT
+source "$ROOT/benchmarks/gpu_install.sh"
+session_folders "$ROOT" || exit 1
 LOG=$OUT/session.log
 RESULTS=$OUT/results.txt
 : >"$LOG"
 : >"$RESULTS"
-PY=${LOOM_PYTHON:-python3}
-CARRY=$ROOT/.gpu_carry
-WORK=$(mktemp -d)
-SITE=$WORK/site
-FASHION=$WORK/fashion-mnist
-export PYTHONUNBUFFERED=1
 if [ "$CPU" = 1 ]; then
   DEVICE=cpu
   # Tiny: the steps' paths, not their speed. Compiling ResNet-18 stays the slow part here.
@@ -100,7 +92,6 @@ step() {
 }
 
 # ---- install: offline, from what gpu_prepare.sh carried (benchmarks/gpu_install.sh) -------
-source "$ROOT/benchmarks/gpu_install.sh"
 # `timeout` runs programs, not shell functions: the function goes to a child bash.
 export CPU CARRY SITE PY FASHION
 export -f install_offline

@@ -24,24 +24,15 @@ ROOT=$PWD
 LIMIT=${1:?give the seconds this piece may train}
 CPU=0
 [ "${2:-}" = "--cpu" ] && CPU=1
-OUT=${OUT:-$ROOT/gpu_out}
-mkdir -p "$OUT"
-OUT=$(cd "$OUT" && pwd)
+source "$ROOT/benchmarks/gpu_install.sh"
+session_folders "$ROOT" || exit 1
 LOG=$OUT/sort_of_clevr.log
 REPORT=$OUT/sort_of_clevr.txt
 : >"$LOG"
-PY=${LOOM_PYTHON:-python3}
-CARRY=$ROOT/.gpu_carry
-WORK=$(mktemp -d)
-SITE=$WORK/site
-FASHION=$WORK/fashion-mnist
 RUNS=$WORK/runs
 # A fixed folder: the run's config.yaml names it, and each session generates the same splits
 # there again from their seed (about 5 s; the task checks the answers it generates).
 DATA=${SOC_DATA:-/tmp/torchloom-sort-of-clevr}
-export PYTHONUNBUFFERED=1
-
-source "$ROOT/benchmarks/gpu_install.sh"
 install_offline >>"$LOG" 2>&1 || { echo "install failed: see $LOG" | tee -a "$LOG"; exit 1; }
 export PYTHONPATH=$ROOT/src:$SITE:$CARRY/site
 
