@@ -4,7 +4,6 @@ several (`--nproc N`, `--gpu`, `--nnodes M`: torch.distributed's elastic launche
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -23,7 +22,7 @@ from torchloom.engine.launch import (
     launch,
 )
 from torchloom.engine.reporting import LOG_FORMAT
-from torchloom.engine.run_folder import RunResult, check_run_tag, write_summary
+from torchloom.engine.run_folder import RunResult, check_run_tag, read_summary, write_summary
 from torchloom.engine.setup import prepare_training
 from torchloom.engine.state import TrainOptions
 from torchloom.engine.trainer import failure_reason
@@ -182,7 +181,7 @@ def _tell_the_run_folder(run_dir: Path | None, failures: list[Failure]) -> None:
     first, own = failures[0], next((f for f in failures if f.rank == 0), None)
     if first.rank == 0 or (own is not None and own.user_error):
         return
-    if run_dir is None or not (run_dir / "summary.json").is_file():
+    if run_dir is None or not (summary := read_summary(run_dir)):
         return
     reason = f"rank {first.rank}: {first.reason}"
     handler = logging.FileHandler(run_dir / "run.log", encoding="utf-8")
@@ -190,7 +189,6 @@ def _tell_the_run_folder(run_dir: Path | None, failures: list[Failure]) -> None:
     message = f"failed first on {reason}" + ("" if first.user_error else f"\n{first.text}")
     handler.emit(logging.makeLogRecord({"levelname": "ERROR", "msg": message.rstrip()}))
     handler.close()
-    summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     write_summary(run_dir, {**summary, "reason": reason})
 
 

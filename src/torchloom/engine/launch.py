@@ -159,26 +159,24 @@ class Handoff:
                 continue
         return found
 
-    def failures(self, attempt: int | None = None) -> list[Failure]:
-        """The failures recorded in an attempt (default: the last one), the first first."""
+    def failures(self) -> list[Failure]:
+        """The failures recorded in the last attempt, the first first."""
+        found = self._failures()
+        last = max((failure.attempt for failure in found), default=0)
+        return [failure for failure in found if failure.attempt == last]
+
+    def user_error(self) -> Failure | None:
+        """A user error recorded in any attempt."""
+        return next((failure for failure in self._failures() if failure.user_error), None)
+
+    def _failures(self) -> list[Failure]:
         found = []
         for path in self.folder.glob("failure-*.json"):
             try:
                 found.append(Failure(**json.loads(path.read_text(encoding="utf-8"))))
-            except (OSError, ValueError, TypeError):
+            except (OSError, ValueError, TypeError):  # being written
                 continue
-        if attempt is None:
-            attempt = max((failure.attempt for failure in found), default=0)
-        return sorted((f for f in found if f.attempt == attempt), key=lambda f: f.at)
-
-    def user_error(self) -> Failure | None:
-        """A user error recorded in any attempt."""
-        files = self.folder.glob("failure-*.json")
-        attempts = {int(path.name.split("-")[1]) for path in files}
-        return next(
-            (f for attempt in sorted(attempts) for f in self.failures(attempt) if f.user_error),
-            None,
-        )
+        return sorted(found, key=lambda failure: failure.at)
 
     def _write(self, name: str, text: str) -> None:
         partial = self.folder / f".{name}.{os.getpid()}"
