@@ -147,6 +147,22 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
     assert "2 processes train" in (run / "run.log").read_text()
 
 
+def test_a_process_with_nothing_to_evaluate_adds_nothing(tmp_path: Path) -> None:
+    """A test set of one sample: the second process has no share of it. Under DDP it adds
+    nothing to the pass; under FSDP, where each forward pass is a collective, it would have
+    to take part, so the config is refused before anything is written."""
+    config, expdir = str(toy_config(tmp_path, epochs=1)), tmp_path / "runs"
+    one = ["test.task.size=1", "--expdir", str(expdir), "--quiet", "--nproc", "2"]
+    done = loom("train", config, *one)
+    assert done.returncode == 0, done.stderr[-2000:]
+    test = summary(only_run(expdir))["final"]["test"]
+    assert test["samples"] == 1 and test["loss_min"] == test["loss_max"] == test["loss"]
+    refused = loom("train", config, *one, "+training.distributed.strategy=fsdp")
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "test.dataloader: the pass's last batch has 1 sample(s)" in refused.stderr
+    only_run(expdir)  # the refused run wrote no folder
+
+
 def test_a_run_continues_with_another_number_of_processes(
     tmp_path: Path, one_process: Path
 ) -> None:

@@ -136,23 +136,32 @@ def process_device(device: torch.device, dist: Distributed) -> torch.device:
     return device
 
 
-def check_shardable(train_data: Any, pipeline: Any, dist: Distributed, where: Any) -> None:
+def check_shardable(
+    loaders: dict[str, Any], pipeline: Any, dist: Distributed, where: Any, strategy: str
+) -> None:
     """What several processes cannot train exactly, refused before anything is written: an
     epoch whose last global batch has fewer samples than there are processes (one would
-    have nothing to train while the others wait for its gradients), and a statistic that
-    cannot add another process's counts (`Statistic.merge`)."""
+    have nothing to train while the others wait for its gradients; under FSDP, where every
+    forward pass is a collective, nothing to evaluate either), and a statistic that cannot
+    add another process's counts (`Statistic.merge`)."""
     problems = []
-    last = train_data.last_batch_size()
-    if last < dist.world:
-        problems.append(
-            Problem(
-                where("training", "dataloader"),
-                "training.dataloader",
-                f"the epoch's last batch has {last} sample(s), fewer than the {dist.world} "
-                "processes",
-                "set drop_last: true, or a batch size or subset that leaves a larger last batch",
+    sections = ["training", *(["validation", "test"] if strategy == "fsdp" else [])]
+    for section in sections:
+        data = loaders.get(section)
+        last = data.last_batch_size() if data is not None else dist.world
+        if last < dist.world:
+            passes = "epoch's" if section == "training" else "pass's"
+            problems.append(
+                Problem(
+                    where(section, "dataloader"),
+                    f"{section}.dataloader",
+                    f"the {passes} last batch has {last} sample(s), fewer than the "
+                    f"{dist.world} processes"
+                    + ("" if section == "training" else " (under FSDP each must evaluate)"),
+                    ("set drop_last: true, or " if section == "training" else "set ")
+                    + "a batch size or subset that leaves a larger last batch",
+                )
             )
-        )
     for statistic in pipeline.statistics:
         if not statistic.can_merge:
             problems.append(

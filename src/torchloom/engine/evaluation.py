@@ -151,7 +151,7 @@ def evaluate(
     weighted: dict[str, torch.Tensor] = {}
     # With several processes: this process's share of each batch (its size and loss sums),
     # from which the batches' own means are made once every process's shares are known.
-    shares: list[tuple[int, dict[str, float]]] = []
+    shares: list[tuple[int, dict[str, torch.Tensor]]] = []
     samples = 0
     with torch.no_grad():
         for index, batch in enumerate(batches):
@@ -165,14 +165,14 @@ def evaluate(
                 pipeline(batch)
                 total = loss(batch) if loss is not None else None
             size = batch_size_of(batch)
-            share: dict[str, float] = {}
+            share: dict[str, torch.Tensor] = {}
             for name in streams:
                 if total is None:
                     break
                 value = (total if name == "loss" else batch[name]).detach().to(torch.float64)
                 weighted[name] = weighted.get(name, 0) + value * size
                 if distributed.active:
-                    share[name] = float(value) * size
+                    share[name] = value * size  # a tensor: read once, at the end
                 else:
                     per_batch[name].add(value)
             if distributed.active:
@@ -198,15 +198,17 @@ def _sums_of_all(
     distributed: Distributed,
     samples: int,
     weighted: dict[str, torch.Tensor],
-    shares: list[tuple[int, dict[str, float]]],
+    shares: list[tuple[int, dict[str, torch.Tensor]]],
     per_batch: dict[str, RunningStats],
 ) -> tuple[int, dict[str, torch.Tensor]]:
     """Every process's samples and weighted loss sums, added; `per_batch` filled with each
     batch's mean loss (the k-th share of every process is a part of the k-th batch, and a
     process may have one share fewer: the last batch had less samples than processes)."""
-    gathered = distributed.gather((samples, {k: float(v) for k, v in weighted.items()}, shares))
+    mine = [(size, {k: float(v) for k, v in share.items()}) for size, share in shares]
+    gathered = distributed.gather((samples, {k: float(v) for k, v in weighted.items()}, mine))
     total = sum(count for count, _, _ in gathered)
-    sums = {name: torch.tensor(sum(part[1][name] for part in gathered)) for name in weighted}
+    names = {name for part in gathered for name in part[1]}  # none from a process without data
+    sums = {name: torch.tensor(sum(part[1].get(name, 0.0) for part in gathered)) for name in names}
     for index in range(max(len(part[2]) for part in gathered)):
         parts = [part[2][index] for part in gathered if index < len(part[2])]
         size = sum(count for count, _ in parts)

@@ -291,7 +291,7 @@ def _setup(
     train_data = loaders["training"]
     assert train_data is not None, "a training run has a training task"
     if dist.active:
-        check_shardable(train_data, pipeline, dist, where)
+        check_shardable(loaders, pipeline, dist, where, training.distributed.strategy)
         check_strategy_hooks(options.hooks, training.distributed.strategy, dist, where)
     # Everything is checked: only now is anything written (by rank 0 alone, of several).
     lock: RunLock | NoLock = NoLock()
