@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,6 +63,39 @@ class SlowInEvaluation(Component):
     def forward(self, inputs: Batch) -> Batch:
         if self.training == self.params.in_training:
             time.sleep(self.params.seconds)
+        return {}
+
+
+class SwallowsInterrupts(Component):
+    """Built slowly (`seconds`, after touching a file named after its process in the folder
+    `markers`), as torch's modules are imported, and turns a Ctrl-C that comes meanwhile
+    into an ImportError that names no interrupt: what a module whose import a signal cut
+    short says to every later import of it. With `when_env`, only in processes that have
+    that environment variable (a search's worker processes: the search's own checks build
+    the pipeline too)."""
+
+    class Params(ComponentParams):
+        markers: str  # a folder
+        seconds: float = Field(20.0, gt=0)
+        when_env: str | None = None
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        if self.params.when_env is not None and self.params.when_env not in os.environ:
+            return
+        (Path(self.params.markers) / str(os.getpid())).touch()
+        interrupted = False
+        try:
+            time.sleep(self.params.seconds)
+        except KeyboardInterrupt:
+            interrupted = True
+        if interrupted:
+            raise ImportError("cannot import name '_inductor' from 'torch'")
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(None, None, "anything")}
+
+    def forward(self, inputs: Batch) -> Batch:
         return {}
 
 

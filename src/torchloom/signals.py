@@ -2,11 +2,22 @@
 `interrupted`; a search queues its running trials again): SIGTERM (a scheduler, `kill`) and
 SIGHUP (a closed terminal or SSH session). A command started to ignore SIGHUP (`nohup`) keeps
 ignoring it, as the user asked. This module imports nothing heavy: the `loom` command reads
-it before any subcommand imports torch."""
+it before any subcommand imports torch.
+
+A stop signal interrupts whatever runs, and what runs may turn the KeyboardInterrupt into
+another exception: on Python 3.11 a class body's `__set_name__` wraps it in RuntimeError, and
+a module whose import it cut short fails every later import of it with ImportError or
+AttributeError. So the signals are also recorded (`stop_asked`): code that counts exceptions
+as failures (a search's trials) asks it first, and a stop stays a stop.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
 
 
 def terminating_signals() -> tuple[int, ...]:
@@ -15,3 +26,46 @@ def terminating_signals() -> tuple[int, ...]:
     if hangup is None or signal.getsignal(hangup) is signal.SIG_IGN:
         return (signal.SIGTERM,)
     return (signal.SIGTERM, hangup)
+
+
+_stops: list[int] = []  # stop signals received while `stopping_on_signals` is in effect
+_depth = 0
+
+
+def record_stop(signum: int) -> None:
+    """Note a stop signal handled elsewhere (a training run's graceful stop)."""
+    _stops.append(signum)
+
+
+def stop_asked() -> bool:
+    """Whether a stop signal came while `stopping_on_signals` is in effect (the outermost
+    one clears the record when it is entered)."""
+    return bool(_stops)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    record_stop(signum)
+    raise KeyboardInterrupt  # SIGTERM, SIGHUP: as Ctrl-C, in every phase
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP (unless ignored) raise KeyboardInterrupt, and are recorded.
+    SIGINT even where the process started with it ignored, as a script's background job
+    does (`loom train ... &`): a training run stops on it in any case (engine/state.py,
+    StopSignals), and so does every command, in every phase. In the main thread only
+    (elsewhere signals cannot be handled); the handlers are restored at the end."""
+    global _depth
+    if _depth == 0:
+        _stops.clear()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        stopping = (signal.SIGINT, *terminating_signals())
+        previous = {signum: signal.signal(signum, _interrupt) for signum in stopping}
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth -= 1
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

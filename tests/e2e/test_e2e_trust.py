@@ -192,6 +192,30 @@ def test_sigterm_during_the_final_test_pass_is_an_interruption(tmp_path: Path) -
     assert len((run / "test_statistics.csv").read_text().strip().splitlines()) == 2
 
 
+def test_an_interrupt_turned_into_another_error_is_still_an_interruption(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the pipeline is built (torch's modules imported) may surface as another
+    error (an import it cut short fails with ImportError): the command says interrupted,
+    exit 130, not a crash with a traceback."""
+    config = toy_config(tmp_path)
+    markers = tmp_path / "building"
+    markers.mkdir()
+    slow = f"  building:\n    type: trust_components:SwallowsInterrupts\n    markers: {markers}\n"
+    config.write_text(config.read_text() + slow)  # pipeline: is the config's last section
+    process = start("train", str(config), "--expdir", str(tmp_path / "runs"), "--quiet")
+    deadline = time.monotonic() + 120
+    while not any(markers.iterdir()):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the pipeline was never built"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "interrupted (ImportError where it stopped)" in stderr
+    assert "Traceback" not in stderr
+
+
 def test_a_second_trainer_on_a_running_run_is_refused_naming_the_first(tmp_path: Path) -> None:
     expdir = tmp_path / "runs"
     config = toy_config(tmp_path, terminal_conditions={"epoch_limit": 100})  # ~40 s

@@ -22,6 +22,7 @@ from torchloom.api import TrainOptions
 from torchloom.cli.main import main
 from torchloom.search import processes, runner, worker
 from torchloom.search.trial import Objective, TrialFailed
+from torchloom.signals import stop_asked, stopping_on_signals
 
 SEARCH = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
 OTHER = "search:\n  training.optimizer.lr: {loguniform: [1.0e-3, 1.0e-1]}\n"
@@ -397,12 +398,15 @@ def test_a_search_under_nohup_keeps_ignoring_a_closed_terminal() -> None:
     SIGHUP stops it as Ctrl-C does."""
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        with processes._hangup_stops():
+        with stopping_on_signals():
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
         signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        with processes._hangup_stops(), pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGHUP)
-            time.sleep(5)  # the handler raises as soon as the signal is taken
+        with stopping_on_signals():
+            assert not stop_asked()
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGHUP)
+                time.sleep(5)  # the handler raises as soon as the signal is taken
+            assert stop_asked()
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
     finally:
         signal.signal(signal.SIGHUP, previous)

@@ -18,22 +18,36 @@ from search_helpers import tiny_config
 
 import torchloom
 from torchloom.cli.main import main
+from torchloom.search.processes import PARENT_ENV
 from torchloom.search.record import read_record
 
 SEARCH = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
 SOURCE = str(Path(torchloom.__file__).parents[1])
+TESTS = Path(__file__).resolve().parents[1]  # trust_components
 
 
 def _env() -> dict[str, str]:
-    path = os.pathsep.join(p for p in (SOURCE, os.environ.get("PYTHONPATH", "")) if p)
+    parts = (SOURCE, str(TESTS), os.environ.get("PYTHONPATH", ""))
+    path = os.pathsep.join(p for p in parts if p)
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
-def _start(config: Path, runs: Path, trials: int, workers: int = 1) -> subprocess.Popen[str]:
+def _start(
+    config: Path, runs: Path, trials: int, workers: int = 1, sigint_ignored: bool = False
+) -> subprocess.Popen[str]:
+    """`loom search`; with `sigint_ignored` as a script's background job starts it (`&`):
+    with SIGINT ignored, which its own processes inherit."""
     command = [sys.executable, "-m", "torchloom.cli.main", "search", str(config)]
     command += ["--trials", str(trials), "--expdir", str(runs), "--workers", str(workers)]
     return subprocess.Popen(
-        command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if sigint_ignored
+        else None,
     )
 
 
@@ -137,3 +151,40 @@ def test_two_workers_share_one_journal_and_stop_together_on_ctrl_c(
     assert retried == {r["number"] for r in interrupted}  # each stopped trial ran again, once
     pids = {t.user_attrs["pid"] for t in _study(search_dir).trials}
     assert len(pids) >= 2  # several processes ran trials of the one study
+
+
+@pytest.mark.slow
+def test_a_stop_is_a_stop_whatever_error_it_turns_into_and_wherever_sigint_was_ignored(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    """Ctrl-C while a worker process builds its trial's pipeline (torch's modules imported:
+    an import it cuts short may fail with ImportError), in a search started as a script's
+    background job (SIGINT ignored, and inherited by its worker processes): the worker's
+    trial is interrupted and queued, not failed as a crash, and the search stops."""
+    markers = tmp_path / "building"
+    markers.mkdir()
+    slow = "pipeline:\n  building:\n    type: trust_components:SwallowsInterrupts\n"
+    slow += f"    markers: {markers}\n    when_env: {PARENT_ENV}\n"  # in worker 1 only
+    config = tiny_config(tmp_path, mnist_folder, SEARCH + slow, epochs=8)
+    runs = tmp_path / "runs"
+    process = _start(config, runs, trials=6, workers=2, sigint_ignored=True)
+    deadline = time.time() + 120
+    while not any(markers.iterdir()):  # worker 1 is building its trial
+        assert process.poll() is None, process.communicate()[0]
+        assert time.time() < deadline, "the worker never built its pipeline"
+        time.sleep(0.05)
+    (worker,) = [int(marker.name) for marker in markers.iterdir()]
+    process.send_signal(signal.SIGINT)
+    try:
+        out, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # the search went on: stop it, not to leave it running
+        process.kill()
+        out, _ = process.communicate()
+        raise AssertionError(f"the search did not stop:\n{out}") from None
+    assert process.returncode == 130, out
+    assert "crashed" not in out
+    trials = _study(next(runs.glob("searches/*/*"))).trials
+    stopped = [t for t in trials if t.user_attrs.get("pid") == worker]
+    assert len(stopped) == 1, out  # no other trial started in that worker
+    assert stopped[0].user_attrs["reason"].startswith("interrupted"), stopped[0].user_attrs
+    assert any(t.user_attrs.get("retry_of") == stopped[0].number for t in trials)  # queued

@@ -14,14 +14,12 @@ import importlib
 import os
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Sequence
-from types import FrameType
 
 from torchloom.cli.arguments import ARGUMENTS, SUBCOMMANDS
 from torchloom.host_memory import prefer_huge_page_tensors
-from torchloom.signals import terminating_signals
+from torchloom.signals import stop_asked, stopping_on_signals
 
 
 def command_parser(command: str) -> argparse.ArgumentParser:
@@ -58,10 +56,6 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 STORAGE_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.EFBIG}
 
 
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM and SIGHUP stop a command as Ctrl-C does, in every phase
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `loom ARGV` and return its exit status. With `argv` None this is the `loom`
     program (the console script and `python -m torchloom.cli.main`), which also sets up its
@@ -88,32 +82,33 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     args = parse(argv)
     # Before any subcommand imports torch, which reads it once (see torchloom/host_memory.py).
     prefer_huge_page_tensors()
-    previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {signum: signal.signal(signum, _terminate) for signum in terminating_signals()}
-    module = importlib.import_module(f"torchloom.cli.{SUBCOMMANDS[args.command][0]}")
+    with stopping_on_signals():
+        return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     from torchloom.errors import LoomError, StorageError  # light: no torch
 
     try:
+        module = importlib.import_module(f"torchloom.cli.{SUBCOMMANDS[args.command][0]}")
         return int(module.run(args))
-    except LoomError as error:
-        if args.debug:
-            traceback.print_exc()
-        print(error.format(), file=sys.stderr)
-        return 2
-    except OSError as error:
-        if error.errno not in STORAGE_ERRNOS:
-            raise
-        if args.debug:
-            traceback.print_exc()
-        print(StorageError.from_os(error.filename or "?", error).format(), file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    except Exception as error:
+        if stop_asked():  # the interrupt, turned into another error by what it cut short
+            print(f"interrupted ({type(error).__name__} where it stopped)", file=sys.stderr)
+            return 130
+        if isinstance(error, LoomError):
+            shown = error
+        elif isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
+            shown = StorageError.from_os(error.filename or "?", error)
+        else:
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(shown.format(), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ from torchloom.engine.run_folder import NoLock, RunLock, Status
 from torchloom.engine.step import DivergenceGuard, Precision, WeightedLoss
 from torchloom.engine.terminal import Monitor
 from torchloom.errors import Where
-from torchloom.signals import terminating_signals
+from torchloom.signals import record_stop, terminating_signals
 
 
 class StopSignals:
@@ -85,6 +85,7 @@ class StopSignals:
         return Status.INTERRUPTED if self.reason is None else Status.STOPPED
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        record_stop(signum)
         if self.by_signal:  # a second signal; a hook's stop before it was no signal
             raise KeyboardInterrupt
         self.stop()

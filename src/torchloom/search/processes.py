@@ -18,11 +18,10 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from torchloom.search.record import SearchRecord, read_record
-from torchloom.signals import terminating_signals
+from torchloom.signals import stopping_on_signals
 
 if TYPE_CHECKING:
     from torchloom.search.worker import Say
@@ -117,7 +116,13 @@ def run_workers(
     non-zero exit status (a crashed worker), else 0."""
     timeout = record.settings.get("timeout")
     deadline = time.time() + float(timeout) if timeout else None
-    with _hangup_stops():
+    # SIGHUP stops a search as SIGTERM and Ctrl-C do, unless ignored (`nohup`): its workers
+    # stopped, its trials queued again (by default it would kill this process and leave the
+    # workers running). SIGINT stops it even when the search started with SIGINT ignored (a
+    # script's background job inherits that; so do the workers, which the search stops with
+    # SIGINT). The `loom` command does so from its start (cli/main.py), its workers too; this
+    # is for `torchloom.search` in a program.
+    with stopping_on_signals():
         if workers <= 1:
             from torchloom.search.worker import work
 
@@ -229,30 +234,6 @@ def _ignoring_interrupts() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-
-
-def _hang_up(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM, or a closed terminal or SSH session: as Ctrl-C
-
-
-@contextlib.contextmanager
-def _hangup_stops() -> Iterator[None]:
-    """SIGHUP stops a search as SIGTERM and Ctrl-C do, unless ignored (`nohup`): its workers
-    stopped, its trials queued again (by default it would kill this process and leave the
-    workers running). The `loom` command does so from its start (cli/main.py); this is for
-    `torchloom.search` in a program. SIGINT stops it even when the search started with SIGINT
-    ignored (a script's background job inherits that, and Python then installs no handler):
-    as `loom train` stops."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {signum: signal.signal(signum, _hang_up) for signum in terminating_signals()}
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def continue_worker(hook_factory: Any, index: int) -> int:

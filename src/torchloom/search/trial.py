@@ -19,6 +19,7 @@ from torchloom.api import Hook, RunResult, RunView, TrainOptions, failure_reason
 from torchloom.config.loading import ConfigSource
 from torchloom.errors import LoomError
 from torchloom.search.pareto import ParameterCount
+from torchloom.signals import stop_asked
 
 if TYPE_CHECKING:
     import optuna
@@ -125,11 +126,14 @@ def run_trial(
         # A signal that came during the last validation or the test pass finds no step left
         # to stop at: the run ends as if none came. The search stops all the same.
         signalled = prepared.setup.signals.by_signal
-    except LoomError as error:
-        raise TrialFailed(failure_reason(error), run_dir) from error
     except (KeyboardInterrupt, TrialFailed):
         raise
-    except Exception as error:  # a crash in one trial never ends the study
+    except Exception as error:
+        if stop_asked():  # the interrupt, turned into another error by what it cut short
+            raise KeyboardInterrupt from error
+        if isinstance(error, LoomError):
+            raise TrialFailed(failure_reason(error), run_dir) from error
+        # A crash in one trial never ends the study.
         raise TrialFailed(f"crashed: {failure_reason(error)}", run_dir) from error
     if reporter.pruned_at is not None:
         raise Pruned(f"pruned at step {reporter.pruned_at}", result.run_dir)

@@ -28,6 +28,7 @@ from torchloom.search.results import VALUES
 from torchloom.search.space import SearchSpace
 from torchloom.search.study import load_study, make_pruner, make_sampler
 from torchloom.search.trial import Objective, Pruned, TrialFailed, run_trial
+from torchloom.signals import stop_asked
 
 if TYPE_CHECKING:
     import optuna
@@ -118,6 +119,8 @@ def work(
     )
     ran = 0
     while True:
+        if stop_asked():  # a signal whose interrupt the code it cut short swallowed
+            raise KeyboardInterrupt
         if orphaned is not None and orphaned():
             say("search worker: `loom search` is gone; no new trial starts")
             break
