@@ -31,11 +31,11 @@ from torchloom.engine.processor import ProcessResult
 from torchloom.engine.processor import process as _process
 from torchloom.engine.run_folder import RunResult as RunResult
 from torchloom.engine.run_folder import create_run_folder as create_run_folder
+from torchloom.engine.run_folder import failure_reason as failure_reason
 from torchloom.engine.setup import prepare_training as prepare_training
 from torchloom.engine.state import Hook as Hook
 from torchloom.engine.state import RunView as RunView
 from torchloom.engine.state import TrainOptions as TrainOptions
-from torchloom.engine.trainer import failure_reason as failure_reason
 
 
 def train(

@@ -22,10 +22,15 @@ from torchloom.engine.launch import (
     launch,
 )
 from torchloom.engine.reporting import LOG_FORMAT
-from torchloom.engine.run_folder import RunResult, check_run_tag, read_summary, write_summary
+from torchloom.engine.run_folder import (
+    RunResult,
+    check_run_tag,
+    failure_reason,
+    read_summary,
+    write_summary,
+)
 from torchloom.engine.setup import prepare_training
 from torchloom.engine.state import TrainOptions
-from torchloom.engine.trainer import failure_reason
 from torchloom.errors import ConfigError, LoomError
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchloom.data.atomic_files import write_text_atomic
-from torchloom.errors import ConfigError
+from torchloom.errors import ConfigError, LoomError
 from torchloom.run_names import folder_part, run_name_problem, run_tag_problem, shown
 
 __all__ = [
@@ -332,6 +332,15 @@ class RunResult:
 def write_summary(run_dir: Path, summary: Mapping[str, Any]) -> RunResult:
     write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return RunResult(run_dir, dict(summary))
+
+
+def failure_reason(error: BaseException) -> str:
+    """One line saying what ended a run (summary.json's reason): a user error's message, else
+    the exception's type and the first line of its message."""
+    if isinstance(error, LoomError):
+        return error.format().splitlines()[0]
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def write_running(run_dir: Path, name: str) -> None:

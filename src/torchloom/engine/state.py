@@ -3,8 +3,9 @@
 - `RunSetup`: what set-up built and what does not change while the run goes: the pipeline,
   loaders, optimizer, scheduler, precision, loss, reporter, run folder, log, hooks.
 - `Progress`: where the run is: completed epochs, episodes, the position in the epoch.
-- The loop's own meters (running losses, statistics, the latest values) belong to the loop
-  (`TrainingLoop` in engine/trainer.py), which also saves and restores all three.
+- `LoopMeters` (engine/loop_state.py): the loop's running losses, statistics and latest
+  values; the loop (`TrainingLoop`, engine/trainer.py) saves and restores all three through
+  engine/loop_state.py.
 
 Hooks observe a run through `RunView`, a few documented attributes (as detectron2's
 `HookBase` sees a few attributes of its trainer), never the loop's internals. A hook never
@@ -308,6 +309,15 @@ class Hooks:
         """Mark the end of the training loop: what the hooks cost from here on (the test
         pass, the final plots) is paid once per run, not per epoch."""
         self.in_training = self.total()
+
+    def cost(self, training_seconds: float) -> str:
+        """What the hooks cost the run, said at its end."""
+        spent, after = self.in_training, self.total() - self.in_training
+        share = 100 * spent / max(training_seconds, 1e-9)
+        return (
+            f"analysis took {spent:.1f} s of the {training_seconds:.1f} s of training "
+            f"({share:.1f}%), and {after:.1f} s after it"
+        )
 
     def before_train(self, run: RunView) -> None:
         self._call("before_train", run)

@@ -14,15 +14,7 @@ from typing import Any
 
 import torch
 
-from torchloom.core.weights import load_pipeline_weights, match_pipeline_weights
-from torchloom.engine import sharded
-from torchloom.engine.checkpoint import (
-    capture_rng_state,
-    load_checkpoint,
-    restore_rng_state,
-    save_checkpoint,
-    seed_everything,
-)
+from torchloom.engine.checkpoint import seed_everything
 from torchloom.engine.evaluation import (
     PassInterrupted,
     TrainingStatistics,
@@ -30,10 +22,19 @@ from torchloom.engine.evaluation import (
     statistics_copy,
 )
 from torchloom.engine.loaders import to_device
+from torchloom.engine.loop_state import (
+    LoopMeters,
+    checkpoint_state,
+    load_best_weights,
+    restore_state,
+    run_summary,
+    save_state,
+)
 from torchloom.engine.reporting import close_logger, format_statistics, progress_bar
 from torchloom.engine.run_folder import (
     RunResult,
     Status,
+    failure_reason,
     read_started_by,
     write_running,
     write_summary,
@@ -42,7 +43,6 @@ from torchloom.engine.state import Progress, RunSetup, RunView
 from torchloom.engine.step import Diverged, batch_size_of, clip_gradients, running_eagerly
 from torchloom.engine.terminal import converged, limit_reached
 from torchloom.errors import LoomError, StorageError
-from torchloom.statistics.accumulators import RunningStats
 from torchloom.statistics.csv_log import CsvLog
 
 
@@ -54,17 +54,13 @@ class TrainingLoop:
         self.setup = setup
         self.progress = Progress()
         self.view = RunView(setup, self.progress)
-        # The loop's meters: the running loss and statistics of the epoch and of the logging
-        # interval, and the latest and best values of every section.
-        self.epoch_loss, self.interval_loss = RunningStats(), RunningStats()
-        self.train_statistics = TrainingStatistics(setup.pipeline, setup.device, setup.distributed)
+        self.meters = LoopMeters(
+            TrainingStatistics(setup.pipeline, setup.device, setup.distributed)
+        )
         self.validation_statistics = statistics_copy(setup.pipeline, setup.device)
-        self.interval_samples = 0
-        self.interval_started = self.session_started = time.perf_counter()
-        self.latest: dict[str, dict[str, float]] = {}
-        self.best_statistics: dict[str, float] = {}
+        self.session_started = time.perf_counter()
         if checkpoint is not None:
-            self.load_state_dict(checkpoint)
+            restore_state(setup, self.progress, self.meters, checkpoint)
             setup.log.info(
                 "resumed from episode %d (epoch %d)", self.progress.episode, self.progress.epoch
             )
@@ -171,33 +167,19 @@ class TrainingLoop:
     def record_step(self, batch: dict[str, Any], loss: torch.Tensor, bar: Any) -> None:
         setup, progress = self.setup, self.progress
         loss = loss.detach()  # once for both meters
-        self.interval_loss.add(loss)
-        self.epoch_loss.add(loss)
-        self.train_statistics.update(batch)
-        size = self.global_batch if self.setup.distributed.active else batch_size_of(batch)
-        self.interval_samples += size
+        size = self.global_batch if setup.distributed.active else batch_size_of(batch)
+        self.meters.add_step(loss, batch, size)
         if setup.hooks:
             setup.hooks.after_step(self.view, batch, loss)
         if bar is not None:
             bar.update(1)
         if progress.episode % setup.config.logging_interval == 0:
-            elapsed = max(time.perf_counter() - self.interval_started, 1e-9)
-            row = {
-                "episode": progress.episode,
-                "epoch": progress.epoch + 1,  # the epoch in progress, numbered as in epoch rows
-                **self.interval_loss.values("loss"),
-                "batch_size": size,
-                "samples_per_second": self.interval_samples / elapsed,
-                # over this interval's batches, as the loss (the epoch's are in epoch rows)
-                **self.train_statistics.interval_values(),
-            }
+            row = self.meters.interval_row(progress, size)
             setup.reporter.row("training_statistics", row, progress.episode)
             if bar is not None:
                 bar.set_postfix(
                     loss=f"{row['loss']:.4f}", samples_s=f"{row['samples_per_second']:.0f}"
                 )
-            self.interval_loss.reset()
-            self.interval_samples, self.interval_started = 0, time.perf_counter()
             setup.hooks.after_interval(self.view)
 
     def after_step(self) -> Status | None:
@@ -217,14 +199,7 @@ class TrainingLoop:
         setup, progress = self.setup, self.progress
         if status is not None and status.requested:  # mid-epoch: running statistics go into
             return status  # last.pt as they are
-        row = {
-            "epoch": progress.epoch,
-            "episode": progress.episode,
-            **self.epoch_loss.values("loss"),
-            **self.train_statistics.epoch_values(),
-            "lr": setup.optimizer.param_groups[0]["lr"],
-        }
-        self.latest["training"] = {f"training.{k}": v for k, v in row.items()}
+        row = self.meters.epoch_row(progress, setup.optimizer.param_groups[0]["lr"])
         if setup.architecture_search is not None and setup.distributed.main:
             setup.architecture_search.end_epoch(
                 progress.epoch, setup.run_dir, setup.config_text, setup.log
@@ -237,14 +212,12 @@ class TrainingLoop:
             progress.episode,
             format_statistics(row),
         )
-        self.epoch_loss.reset()
-        self.train_statistics.end_epoch()
         if setup.scheduler is not None and setup.scheduler_interval == "epoch":
             setup.scheduler.step()
         if not setup.online and setup.validation_data is not None:
             status = self.validate(partial=False) or status
         elif not setup.online:
-            status = self.judge(self.latest["training"]) or status
+            status = self.judge(self.meters.latest["training"]) or status
         self.save("last.pt")
         limit = limit_reached(setup.config.terminal_conditions, progress.epoch, progress.episode)
         # A stop asked during the validation (a pruner's) ends the run here, not a step into
@@ -283,13 +256,15 @@ class TrainingLoop:
             " (partial)" if partial else "",
             format_statistics(values),
         )
-        self.latest["validation"] = {f"validation.{k}": v for k, v in values.items()}
-        return self.judge({**self.latest.get("training", {}), **self.latest["validation"]})
+        self.meters.latest["validation"] = {f"validation.{k}": v for k, v in values.items()}
+        return self.judge(
+            {**self.meters.latest.get("training", {}), **self.meters.latest["validation"]}
+        )
 
     def judge(self, statistics: dict[str, float]) -> Status | None:
         setup = self.setup
         if setup.monitor.update(statistics, self.progress.epoch):
-            self.best_statistics = {
+            self.meters.best_statistics = {
                 k: v for k, v in statistics.items() if not k.endswith((".epoch", ".episode", ".lr"))
             }
             self.save("best.pt")
@@ -306,108 +281,12 @@ class TrainingLoop:
 
     # ---- checkpoints -----------------------------------------------------------------------
     def save(self, name: str) -> None:
-        setup = self.setup
-        state = self.state_dict()  # with several processes, every one takes part
-        folder = setup.run_dir / "checkpoints"
-        if setup.sharded:  # FSDP: last.pt's weights as shards, best.pt's whole (sharded.py)
-            gradients = bool(self.progress.batch_in_epoch % setup.accumulation)
-            state = sharded.checkpoint_state(
-                state,
-                folder,
-                setup.pipeline.registered,
-                setup.optimizer,
-                setup.distributed,
-                last=name == "last.pt",
-                gradients=gradients,
-            )
-        if setup.distributed.main:
-            save_checkpoint(folder / name, state, keep_previous=name == "last.pt")
-            if setup.sharded and name == "last.pt":
-                sharded.prune_unused(folder)
+        state = checkpoint_state(self.setup, self.progress, self.meters, self.wall_time())
+        save_state(self.setup, self.progress, state, name)
 
     def wall_time(self) -> float:
         """Seconds of training over every session of this run, this one included."""
         return self.progress.wall_time + time.perf_counter() - self.session_started
-
-    def state_dict(self) -> dict[str, Any]:
-        """Everything exact resume needs (engine/checkpoint.py)."""
-        setup = self.setup
-        mid_window = self.progress.batch_in_epoch % setup.accumulation
-        search = setup.architecture_search
-        return {
-            "components": None if setup.sharded else setup.pipeline.component_states(),
-            "optimizer": None if setup.sharded else setup.optimizer.state_dict(),
-            "scheduler": setup.scheduler.state_dict() if setup.scheduler is not None else None,
-            "precision": setup.precision.scaler.state_dict(),
-            "rng": capture_rng_state(),
-            # Every process's generators, for exact resume at the same number of processes.
-            "rng_ranks": setup.distributed.gather(capture_rng_state())
-            if setup.distributed.active
-            else None,
-            "progress": {**self.progress.state_dict(), "wall_time": self.wall_time()},
-            "monitor": setup.monitor.state_dict(),
-            "best_statistics": self.best_statistics,
-            "running": {
-                "epoch_loss": self.epoch_loss.state_dict(),
-                "interval_loss": self.interval_loss.state_dict(),
-                "interval_samples": self.interval_samples,
-                **self.train_statistics.state_dict(),
-                "latest": self.latest,
-                "csv_rows": setup.reporter.row_counts(),
-                "reservoir": setup.train_data.reservoir_state(),
-                # Gradients summed so far in an unfinished accumulation window (a save between
-                # two optimizer steps): without them a resumed run would step on fewer batches.
-                "gradients": [p.grad for p in setup.parameters]
-                if mid_window and not setup.sharded
-                else None,
-            },
-            "hooks": setup.hooks.state_dict(),
-            "architecture_search": search.state_dict() if search is not None else None,
-            "config": setup.config_text,
-        }
-
-    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
-        """Restore a checkpoint's states; the random generators last, so that nothing drawn
-        while restoring shifts the resumed run."""
-        setup = self.setup
-        source = f"checkpoint of {setup.run_dir}"
-        record = checkpoint.get(sharded.RECORD)
-        if record is not None:  # FSDP: each process reads its shards, at any world size
-            folder = setup.run_dir / "checkpoints"
-            sharded.load_shards(
-                folder, record, setup.pipeline.registered, setup.optimizer, setup.distributed
-            )
-        else:
-            load_pipeline_weights(setup.pipeline.components, checkpoint["components"], source)
-            setup.optimizer.load_state_dict(checkpoint["optimizer"])
-        if setup.scheduler is not None and checkpoint["scheduler"] is not None:
-            setup.scheduler.load_state_dict(checkpoint["scheduler"])
-        setup.precision.scaler.load_state_dict(checkpoint["precision"])
-        self.progress.load_state_dict(checkpoint["progress"])
-        setup.monitor.load_state_dict(checkpoint["monitor"])
-        self.best_statistics = checkpoint["best_statistics"]
-        running = checkpoint["running"]
-        self.epoch_loss.load_state_dict(running["epoch_loss"], setup.device)
-        self.interval_loss.load_state_dict(running["interval_loss"], setup.device)
-        self.interval_samples = running["interval_samples"]
-        self.train_statistics.load_state_dict(running)
-        if running.get("gradients") is not None:
-            for parameter, gradient in zip(setup.parameters, running["gradients"], strict=True):
-                parameter.grad = None if gradient is None else gradient.to(parameter.device)
-        self.latest = running["latest"]
-        note = setup.train_data.load_reservoir_state(running.get("reservoir"))
-        if note is not None:
-            setup.log.warning("%s", note)
-        setup.hooks.load_state_dict(checkpoint.get("hooks", {}))
-        if setup.architecture_search is not None:
-            setup.architecture_search.load_state_dict(checkpoint["architecture_search"])
-        dist, ranks = setup.distributed, checkpoint.get("rng_ranks")
-        if ranks is not None and len(ranks) == dist.world:
-            restore_rng_state(ranks[dist.rank])
-        elif dist.main:
-            restore_rng_state(checkpoint["rng"])
-        else:  # saved by another number of processes: rank 0 continues, the others anew
-            seed_everything(setup.seed + dist.rank + 7919 * self.progress.episode)
 
     # ---- the test pass ---------------------------------------------------------------------
     def test(self) -> dict[str, float]:
@@ -415,15 +294,8 @@ class TrainingLoop:
         best); stops at a signal (nothing to save: a resumed run repeats it)."""
         setup, progress = self.setup, self.progress
         assert setup.test_data is not None
-        best = setup.run_dir / "checkpoints" / "best.pt"
-        setup.log.info("test pass with %s", "best.pt" if best.exists() else "the last weights")
-        if best.exists():
-            components = load_checkpoint(best)["components"]
-            if setup.sharded:
-                match_pipeline_weights(setup.pipeline.components, components, f"'{best}'")
-                sharded.load_whole(setup.pipeline.registered, components)
-            else:
-                load_pipeline_weights(setup.pipeline.components, components, f"'{best}'")
+        best = load_best_weights(setup)
+        setup.log.info("test pass with %s", "best.pt" if best else "the last weights")
         setup.pipeline.check_next_batch("test")
         values = evaluate(
             setup.pipeline,
@@ -538,14 +410,7 @@ class TrainingLoop:
             result = self.write_summary(status, reason, test)
             setup.hooks.after_train(self.view, result.summary)
         if setup.hooks:
-            spent = setup.hooks.in_training
-            setup.log.info(
-                "analysis took %.1f s of the %.1f s of training (%.1f%%), and %.1f s after it",
-                spent,
-                training_seconds,
-                100 * spent / max(training_seconds, 1e-9),
-                setup.hooks.total() - spent,
-            )
+            setup.log.info("%s", setup.hooks.cost(training_seconds))
         if diverged is not None:
             kept = (setup.run_dir / "checkpoints" / "best.pt").exists()
             setup.log.error("%s%s", diverged.format(), "; best.pt is intact" if kept else "")
@@ -554,40 +419,10 @@ class TrainingLoop:
     def write_summary(
         self, status: Status, reason: str, test: dict[str, float] | None
     ) -> RunResult:
-        setup, monitor = self.setup, self.setup.monitor
-        final = {
-            section: {k.split(".", 1)[1]: v for k, v in values.items()}
-            for section, values in self.latest.items()
-        }
-        if test is not None:
-            final["test"] = test
-        summary = {
-            "pipeline": setup.name,
-            "status": status.value,
-            "reason": reason,
-            "epochs": self.progress.epoch,
-            "episodes": self.progress.episode,
-            "wall_time_seconds": round(self.wall_time(), 3),
-            "seed": setup.seed,
-            "device": str(setup.device),
-            "monitor": {
-                "name": monitor.name,
-                "mode": monitor.mode,
-                "best": monitor.best,
-                "best_epoch": monitor.best_epoch,
-            },
-            "best": self.best_statistics,
-            "final": final,
-        }
+        setup = self.setup
+        summary = run_summary(
+            setup, self.progress, self.meters, status, reason, test, self.wall_time()
+        )
         if not setup.distributed.main:
             return RunResult(setup.run_dir, summary)
         return write_summary(setup.run_dir, summary)
-
-
-def failure_reason(error: BaseException) -> str:
-    """One line saying what ended a run: a user error's message, else the exception's type
-    and the first line of its message."""
-    if isinstance(error, LoomError):
-        return error.format().splitlines()[0]
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
