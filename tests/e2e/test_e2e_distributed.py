@@ -5,6 +5,7 @@ machine, and clear errors for what cannot start."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -144,7 +145,19 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
         for name in ("loss", "loss_min", "loss_max", "loss_std"):
             assert two[section][name] == pytest.approx(one[section][name], abs=1e-6), name
     assert two["training"]["accuracy"] == one["training"]["accuracy"]
-    assert "2 processes train" in (run / "run.log").read_text()
+    log = (run / "run.log").read_text()
+    assert "2 processes train" in log
+    # The analysis runs in rank 0 alone, which sees half of every pass: what counts every
+    # sample (a confusion matrix, the errors) is skipped and says why, never half counted.
+    sample_reports = "predictions-*-cm.csv", "predictions-*-errors.csv", "predictions-*-roc.csv"
+    for pattern in sample_reports:
+        assert list((one_process / "reports").glob(pattern)), pattern
+        assert not list((run / "reports").glob(pattern)), pattern
+    skipped = json.loads((run / "reports" / "skipped.json").read_text())
+    for item in ("confusion_matrix", "classification_report", "roc", "prediction_errors"):
+        assert "rank 0 alone, which sees 1/2 of every pass" in skipped[item], item
+    assert "confusion_matrix" in log and "skipped" in log
+    assert (run / "reports" / "learning_rate.png").exists()  # what is about the run still is
 
 
 def test_a_process_with_nothing_to_evaluate_adds_nothing(tmp_path: Path) -> None:

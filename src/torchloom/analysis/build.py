@@ -17,6 +17,7 @@ from torchloom.analysis.plotting import PlotBudget
 from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig
 from torchloom.analysis.skipped import say_skipped
 from torchloom.core.pipeline import Pipeline
+from torchloom.engine.distributed import current
 from torchloom.engine.state import Hook
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean, validation_problems
 
@@ -46,6 +47,10 @@ NEEDS_OUTPUTS = (
     "prediction_errors",
     "worst_samples",
 )
+# Items whose tables and plots are about every sample of a pass (counts, rates, the errors,
+# the worst): the analysis runs in rank 0 alone, which sees 1/N of each pass under N
+# processes, so they would count its share as the whole set.
+OF_EVERY_SAMPLE = NEEDS_OUTPUTS
 
 
 def _section(data: Mapping[str, Any]) -> Any:
@@ -96,6 +101,16 @@ def build_hooks(data: Mapping[str, Any], pipeline: Pipeline, where: Where) -> li
     """The analysis hooks a run's config asks for (the `default` preset when it says none),
     and one that says which items cannot run (once the run has a log)."""
     config, skipped = check_analysis(data, pipeline, where)
+    world = current().world
+    shared = [item for item in OF_EVERY_SAMPLE if config.enabled(item)]
+    if world > 1 and shared:
+        why = (
+            f"under {world} processes the analysis runs in rank 0 alone, which sees 1/{world} "
+            "of every pass: these would count its share as the whole set (the run's "
+            "statistics, in summary.json and the CSVs, count every sample; train with one "
+            "process for these reports)"
+        )
+        skipped = {**skipped, why: shared}
     # Items that cannot run are switched off (SkippedItems says so); an item that cannot
     # run for some outputs only finds out per output, in its hook.
     dropped = {item for items in skipped.values() for item in items}
