@@ -101,8 +101,11 @@ def build_hooks(data: Mapping[str, Any], pipeline: Pipeline, where: Where) -> li
     """The analysis hooks a run's config asks for (the `default` preset when it says none),
     and one that says which items cannot run (once the run has a log)."""
     config, skipped = check_analysis(data, pipeline, where)
+    # Items that cannot run are switched off (SkippedItems says so); an item that cannot
+    # run for some outputs only finds out per output, in its hook.
+    dropped = {item for items in skipped.values() for item in items}
     world = current().world
-    shared = [item for item in OF_EVERY_SAMPLE if config.enabled(item)]
+    shared = [item for item in OF_EVERY_SAMPLE if config.enabled(item) and item not in dropped]
     if world > 1 and shared:
         why = (
             f"under {world} processes the analysis runs in rank 0 alone, which sees 1/{world} "
@@ -110,10 +113,7 @@ def build_hooks(data: Mapping[str, Any], pipeline: Pipeline, where: Where) -> li
             "statistics, in summary.json and the CSVs, count every sample; train with one "
             "process for these reports)"
         )
-        skipped = {**skipped, why: shared}
-    # Items that cannot run are switched off (SkippedItems says so); an item that cannot
-    # run for some outputs only finds out per output, in its hook.
-    dropped = {item for items in skipped.values() for item in items}
+        skipped, dropped = {**skipped, why: shared}, dropped | set(shared)
     config = config.model_copy(update=dict.fromkeys(dropped, False))
     hooks: list[Hook] = []
     budget = PlotBudget()  # one per run, shared by the hooks that plot
