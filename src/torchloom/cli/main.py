@@ -97,7 +97,9 @@ def _run_command(args: argparse.Namespace) -> int:
         return 130
     except Exception as error:
         if stop_asked():  # the interrupt, turned into another error by what it cut short
-            print(f"interrupted ({type(error).__name__} where it stopped)", file=sys.stderr)
+            from torchloom.engine.run_folder import failure_reason
+
+            print(f"interrupted (where it stopped: {failure_reason(error)})", file=sys.stderr)
             return 130
         if isinstance(error, LoomError):
             shown = error
