@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from types import FrameType
@@ -26,6 +27,19 @@ def terminating_signals() -> tuple[int, ...]:
     if hangup is None or signal.getsignal(hangup) is signal.SIG_IGN:
         return (signal.SIGTERM,)
     return (signal.SIGTERM, hangup)
+
+
+def set_parent_death_signal(signum: int) -> None:
+    """Ask Linux to send this process `signum` when its parent exits (0: no signal at all);
+    elsewhere nothing (callers check their parent themselves)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import ctypes.util
+
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(1, int(signum), 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 _stops: list[int] = []  # stop signals received while `stopping_on_signals` is in effect

@@ -16,14 +16,12 @@ of its own (its handlers would stop the workers with SIGTERM and wait 30 s for t
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import multiprocessing
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 import traceback
@@ -35,7 +33,7 @@ from types import FrameType
 from typing import Any
 
 from torchloom.errors import ConfigError, LoomError
-from torchloom.signals import terminating_signals
+from torchloom.signals import set_parent_death_signal, terminating_signals
 
 
 @dataclass(frozen=True)
@@ -127,7 +125,10 @@ class Handoff:
         module's docstring), stopped as by Ctrl-C if the launcher (pid `launcher`) dies, and
         its pid where the launcher finds it."""
         os.setpgid(0, 0)
-        _no_parent_death_signal()
+        # Undo the parent-death signal torch's spawn asks Linux for (SIGINT): Linux sends it
+        # once per thread of the launcher that exits (the agent's, then the main one), and a
+        # second signal stops a run at once, before it saves. `_stop_when_gone` sends one.
+        set_parent_death_signal(0)
         threading.Thread(
             target=_stop_when_gone, args=(launcher,), name="torchloom-launcher-watch", daemon=True
         ).start()
@@ -190,17 +191,6 @@ def _stop_when_gone(launcher: int) -> None:
     while os.getppid() == launcher:
         time.sleep(0.5)
     os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _no_parent_death_signal() -> None:
-    """Undo the parent-death signal torch's spawn asks Linux for (SIGINT): Linux sends it
-    once per thread of the launcher that exits (the agent's, then the main one), and a
-    second signal stops a run at once, before it saves. `_stop_when_gone` sends one."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(1, 0, 0, 0, 0)  # PR_SET_PDEATHSIG, none
 
 
 # ---- launching ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchloom.search.record import SearchRecord, read_record
-from torchloom.signals import stopping_on_signals
+from torchloom.signals import set_parent_death_signal, stopping_on_signals
 
 if TYPE_CHECKING:
     from torchloom.search.worker import Say
@@ -268,14 +268,6 @@ def continue_worker(hook_factory: Any, index: int) -> int:
 def stop_with_parent(parent: int) -> None:
     """Ask Linux for a SIGTERM when the parent goes (SIGKILL included); then check it is
     still there, as it may have gone before. Elsewhere the worker loop checks its parent."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import ctypes.util
-
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-            libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+    set_parent_death_signal(signal.SIGTERM)
     if os.getppid() != parent:
         raise KeyboardInterrupt
