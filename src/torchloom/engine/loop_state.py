@@ -15,11 +15,10 @@ from typing import Any
 import torch
 
 from torchloom.core.component import Batch
-from torchloom.core.weights import load_pipeline_weights, match_pipeline_weights
+from torchloom.core.weights import load_pipeline_weights
 from torchloom.engine import sharded
 from torchloom.engine.checkpoint import (
     capture_rng_state,
-    load_checkpoint,
     restore_rng_state,
     save_checkpoint,
     seed_everything,
@@ -184,21 +183,6 @@ def restore_state(
         restore_rng_state(checkpoint["rng"])
     else:  # saved by another number of processes: rank 0 continues, the others anew
         seed_everything(setup.seed + dist.rank + 7919 * progress.episode)
-
-
-def load_best_weights(setup: RunSetup) -> bool:
-    """Load best.pt's weights into the pipeline for the test pass; False where the run has
-    no best.pt (the last weights are tested)."""
-    best = setup.run_dir / "checkpoints" / "best.pt"
-    if not best.exists():
-        return False
-    components = load_checkpoint(best)["components"]
-    if setup.sharded:
-        match_pipeline_weights(setup.pipeline.components, components, f"'{best}'")
-        sharded.load_whole(setup.pipeline.registered, components)
-    else:
-        load_pipeline_weights(setup.pipeline.components, components, f"'{best}'")
-    return True
 
 
 def run_summary(

@@ -4,7 +4,8 @@ every N episodes), to the end of a run, however it ends.
 `train_epoch` is the loop and `train_step` / `optimizer_step` the step, in the order of a
 hand-written loop: forward, loss, divergence check, backward, then every `accumulation`
 batches unscale, clip, step, zero_grad and the per-step scheduler. The rest (rows, hooks,
-validation, checkpoints, the test pass, summary.json) happens around them, below.
+validation, checkpoints, the test pass (engine/final_test.py), summary.json) happens around
+them, below; what a checkpoint holds of the loop is in engine/loop_state.py.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from torchloom.engine.evaluation import (
     evaluate,
     statistics_copy,
 )
+from torchloom.engine.final_test import run_test_pass
 from torchloom.engine.loaders import to_device
 from torchloom.engine.loop_state import (
     LoopMeters,
     checkpoint_state,
-    load_best_weights,
     restore_state,
     run_summary,
     save_state,
@@ -43,7 +44,6 @@ from torchloom.engine.state import Progress, RunSetup, RunView
 from torchloom.engine.step import Diverged, batch_size_of, clip_gradients, running_eagerly
 from torchloom.engine.terminal import converged, limit_reached
 from torchloom.errors import LoomError, StorageError
-from torchloom.statistics.csv_log import CsvLog
 
 
 class TrainingLoop:
@@ -288,37 +288,6 @@ class TrainingLoop:
         """Seconds of training over every session of this run, this one included."""
         return self.progress.wall_time + time.perf_counter() - self.session_started
 
-    # ---- the test pass ---------------------------------------------------------------------
-    def test(self) -> dict[str, float]:
-        """The test section, evaluated with the best weights (the last ones if none are
-        best); stops at a signal (nothing to save: a resumed run repeats it)."""
-        setup, progress = self.setup, self.progress
-        assert setup.test_data is not None
-        best = load_best_weights(setup)
-        setup.log.info("test pass with %s", "best.pt" if best else "the last weights")
-        setup.pipeline.check_next_batch("test")
-        values = evaluate(
-            setup.pipeline,
-            setup.test_data.epoch(0),
-            statistics_copy(setup.pipeline, setup.device),
-            setup.loss,
-            setup.precision,
-            setup.device,
-            observe=self._observer("test"),
-            # Processes may have uneven shares: a pass stops together only at its end.
-            stop=None if setup.distributed.active else (lambda: setup.signals.by_signal),
-            distributed=setup.distributed,
-        )
-        setup.hooks.after_eval(self.view, "test", values, False)
-        if setup.distributed.main:
-            # A pass repeated at the same episode (a run killed after its test pass, resumed)
-            # replaces its row instead of adding a second one.
-            CsvLog(
-                setup.run_dir / "test_statistics.csv", keep_until_episode=progress.episode - 1
-            ).write({"epoch": progress.epoch, "episode": progress.episode, **values})
-        setup.log.info("test: %s", format_statistics(values))
-        return values
-
     # ---- start to end ----------------------------------------------------------------------
     def run(self) -> RunResult:
         """Train, validate and test to the end, and write summary.json however the run ends:
@@ -402,7 +371,7 @@ class TrainingLoop:
             test = None
             if setup.test_data is not None and status.finished and status is not Status.DIVERGED:
                 try:
-                    test = self.test()
+                    test = run_test_pass(setup, self.progress, self.view, self._observer("test"))
                 except PassInterrupted:
                     status = Status.INTERRUPTED
                     reason = "stopped by a signal during the final test pass; --resume runs it"
