@@ -28,6 +28,7 @@ class ToyTask(Task):
         width: int = Field(4, gt=0)
         classes: int = Field(3, gt=1)
         target_dtype: str = "int64"
+        indices: bool = False  # a sample-id stream (the analysis' worst samples need one)
 
     PUBLISHES_GLOBALS = {"num_classes": "classes", "input_size": "vector width"}
 
@@ -45,21 +46,27 @@ class ToyTask(Task):
         return {"classes": self.params.classes}
 
     def output_specs(self) -> dict[str, StreamSpec]:
-        return {
+        specs = {
             "inputs": StreamSpec(("batch", self.params.width), torch.float32, "vectors"),
             "targets": StreamSpec(("batch",), getattr(torch, self.params.target_dtype), "class"),
             "labels": StreamSpec(("batch",), str, "class names"),
         }
+        if self.params.indices:
+            specs["indices"] = StreamSpec(("batch",), torch.int64, "sample ids")
+        return specs
 
     def __len__(self) -> int:
         return self.params.size
 
     def __getitem__(self, index: int) -> Batch:
-        return {
+        sample = {
             "inputs": self.inputs[index],
             "targets": self.targets[index],
             "labels": str(int(self.targets[index])),
         }
+        if self.params.indices:
+            sample["indices"] = index
+        return sample
 
 
 class ToyLinear(Model):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-from torchloom.analysis.classification import ClassificationAnalysis, ErrorStream
+from torchloom.analysis.classification import ClassificationAnalysis
 from torchloom.analysis.classification_numbers import (
     ROC_BINS,
     ClassCounts,
@@ -25,8 +25,10 @@ from torchloom.analysis.classification_numbers import (
     score_bins,
 )
 from torchloom.analysis.plotting import png_data
+from torchloom.analysis.prediction_errors import ErrorStream
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.core.globals_store import GlobalsStore
+from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.setup import prepare_training
 from torchloom.engine.state import TrainOptions
 
@@ -162,7 +164,8 @@ def test_score_bins_are_the_same_for_logits_and_log_probabilities() -> None:
 
 
 # ---- the hook's passes, on hand-made batches -------------------------------------------------
-def fake_run(folder: Path) -> Any:
+def fake_run(folder: Path, distributed: Distributed = SINGLE) -> Any:
+    """A run as the hook sees it (of `distributed`'s process); class names zero, one, two."""
     store = GlobalsStore()
     store.publish("label_word_mappings", {"zero": 0, "one": 1, "two": 2}, "test")
     return SimpleNamespace(
@@ -170,6 +173,7 @@ def fake_run(folder: Path) -> Any:
         progress=SimpleNamespace(epoch=1, episode=10),
         pipeline=SimpleNamespace(globals=store),
         log=logging.getLogger("test"),
+        distributed=distributed,
     )
 
 

@@ -21,6 +21,7 @@ from test_analysis_worst_samples import (
 from torchloom.analysis.embeddings import THUMBNAIL, EmbeddingExport, thumbnails
 from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig, OutputSpec
 from torchloom.analysis.skipped import read_skipped
+from torchloom.engine.distributed import SINGLE
 
 POINTS = 50
 
@@ -80,7 +81,7 @@ def test_tensorboard_off_warns_and_exports_nothing(tmp_path: Path) -> None:
             messages.append(message % args)
 
     hook = EmbeddingExport(AnalysisConfig(embeddings=EmbeddingsConfig(streams=["z"])))
-    run: Any = SimpleNamespace(tensorboard=None, log=Log(), run_dir=tmp_path)
+    run: Any = SimpleNamespace(tensorboard=None, log=Log(), run_dir=tmp_path, distributed=SINGLE)
     hook.before_train(run)
     assert not hook.active and "TensorBoard is off" in messages[0]
     assert "TensorBoard is off" in read_skipped(tmp_path)["embeddings"]  # and in report.html

@@ -191,10 +191,11 @@ def test_loom_check_rejects_an_output_stream_that_does_not_exist(
 
 def test_skipped_items_are_said_once_per_reason(tmp_path: Path) -> None:
     from torchloom.analysis.skipped import say_skipped
+    from torchloom.engine.distributed import SINGLE
     from torchloom.engine.reporting import close_logger, make_logger
 
     log = make_logger(tmp_path, quiet=True)
-    run: Any = type("Run", (), {"run_dir": tmp_path, "log": log})()
+    run: Any = type("Run", (), {"run_dir": tmp_path, "log": log, "distributed": SINGLE})()
     for _ in range(3):  # a hook meeting the same problem on every batch, a resumed run
         say_skipped(run, ["roc", "history"], "why")
     say_skipped(run, ["roc"], "another reason")

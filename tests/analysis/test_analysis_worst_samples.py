@@ -25,6 +25,7 @@ from torchloom.analysis.schema import AnalysisConfig, OutputSpec, WorstSamplesCo
 from torchloom.analysis.worst_samples import WorstSamples, caption
 from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.streams import StreamSpec
+from torchloom.engine.distributed import SINGLE
 from torchloom.engine.setup import prepare_training
 from torchloom.engine.state import Hook, RunView, TrainOptions
 from torchloom.engine.trainer import TrainingLoop
@@ -148,6 +149,7 @@ def fake_run(tmp_path: Path) -> Any:
         run_dir=tmp_path,
         seed=1,
         pipeline=SimpleNamespace(globals=GlobalsStore()),
+        distributed=SINGLE,
     )
 
 

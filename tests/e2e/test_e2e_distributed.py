@@ -5,7 +5,6 @@ machine, and clear errors for what cannot start."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -20,6 +19,7 @@ import pytest
 import torch
 from e2e_helpers import LOOM, only_run, summary
 
+from torchloom.analysis.skipped import read_skipped
 from torchloom.cli.main import main
 from torchloom.config import dump_config
 from torchloom.data.samplers import RankShard, build_sampler
@@ -45,11 +45,12 @@ def toy_config(
 ) -> Path:
     """44 samples in global batches of 8: the last batch has 4, cut 2 + 2. No dropout, so one
     process and two compute the same steps. `strategy`: training.distributed.strategy;
-    `training`: more training keys; `extra`: more pipeline components."""
+    `training`: more training keys; `extra`: more pipeline components. The training samples
+    have ids (worst samples), the others not (errors numbered by position in the pass)."""
     config: dict[str, Any] = {
         "name": "toy",
         "training": {
-            "task": {"type": "toy_components:ToyTask", "size": size},
+            "task": {"type": "toy_components:ToyTask", "size": size, "indices": True},
             "dataloader": {"batch_size": 8},
             "optimizer": {"type": "SGD", "lr": 0.1},
             "seed": 3,
@@ -147,17 +148,29 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
     assert two["training"]["accuracy"] == one["training"]["accuracy"]
     log = (run / "run.log").read_text()
     assert "2 processes train" in log
-    # The analysis runs in rank 0 alone, which sees half of every pass: what counts every
-    # sample (a confusion matrix, the errors) is skipped and says why, never half counted.
-    sample_reports = "predictions-*-cm.csv", "predictions-*-errors.csv", "predictions-*-roc.csv"
-    for pattern in sample_reports:
-        assert list((one_process / "reports").glob(pattern)), pattern
-        assert not list((run / "reports").glob(pattern)), pattern
-    skipped = json.loads((run / "reports" / "skipped.json").read_text())
-    for item in ("confusion_matrix", "classification_report", "roc", "prediction_errors"):
-        assert "rank 0 alone, which sees 1/2 of every pass" in skipped[item], item
-    assert "confusion_matrix" in log and "skipped" in log
-    assert (run / "reports" / "learning_rate.png").exists()  # what is about the run still is
+    # The reports about every sample of a pass (counts, errors, the worst samples) merge
+    # every process's share: the same files as one process writes, never rank 0's half.
+    sample_reports = [
+        *[f"predictions-{split}-{kind}" for split in ("validation", "test") for kind in KINDS],
+        "predictions-training-cm.csv",
+        "predictions-training-report.md",
+        "worst_samples/worst.csv",
+    ]
+    assert same_reports(run, one_process, *sample_reports)
+    errors = (run / "reports" / "predictions-validation-errors.csv").read_text().splitlines()
+    assert len(errors) > 3  # a few misclassified samples, numbered by position in the pass
+    assert read_skipped(run) == read_skipped(one_process)  # nothing skipped for the processes
+    assert (run / "reports" / "learning_rate.png").exists()
+
+
+KINDS = ("cm.csv", "report.md", "roc.csv", "errors.csv")
+
+
+def same_reports(run: Path, reference: Path, *names: str) -> bool:
+    for name in names:
+        mine, theirs = (folder / "reports" / name for folder in (run, reference))
+        assert mine.read_text() == theirs.read_text(), name
+    return True
 
 
 def test_a_process_with_nothing_to_evaluate_adds_nothing(tmp_path: Path) -> None:
@@ -199,6 +212,7 @@ def test_a_run_continues_with_another_number_of_processes(
     assert second.returncode == 0, second.stderr
     assert summary(run)["episodes"] == 12
     assert_close(weights(one_process), weights(run))
+    assert same_reports(run, one_process, "worst_samples/worst.csv")  # two epochs' losses
 
 
 def test_an_elastic_restart_after_a_worker_dies_resumes_from_last_pt(
@@ -433,6 +447,8 @@ def test_ctrl_c_stops_every_process_and_the_run_resumes_exactly(tmp_path: Path) 
     reference = weights(only_run(tmp_path / "whole"))
     for key, tensor in weights(run).items():
         assert torch.equal(tensor, reference[key]), f"{key} differs"
+    # The per-sample losses of the stopped epoch: both processes' went into last.pt.
+    assert same_reports(run, only_run(tmp_path / "whole"), "worst_samples/worst.csv")
 
 
 def test_workers_whose_launcher_is_killed_save_and_stop(tmp_path: Path) -> None:

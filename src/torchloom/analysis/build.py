@@ -17,7 +17,6 @@ from torchloom.analysis.plotting import PlotBudget
 from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig
 from torchloom.analysis.skipped import say_skipped
 from torchloom.core.pipeline import Pipeline
-from torchloom.engine.distributed import current
 from torchloom.engine.state import Hook
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean, validation_problems
 
@@ -47,10 +46,6 @@ NEEDS_OUTPUTS = (
     "prediction_errors",
     "worst_samples",
 )
-# Items whose tables and plots are about every sample of a pass (counts, rates, the errors,
-# the worst): the analysis runs in rank 0 alone, which sees 1/N of each pass under N
-# processes, so they would count its share as the whole set.
-OF_EVERY_SAMPLE = NEEDS_OUTPUTS
 
 
 def _section(data: Mapping[str, Any]) -> Any:
@@ -104,16 +99,6 @@ def build_hooks(data: Mapping[str, Any], pipeline: Pipeline, where: Where) -> li
     # Items that cannot run are switched off (SkippedItems says so); an item that cannot
     # run for some outputs only finds out per output, in its hook.
     dropped = {item for items in skipped.values() for item in items}
-    world = current().world
-    shared = [item for item in OF_EVERY_SAMPLE if config.enabled(item) and item not in dropped]
-    if world > 1 and shared:
-        why = (
-            f"under {world} processes the analysis runs in rank 0 alone, which sees 1/{world} "
-            "of every pass: these would count its share as the whole set (the run's "
-            "statistics, in summary.json and the CSVs, count every sample; train with one "
-            "process for these reports)"
-        )
-        skipped, dropped = {**skipped, why: shared}, dropped | set(shared)
     config = config.model_copy(update=dict.fromkeys(dropped, False))
     hooks: list[Hook] = []
     budget = PlotBudget()  # one per run, shared by the hooks that plot

@@ -3,9 +3,11 @@ curves, and the misclassified samples.
 
 Memory does not grow with the data: a pass is summarised by counts kept on the device — the
 confusion matrix, and per class a histogram of scores split by positives and negatives (from
-which ROC curves follow) — and misclassified samples are streamed to a CSV file. Training
-batches are counted in `after_step` with device operations only (no host sync); counts are
-read once per pass. Files, in `reports/` of the run folder:
+which ROC curves follow) — and misclassified samples are streamed to a CSV file
+(prediction_errors.py). Training batches are counted in `after_step` with device operations
+only (no host sync); counts are read once per pass. With several processes the hook runs in
+each, on its share of every batch; at a pass's end the counts are added and the error rows
+merged (one exchange per pass), and rank 0 writes. Files, in `reports/` of the run folder:
 
     <output>-<split>-cm.png / -cm.csv   row-normalised confusion matrix (image / numbers)
     <output>-<split>-report.md          accuracy, per-class table, averages, top confusions
@@ -34,17 +36,22 @@ from torchloom.analysis.classification_numbers import (
     roc_curves,
 )
 from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, figure, save_png
+from torchloom.analysis.prediction_errors import (
+    ErrorShare,
+    ErrorStream,
+    merge_shares,
+    write_merged,
+)
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec
 from torchloom.analysis.skipped import say_skipped
 from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
-from torchloom.data.atomic_files import PendingFile, write_text_atomic
+from torchloom.data.atomic_files import write_text_atomic
+from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.state import Hook
 
 if TYPE_CHECKING:
     from torchloom.engine.state import RunView
-
-ERROR_COLUMNS = ("id", "truth", "prediction", "confidence", "truth_name", "prediction_name")
 
 
 def _write_csv(path: Path, rows: Sequence[Sequence[Any]]) -> None:
@@ -97,53 +104,6 @@ def draw_roc(path: Path, title: str, curves: Sequence[RocCurve]) -> None:
     save_png(fig, path, {"auc": {curve.name: round(curve.auc, 6) for curve in curves}})
 
 
-class ErrorStream:
-    """Misclassified samples of one pass, streamed to a temporary CSV that becomes the
-    report only when the pass completes (partial validation passes are dropped). Batches
-    wait on the device and are read `FLUSH` samples at a time, not one sync per batch."""
-
-    FLUSH = 8192
-
-    def __init__(self, path: Path, names: Sequence[str]) -> None:
-        self.path, self.names = path, names
-        self.pending = PendingFile(path)
-        # Rows gather as text and go to the file at each flush: dropping a pass (partial, or
-        # cut short by an exception) then never has half-written text to flush first.
-        self.text = io.StringIO(newline="")
-        self.writer = csv.writer(self.text)
-        self.writer.writerow(ERROR_COLUMNS)
-        self.waiting: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self.seen = self.flushed = 0
-
-    def add(self, ids: Any, scores: torch.Tensor, targets: torch.Tensor) -> None:
-        confidence, predicted = torch.softmax(scores.detach().float(), dim=1).max(dim=1)
-        if ids is None:  # no id stream: the position in the pass
-            ids = torch.arange(self.seen, self.seen + len(predicted))
-        self.waiting.append((ids, targets.detach().reshape(-1), predicted, confidence))
-        self.seen += len(predicted)
-        if self.seen - self.flushed >= self.FLUSH:
-            self.flush()
-
-    def flush(self) -> None:
-        for ids, *tensors in self.waiting:
-            truth, guess, sure = (tensor.cpu().tolist() for tensor in tensors)
-            names = ids.cpu().tolist() if isinstance(ids, torch.Tensor) else list(ids)
-            for sample, t, p, c in zip(names, truth, guess, sure, strict=True):
-                if t != p and 0 <= t < len(self.names):
-                    self.writer.writerow((sample, t, p, f"{c:.6f}", self.names[t], self.names[p]))
-        self.waiting, self.flushed = [], self.seen
-        self.pending.handle.write(self.text.getvalue().encode("utf-8"))
-        self.text.seek(0)
-        self.text.truncate()
-
-    def finish(self, keep: bool) -> None:
-        if keep:
-            self.flush()
-            self.pending.commit()
-        else:
-            self.pending.discard()
-
-
 @dataclass
 class FinishedPass:
     """What one pass left, on the host: enough to draw its plots later."""
@@ -155,11 +115,25 @@ class FinishedPass:
     curves: list[RocCurve]
 
 
+@dataclass
+class PassShare:
+    """One output's pass as this process counted it, on the host: the confusion counts and
+    the binned scores (None without ROC curves; both None where this process had no batch of
+    the pass), the error rows it held (several processes), and once every process's shares
+    are merged, the pass's error rows as one process writes them."""
+
+    confusion: np.ndarray | None
+    scores: np.ndarray | None
+    errors: ErrorShare | None
+    merged_errors: list[tuple[Any, int, int, float]] | None = None
+
+
 class ClassificationAnalysis(Hook):
     """Confusion matrix, classification report, ROC curves and prediction errors for every
     output of the `analysis:` section, on training, validation and test passes."""
 
     name = "classification_analysis"
+    every_rank = True  # each process counts its share; merged at the end of each pass
 
     def __init__(self, config: AnalysisConfig, budget: PlotBudget | None = None) -> None:
         # Shared with the run's other plotting hooks (analysis/build.py): together within it.
@@ -178,10 +152,12 @@ class ClassificationAnalysis(Hook):
         self.skipped: set[str] = set()
         # Training steps are counted a block of steps at a time (see step_buffer).
         self.step_buffers: dict[str, StepBuffer] = {}
+        self.distributed: Distributed = SINGLE  # the run's, from before_train
 
     # ---- events ----------------------------------------------------------------------------
     def before_train(self, run: RunView) -> None:
         self.budget.start()  # the plotting budget counts the run's time from its start
+        self.distributed = run.distributed
 
     def after_step(self, run: RunView, batch: Batch, loss: torch.Tensor) -> None:
         for output in self.outputs:
@@ -200,8 +176,12 @@ class ClassificationAnalysis(Hook):
             if counts is not None and self.prediction_errors:
                 key = (output.name, section)
                 if key not in self.errors:
-                    path = self._reports(run) / f"{output.name}-{section}-errors.csv"
-                    self.errors[key] = ErrorStream(path, self.names[output.name])
+                    names = self.names[output.name]
+                    if self.distributed.active:  # rows held for rank 0 to merge
+                        self.errors[key] = ErrorStream(names)
+                    else:
+                        path = self._reports(run) / f"{output.name}-{section}-errors.csv"
+                        self.errors[key] = ErrorStream(names, path)
                 self.errors[key].add(
                     batch.get(output.ids), batch[output.predictions], batch[output.targets]
                 )
@@ -220,13 +200,25 @@ class ClassificationAnalysis(Hook):
 
     def state_dict(self) -> dict[str, Any]:
         # Training counts of an epoch in progress, so a run resumed mid-epoch reports the
-        # whole epoch. Evaluation passes never span a checkpoint.
+        # whole epoch: every process's, added (rank 0 alone restores them). Evaluation
+        # passes never span a checkpoint.
         self._flush_steps()
-        return {
+        mine = {
             name: counts.state_dict()
             for (name, split), counts in self.counts.items()
             if split == "training"
         }
+        if not self.distributed.active:
+            return mine
+        total: dict[str, dict[str, torch.Tensor]] = {}
+        for state in self.distributed.gather(mine):
+            for name, tensors in state.items():
+                if name not in total:
+                    total[name] = {key: value.clone() for key, value in tensors.items()}
+                else:
+                    for key, value in tensors.items():
+                        total[name][key] += value
+        return total
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.restored = dict(state)
@@ -255,7 +247,9 @@ class ClassificationAnalysis(Hook):
             with_scores = self.roc and split != "training"
             counts = self.counts[key] = ClassCounts(classes, scores.device, with_scores)
             if split == "training" and output.name in self.restored:
-                counts.load(self.restored.pop(output.name))
+                restored = self.restored.pop(output.name)
+                if self.distributed.main:  # the counts of every process: added once
+                    counts.load(restored)
             if split == "training":
                 self.step_buffers[output.name] = StepBuffer(counts.add)
         if split == "training":
@@ -269,7 +263,10 @@ class ClassificationAnalysis(Hook):
             buffer.flush()
 
     def _finish(self, run: RunView, split: str, keep: bool) -> None:
-        """End a pass: write its reports (keep) or drop it (a partial validation pass)."""
+        """End a pass: write its reports (keep) or drop it (a partial validation pass). With
+        several processes, every one takes part in merging a kept pass (whatever share it
+        had), and rank 0 writes."""
+        shares: dict[str, PassShare] = {}
         for output in self.outputs:
             key = (output.name, split)
             counts = self.counts.pop(key, None)
@@ -278,27 +275,43 @@ class ClassificationAnalysis(Hook):
             errors = self.errors.pop(key, None)
             if errors is not None:
                 errors.finish(keep)
-            if counts is None or not keep:
+            if keep:
+                confusion, scores = counts.host() if counts is not None else (None, None)
+                held = errors.held_share() if errors is not None else None
+                shares[output.name] = PassShare(confusion, scores, held)
+        if not keep:
+            return
+        if self.distributed.active:
+            shares = _merged(self.distributed.gather(shares))
+            if not self.distributed.main:
+                return
+        for output in self.outputs:
+            share = shares[output.name]
+            if share.confusion is None:
                 continue
-            confusion, scores = counts.host()  # the one read of this pass's counts
-            names = self.names[output.name]
+            confusion, scores = share.confusion, share.scores
+            names = self.names.get(output.name) or _class_names(run, output, len(confusion))
             curves = roc_curves(scores, names) if scores is not None else []
             stem = self._reports(run) / f"{output.name}-{split}"
             where = f"epoch {run.progress.epoch}, episode {run.progress.episode}"
             title = f"{output.name}, {split} ({where})"
+            if share.merged_errors is not None:  # one process streamed its own
+                path = stem.with_name(stem.name + "-errors.csv")
+                write_merged(path, share.merged_errors, names)
             if self.report:
                 report = classification_report(confusion, names)
                 path = stem.with_name(stem.name + "-report.md")
                 write_text_atomic(path, report_markdown(title, report, curves))
             if self.confusion_matrix:
-                shares = [[f"{v:.6g}" for v in row] for row in row_normalised(confusion)]
-                rows = [["true \\ predicted", *names]]
-                rows += [[n, *row] for n, row in zip(names, shares, strict=True)]
-                _write_csv(stem.with_name(stem.name + "-cm.csv"), rows)
+                shares_of_row = row_normalised(confusion)
+                cells = [[f"{v:.6g}" for v in row] for row in shares_of_row]
+                rows_out = [["true \\ predicted", *names]]
+                rows_out += [[n, *row] for n, row in zip(names, cells, strict=True)]
+                _write_csv(stem.with_name(stem.name + "-cm.csv"), rows_out)
             if self.roc and curves:
-                rows = [["curve", "auc"], *[[c.name, f"{c.auc:.6f}"] for c in curves]]
-                _write_csv(stem.with_name(stem.name + "-roc.csv"), rows)
-            self.pending[key] = FinishedPass(title, stem, names, confusion, curves)
+                rows_roc = [["curve", "auc"], *[[c.name, f"{c.auc:.6f}"] for c in curves]]
+                _write_csv(stem.with_name(stem.name + "-roc.csv"), rows_roc)
+            self.pending[(output.name, split)] = FinishedPass(title, stem, names, confusion, curves)
         self._draw(run, force=False)
 
     def _draw(self, run: RunView, force: bool) -> None:
@@ -335,3 +348,26 @@ def _class_names(run: RunView, output: OutputSpec, classes: int) -> list[str]:
         if isinstance(index, int) and 0 <= index < classes:
             names[index] = str(name)
     return names
+
+
+def _merged(gathered: Sequence[dict[str, PassShare]]) -> dict[str, PassShare]:
+    """Every process's shares of a pass (in rank order) made one: counts added, error rows
+    merged in the order one process would have written them."""
+    merged = {}
+    for name in gathered[0]:
+        shares = [by_output[name] for by_output in gathered]
+        held = [share.errors for share in shares]
+        rows = merge_shares(held) if any(h is not None for h in held) else None
+        merged[name] = PassShare(
+            _added([share.confusion for share in shares]),
+            _added([share.scores for share in shares]),
+            None,
+            rows,
+        )
+    return merged
+
+
+def _added(arrays: Sequence[np.ndarray | None]) -> np.ndarray | None:
+    """The sum of the processes' counts that exist (a process may have had no batch)."""
+    present = [array for array in arrays if array is not None]
+    return np.sum(present, axis=0) if present else None

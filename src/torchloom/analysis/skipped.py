@@ -36,7 +36,10 @@ def read_skipped(run_dir: Path) -> dict[str, str]:
 
 def say_skipped(run: RunView, items: Sequence[str], why: str) -> None:
     """Record that these items (e.g. `augmentation`, or `worst_samples (output 'logits')`) did
-    not run and why, with what to set to make them run: one warning line for all of them."""
+    not run and why, with what to set to make them run: one warning line for all of them.
+    Rank 0 alone says it: a hook that runs in every process meets the same problem in each."""
+    if not run.distributed.main:
+        return
     known = read_skipped(run.run_dir)
     new = [item for item in items if known.get(item) != why]
     if not new:

@@ -2,10 +2,11 @@
 
 For each analysed output, the per-sample cross entropy of its predictions against its targets
 (the same for logits and log-probabilities, log_softmax being idempotent) is written by sample
-id into a device tensor [epochs, samples], one row per epoch (training: the losses of the
-training steps; validation: of each full validation pass). That, the target and the last
-prediction of each sample are all that is kept: ids and losses, never outputs. A step costs a
-few device kernels and no host sync; the host reads the history once per epoch, to write
+id into a device tensor [epochs, samples] (loss_history.py), one row per epoch (training: the
+losses of the training steps; validation: of each full validation pass). That, the target and
+the last prediction of each sample are all that is kept: ids and losses, never outputs. A step
+costs a few device kernels and no host sync; the host reads the history once per epoch, to
+write
 
     reports/worst_samples/heatmap.png   loss per epoch of the `count` hardest samples
     reports/worst_samples/worst.csv     id, cumulative loss, last loss, target, prediction
@@ -14,17 +15,22 @@ few device kernels and no host sync; the host reads the history once per epoch, 
 
 (with several outputs, each file name starts with `<output>-`). The history goes into
 checkpoints, so a resumed run continues it.
+
+With several processes the hook runs in each, which writes the losses of its share of every
+batch; at a pass's end (and before a checkpoint) the processes exchange the samples they saw,
+so that each holds the whole history, the one a single process would hold (one exchange per
+pass, of the pass's ids and losses). Rank 0 writes the reports.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.nn.functional as F
 
 from torchloom.analysis.image_grid import (
     class_label,
@@ -35,134 +41,25 @@ from torchloom.analysis.image_grid import (
     save_grid,
     task_key,
 )
+from torchloom.analysis.loss_history import LossHistory
 from torchloom.analysis.plotting import PlotBudget, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec, WorstSamplesConfig
 from torchloom.analysis.skipped import say_skipped
 from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
 from torchloom.data.atomic_files import write_text_atomic
+from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.state import Hook
 
 if TYPE_CHECKING:
     from torchloom.engine.state import RunView
 
 
-class LossHistory:
-    """Per-sample losses of one output: `history` [epochs, samples] on the device, NaN where a
-    sample was not seen; `labels` numbers the rows (the epoch each one belongs to)."""
-
-    def __init__(self, output: OutputSpec, size: int, device: torch.device) -> None:
-        self.output = output
-        self.history = torch.empty(0, size, device=device)
-        self.labels: list[int] = []
-        self.targets = torch.full((size,), -1, dtype=torch.int64, device=device)
-        self.predictions = torch.full((size,), -1, dtype=torch.int64, device=device)
-
-    @property
-    def size(self) -> int:
-        return int(self.history.shape[1])
-
-    def blank_row(self) -> torch.Tensor:
-        return torch.full((self.size,), float("nan"), device=self.history.device)
-
-    def add_row(self, row: torch.Tensor, label: int) -> None:
-        # A copy per epoch (not per step) keeps the tensor exactly [epochs, samples].
-        self.history = torch.cat([self.history, row.unsqueeze(0)])
-        self.labels.append(label)
-
-    def row_for_epoch(self, epoch: int) -> torch.Tensor:
-        """The row of a training epoch (0-based), added (with any skipped ones) when new."""
-        while len(self.labels) <= epoch:
-            self.add_row(self.blank_row(), len(self.labels) + 1)
-        return self.history[epoch]
-
-    def problem(self, batch: Batch) -> str | None:
-        """Why this batch cannot be tracked (checked on shapes only: no host sync)."""
-        out = self.output
-        missing = [s for s in (out.predictions, out.targets, out.ids) if s not in batch]
-        if missing:
-            return f"the batch has no stream {', '.join(missing)}"
-        predictions, targets, ids = batch[out.predictions], batch[out.targets], batch[out.ids]
-        if not all(isinstance(t, torch.Tensor) for t in (predictions, targets, ids)):
-            return "its streams are not tensors"
-        if predictions.ndim != 2 or targets.ndim != 1 or ids.ndim != 1:
-            return (
-                f"predictions must be [batch, classes] and targets and ids [batch], got "
-                f"{list(predictions.shape)}, {list(targets.shape)}, {list(ids.shape)}"
-            )
-        return None
-
-    def observe(self, batch: Batch, row: torch.Tensor) -> None:
-        """Write the batch's per-sample losses into `row` by sample id (device only)."""
-        out = self.output
-        self.observe_block(batch[out.predictions], batch[out.targets], batch[out.ids], row)
-
-    @torch.no_grad()
-    def observe_block(
-        self, scores: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor, row: torch.Tensor
-    ) -> None:
-        """`observe` for the samples of one batch or of a block of steps."""
-        device = self.history.device
-        targets = targets.to(device, torch.int64, non_blocking=True)
-        ids = ids.to(device, torch.int64, non_blocking=True)
-        losses = F.cross_entropy(scores.detach().float(), targets, reduction="none")
-        row.index_copy_(0, ids, losses.to(row.dtype))
-        self.targets.index_copy_(0, ids, targets)
-        self.predictions.index_copy_(0, ids, scores.argmax(dim=1))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "history": self.history.cpu(),
-            "labels": list(self.labels),
-            "targets": self.targets.cpu(),
-            "predictions": self.predictions.cpu(),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> bool:
-        """Adopt a checkpoint's history; False when it was kept for another data set size."""
-        history = state["history"]
-        if history.ndim != 2 or history.shape[1] != self.size:
-            return False
-        device = self.history.device
-        self.history = history.to(device, torch.float32)
-        self.labels = [int(v) for v in state["labels"]]
-        self.targets = state["targets"].to(device)
-        self.predictions = state["predictions"].to(device)
-        return True
-
-    def hardest(self, count: int) -> list[dict[str, Any]]:
-        """The `count` seen samples of highest cumulative loss, hardest first. Reduced on the
-        device; only their columns come to the host."""
-        history = self.history
-        seen = ~torch.isnan(history)
-        ever_seen = seen.any(dim=0)
-        cumulative = torch.nansum(history, dim=0).masked_fill(~ever_seen, float("-inf"))
-        count = min(count, int(ever_seen.sum()))
-        if count == 0:
-            return []
-        top, ids = torch.topk(cumulative, count)
-        columns = history[:, ids].cpu()
-        targets, predictions = self.targets[ids].cpu(), self.predictions[ids].cpu()
-        rows = []
-        for column, (i, total) in enumerate(zip(ids.tolist(), top.tolist(), strict=True)):
-            losses = columns[:, column]
-            latest = losses[~torch.isnan(losses)][-1]  # the last epoch it was seen in
-            rows.append(
-                {
-                    "id": i,
-                    "cumulative_loss": total,
-                    "last_loss": float(latest),
-                    "target": int(targets[column]),
-                    "prediction": int(predictions[column]),
-                }
-            )
-        return rows
-
-
 class WorstSamples(Hook):
     """Tracks per-sample losses of the configured section and exports the hardest samples."""
 
     name = "worst_samples"
+    every_rank = True  # each process writes its share's losses; exchanged at each pass's end
 
     def __init__(self, config: AnalysisConfig, budget: PlotBudget | None = None) -> None:
         # Shared with the run's other plotting hooks (analysis/build.py): together within it.
@@ -179,10 +76,12 @@ class WorstSamples(Hook):
         self._warned: set[str] = set()
         self.step_buffers: dict[str, StepBuffer] = {}  # per output, of the epoch under way
         self.buffered_epoch = -1
+        self.distributed: Distributed = SINGLE  # the run's, from before_train
 
     # ---- events ----------------------------------------------------------------------------
     def before_train(self, run: RunView) -> None:
         self.budget.start()  # the plotting budget counts the run's time from its start
+        self.distributed = run.distributed
         if not self.enabled:
             return
         loader = run.train_data if self.settings.section == "training" else run.validation_data
@@ -229,6 +128,7 @@ class WorstSamples(Hook):
     def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None:
         self.flush()
         if self.settings.section == "training" and self.trackers:
+            self._merge_training_row()
             self.write(run)
 
     def eval_batch(self, run: RunView, section: str, batch: Batch) -> None:
@@ -245,8 +145,13 @@ class WorstSamples(Hook):
         if section != self.settings.section or not self.trackers:
             return
         pending, self.pending = self.pending, None
-        if partial or pending is None:  # a partial pass covers a few batches: not an epoch
+        if partial:  # a partial pass covers a few batches: not an epoch
             return
+        if pending is None:  # no batch of the pass; one of several processes takes part
+            if not self.distributed.active:
+                return
+            pending = [t.blank_row() for t in self.trackers]
+        self._merge(pending)
         for tracker, row in zip(self.trackers, pending, strict=True):
             tracker.add_row(row, run.progress.epoch)
         self.dirty = True
@@ -261,11 +166,36 @@ class WorstSamples(Hook):
         self.flush()
         if not self.trackers:
             return dict(self._saved)
+        if self.settings.section == "training":  # the epoch so far, of every process
+            self._merge_training_row()
         return {t.output.name: t.state_dict() for t in self.trackers}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         # Restored before before_train knows the device and data set: adopted there.
         self._saved = dict(state)
+
+    def _merge_training_row(self) -> None:
+        """The row of the training epoch under way (or just ended) made every process's."""
+        epoch = self.buffered_epoch  # the same in every process: they take the same steps
+        self._merge(
+            [t.history[epoch] if 0 <= epoch < len(t.labels) else None for t in self.trackers]
+        )
+
+    def _merge(self, rows: Sequence[torch.Tensor | None]) -> None:
+        """Every process's losses of a pass in `rows` (one per tracker; None where it has
+        none), with their targets and predictions: each process wrote its share's samples,
+        and after this each holds them all. A collective: every process calls it at the same
+        events, whatever data it had."""
+        if not self.distributed.active:
+            return
+        mine = [
+            None if row is None else tracker.seen_in(row)
+            for tracker, row in zip(self.trackers, rows, strict=True)
+        ]
+        for theirs in self.distributed.gather(mine):
+            for tracker, row, seen in zip(self.trackers, rows, theirs, strict=True):
+                if row is not None and seen is not None:
+                    tracker.adopt(row, seen)
 
     def _usable(self, run: RunView, batch: Batch) -> list[LossHistory]:
         usable = []
@@ -281,7 +211,10 @@ class WorstSamples(Hook):
     # ---- reports ---------------------------------------------------------------------------
     def write(self, run: RunView, force: bool = False) -> None:
         """worst.csv now; the heat map and the exported samples when the run's plotting
-        budget allows (see plotting.PlotBudget), else at the end of the run."""
+        budget allows (see plotting.PlotBudget), else at the end of the run. Rank 0 alone
+        writes: every process holds the same history."""
+        if not self.distributed.main:
+            return
         budget = self.budget
         draw = force or budget.due("worst_samples")
         self.dirty = not draw

@@ -376,7 +376,8 @@ def _setup(
         ),
         log=log,
         lock=lock,
-        hooks=Hooks(options.hooks if dist.main else ()),  # analysis is rank 0's
+        # Analysis is rank 0's, but for the hooks that merge every process's share.
+        hooks=Hooks(options.hooks if dist.main else [h for h in options.hooks if h.every_rank]),
         compiled_models=compiled,
         show_progress=not options.quiet and dist.main,
         distributed=dist,

@@ -217,6 +217,8 @@ class RunView:
     online, logging_interval: the config's validation mode and interval
     progress:             completed epochs, episodes, position in the epoch (live)
     tensorboard:          the run's SummaryWriter, or None when TensorBoard is off
+    distributed:          this process among those training the run (rank, world, the
+                          collectives a hook that runs in every process merges with)
     request_stop(reason): stop at the end of this step or epoch; with a reason (a search's
                           pruner) the run ends `stopped` with it, without one
                           `interrupted`, as Ctrl-C does
@@ -234,6 +236,7 @@ class RunView:
         # FSDP with several processes: a model's forward is a collective, so nothing may run
         # one on rank 0 alone (hooks run there only).
         self.sharded_models = setup.sharded and setup.distributed.active
+        self.distributed = setup.distributed
 
     @property
     def tensorboard(self) -> Any:
@@ -244,9 +247,16 @@ class RunView:
 
 
 class Hook:
-    """Base class: override the events you need. `name` keys its checkpoint state."""
+    """Base class: override the events you need. `name` keys its checkpoint state.
+
+    With several processes a hook runs in rank 0 alone, which sees 1/N of every batch. A hook
+    about every sample of a pass (a confusion matrix, per-sample losses) sets `every_rank`:
+    it then runs in every process, each seeing its share, and merges the shares through
+    `run.distributed` at a pass's end and in `state_dict` (collectives: every process calls
+    them, at the same events, whatever data it had); rank 0 alone writes files."""
 
     name = "hook"
+    every_rank = False
 
     def before_train(self, run: RunView) -> None: ...
 

@@ -1,0 +1,138 @@
+"""The per-sample losses of one analysed output across epochs, kept on the device by sample
+id, for the worst-samples report (worst_samples.py): a [epochs, samples] tensor, NaN where a
+sample was not seen, and each sample's target and last prediction; never outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from torchloom.analysis.schema import OutputSpec
+from torchloom.core.component import Batch
+
+
+class LossHistory:
+    """Per-sample losses of one output: `history` [epochs, samples] on the device, NaN where a
+    sample was not seen; `labels` numbers the rows (the epoch each one belongs to)."""
+
+    def __init__(self, output: OutputSpec, size: int, device: torch.device) -> None:
+        self.output = output
+        self.history = torch.empty(0, size, device=device)
+        self.labels: list[int] = []
+        self.targets = torch.full((size,), -1, dtype=torch.int64, device=device)
+        self.predictions = torch.full((size,), -1, dtype=torch.int64, device=device)
+
+    @property
+    def size(self) -> int:
+        return int(self.history.shape[1])
+
+    def blank_row(self) -> torch.Tensor:
+        return torch.full((self.size,), float("nan"), device=self.history.device)
+
+    def add_row(self, row: torch.Tensor, label: int) -> None:
+        # A copy per epoch (not per step) keeps the tensor exactly [epochs, samples].
+        self.history = torch.cat([self.history, row.unsqueeze(0)])
+        self.labels.append(label)
+
+    def row_for_epoch(self, epoch: int) -> torch.Tensor:
+        """The row of a training epoch (0-based), added (with any skipped ones) when new."""
+        while len(self.labels) <= epoch:
+            self.add_row(self.blank_row(), len(self.labels) + 1)
+        return self.history[epoch]
+
+    def problem(self, batch: Batch) -> str | None:
+        """Why this batch cannot be tracked (checked on shapes only: no host sync)."""
+        out = self.output
+        missing = [s for s in (out.predictions, out.targets, out.ids) if s not in batch]
+        if missing:
+            return f"the batch has no stream {', '.join(missing)}"
+        predictions, targets, ids = batch[out.predictions], batch[out.targets], batch[out.ids]
+        if not all(isinstance(t, torch.Tensor) for t in (predictions, targets, ids)):
+            return "its streams are not tensors"
+        if predictions.ndim != 2 or targets.ndim != 1 or ids.ndim != 1:
+            return (
+                f"predictions must be [batch, classes] and targets and ids [batch], got "
+                f"{list(predictions.shape)}, {list(targets.shape)}, {list(ids.shape)}"
+            )
+        return None
+
+    def observe(self, batch: Batch, row: torch.Tensor) -> None:
+        """Write the batch's per-sample losses into `row` by sample id (device only)."""
+        out = self.output
+        self.observe_block(batch[out.predictions], batch[out.targets], batch[out.ids], row)
+
+    @torch.no_grad()
+    def observe_block(
+        self, scores: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor, row: torch.Tensor
+    ) -> None:
+        """`observe` for the samples of one batch or of a block of steps."""
+        device = self.history.device
+        targets = targets.to(device, torch.int64, non_blocking=True)
+        ids = ids.to(device, torch.int64, non_blocking=True)
+        losses = F.cross_entropy(scores.detach().float(), targets, reduction="none")
+        row.index_copy_(0, ids, losses.to(row.dtype))
+        self.targets.index_copy_(0, ids, targets)
+        self.predictions.index_copy_(0, ids, scores.argmax(dim=1))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "history": self.history.cpu(),
+            "labels": list(self.labels),
+            "targets": self.targets.cpu(),
+            "predictions": self.predictions.cpu(),
+        }
+
+    def seen_in(self, row: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The samples `row` has a loss for: their ids, losses, targets, last predictions
+        (on the host, for another process to `adopt`)."""
+        ids = torch.nonzero(~torch.isnan(row)).flatten()
+        return ids.cpu(), row[ids].cpu(), self.targets[ids].cpu(), self.predictions[ids].cpu()
+
+    def adopt(self, row: torch.Tensor, seen: tuple[torch.Tensor, ...]) -> None:
+        """Write another process's `seen_in` into `row` and the targets and predictions."""
+        ids, losses, targets, predictions = (tensor.to(row.device) for tensor in seen)
+        row.index_copy_(0, ids, losses.to(row.dtype))
+        self.targets.index_copy_(0, ids, targets)
+        self.predictions.index_copy_(0, ids, predictions)
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Adopt a checkpoint's history; False when it was kept for another data set size."""
+        history = state["history"]
+        if history.ndim != 2 or history.shape[1] != self.size:
+            return False
+        device = self.history.device
+        self.history = history.to(device, torch.float32)
+        self.labels = [int(v) for v in state["labels"]]
+        self.targets = state["targets"].to(device)
+        self.predictions = state["predictions"].to(device)
+        return True
+
+    def hardest(self, count: int) -> list[dict[str, Any]]:
+        """The `count` seen samples of highest cumulative loss, hardest first. Reduced on the
+        device; only their columns come to the host."""
+        history = self.history
+        seen = ~torch.isnan(history)
+        ever_seen = seen.any(dim=0)
+        cumulative = torch.nansum(history, dim=0).masked_fill(~ever_seen, float("-inf"))
+        count = min(count, int(ever_seen.sum()))
+        if count == 0:
+            return []
+        top, ids = torch.topk(cumulative, count)
+        columns = history[:, ids].cpu()
+        targets, predictions = self.targets[ids].cpu(), self.predictions[ids].cpu()
+        rows = []
+        for column, (i, total) in enumerate(zip(ids.tolist(), top.tolist(), strict=True)):
+            losses = columns[:, column]
+            latest = losses[~torch.isnan(losses)][-1]  # the last epoch it was seen in
+            rows.append(
+                {
+                    "id": i,
+                    "cumulative_loss": total,
+                    "last_loss": float(latest),
+                    "target": int(targets[column]),
+                    "prediction": int(predictions[column]),
+                }
+            )
+        return rows
