@@ -13,10 +13,13 @@ from typing import Any
 
 import torch
 from test_analysis_classification import fake_run as classification_run
+from test_analysis_worst_samples import batch_of
+from test_analysis_worst_samples import fake_run as worst_samples_run
 
 from torchloom.analysis.classification import ClassificationAnalysis
 from torchloom.analysis.prediction_errors import ErrorShare, merge_shares
-from torchloom.analysis.schema import AnalysisConfig
+from torchloom.analysis.schema import AnalysisConfig, WorstSamplesConfig
+from torchloom.analysis.worst_samples import WorstSamples
 from torchloom.data.samplers import share
 from torchloom.engine.distributed import SINGLE, Distributed
 
@@ -172,3 +175,37 @@ def test_a_checkpoint_of_two_ranks_resumes_at_one_or_two(tmp_path: Path) -> None
         else:
             as_ranks(world, second_half)
         assert reports(tmp_path / f"resumed{world}-0") == reports(tmp_path / "one"), world
+
+
+def test_worst_samples_of_two_ranks_are_those_of_one(tmp_path: Path) -> None:
+    """Validation passes of which rank 1 has a smaller share, or none: each rank ends with
+    the history one process holds, and rank 0 writes its report."""
+    config = AnalysisConfig(worst_samples=WorstSamplesConfig(section="validation", count=4))
+    # The second pass has one sample: rank 1 has no batch of it at all.
+    ids = [([3, 1, 4, 0, 5], [9, 2, 6], [8]), ([7],)]
+    passes = [[batch_of(some, seed=epoch) for some in ids[epoch]] for epoch in (0, 1)]
+
+    def validate(distributed: Distributed) -> torch.Tensor:
+        rank, world = distributed.rank, distributed.world
+        run = worst_samples_run(tmp_path / f"w{world}-{rank}")
+        run.run_dir.mkdir()
+        run.distributed = distributed
+        hook = WorstSamples(config)
+        hook.before_train(run)
+        for epoch, batches in enumerate(passes):
+            for batch in batches:
+                mine = shares_of(batch, rank, world)
+                if len(mine["targets"]):
+                    hook.eval_batch(run, "validation", mine)
+            run.progress.epoch = epoch + 1
+            hook.after_eval(run, "validation", {}, partial=False)
+        hook.after_train(run, {})
+        return hook.trackers[0].history
+
+    alone = validate(SINGLE)
+    for history in as_ranks(2, validate):
+        assert torch.equal(history.isnan(), alone.isnan())
+        assert torch.equal(history.nan_to_num(), alone.nan_to_num())
+    worst = "reports/worst_samples/worst.csv"
+    assert (tmp_path / "w2-0" / worst).read_text() == (tmp_path / "w1-0" / worst).read_text()
+    assert not (tmp_path / "w2-1" / "reports").exists()
