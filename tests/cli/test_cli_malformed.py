@@ -315,6 +315,17 @@ CASES: dict[str, Case] = {
         ("command-line override 'training.dataloader.batch_size=-3'", "greater than 0"),
         args=("training.dataloader.batch_size=-3",),
     ),
+    # A check across a mapping's keys fails at the mapping, set in a file: the override that
+    # changed one of its keys is named with it.
+    "override-fails-a-check-across-keys": Case(
+        GOOD_CONFIG,
+        (
+            "default_mnist.yml:6 (changed by command-line override "
+            "'+training.dataloader.reservoir.size=8')",
+            "reservoir.size 8 is smaller than batch_size 64",
+        ),
+        args=("+training.dataloader.reservoir.size=8",),
+    ),
     "override-into-a-number": Case(
         GOOD_CONFIG,
         ("'training.optimizer.lr' is a number, not a mapping",),

@@ -252,6 +252,11 @@ def test_where_points_at_include_top_file_and_override(tmp_path: Path) -> None:
         "command-line override 'training.optimizer.type=SGD'"
     )
     assert cfg.where("extra", "deep") == "command-line override '+extra.deep.key=1'"
+    # A mapping set in a file names the overrides that changed its keys (a check across
+    # them fails at the mapping).
+    assert cfg.where("training", "optimizer") == (
+        "configs/top.yml:3 (changed by command-line override 'training.optimizer.type=SGD')"
+    )
     # Deepest known prefix, then the top file when nothing is known.
     assert cfg.where("training", "optimizer", "not_a_key") == "configs/top.yml:3"
     assert cfg.where("nothing", "here") == "configs/top.yml"

@@ -27,6 +27,7 @@ import importlib.resources
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, cast
 
@@ -38,15 +39,17 @@ from torchloom.config.interpolation import dotted, first_line, resolve_config
 from torchloom.config.interpolation_bounds import check_interpolation_bounds
 from torchloom.config.limits import MAX_CHARS, MAX_FILE_BYTES, MAX_FILES, MAX_VALUES, limit_problem
 from torchloom.config.origins import (
+    CommandLineOverride,
     MappingKey,
     Origins,
     describe_origin,
     display_path,
     file_origins,
+    overridden,
     prune_origins,
 )
 from torchloom.config.overrides import INCLUDES_KEY, apply_overrides, changes_type
-from torchloom.config.yaml_reader import ParsedYaml, describe_type, parse_config_text
+from torchloom.config.yaml_reader import KeyPath, ParsedYaml, describe_type, parse_config_text
 from torchloom.errors import ConfigError, Problem, did_you_mean
 
 PACKAGED_PREFIX = "loom://"
@@ -83,7 +86,11 @@ class LoadedConfig:
         relative to cwd when under it, else absolute; line 1-based) for the deepest key-path
         prefix that has a recorded location; "command-line override 'a.b=1'" if an override
         set it last; the top file's path if nothing is known."""
-        return describe_origin(self.origins, keys, self.path)
+        return describe_origin(self.origins, keys, self.path, self._overrides)
+
+    @cached_property
+    def _overrides(self) -> list[tuple[KeyPath, CommandLineOverride]]:
+        return overridden(self.origins)
 
 
 ConfigSource = str | os.PathLike[str] | Mapping[str, Any]
@@ -109,8 +116,10 @@ def load_config(source: ConfigSource, overrides: Sequence[str] = ()) -> LoadedCo
     raw = OmegaConf.to_container(config, resolve=False)
     origins = prune_origins(origins, raw)
 
+    overridden_keys = overridden(origins)
+
     def where(*keys: Any) -> str:
-        return describe_origin(origins, keys, top_file)
+        return describe_origin(origins, keys, top_file, overridden_keys)
 
     check_interpolation_bounds(cast(dict[str, Any], raw), where)
     data = resolve_config(config, where)

@@ -65,14 +65,30 @@ def key_path(keys: Iterable[Any]) -> KeyPath:
     return tuple(str(key) for key in keys)
 
 
-def describe_origin(origins: Origins, keys: Iterable[Any], fallback: Path) -> str:
-    """Where the deepest recorded prefix of `keys` was set; `fallback` when none is known."""
+def overridden(origins: Origins) -> list[tuple[KeyPath, CommandLineOverride]]:
+    """The key paths command-line overrides set (few: those of one command line)."""
+    return [(path, o) for path, o in origins.items() if isinstance(o, CommandLineOverride)]
+
+
+def describe_origin(
+    origins: Origins,
+    keys: Iterable[Any],
+    fallback: Path,
+    overrides: Iterable[tuple[KeyPath, CommandLineOverride]] = (),
+) -> str:
+    """Where the deepest recorded prefix of `keys` was set; `fallback` when none is known.
+    A mapping set in a file whose keys an override changed (`overrides`: `overridden`) names
+    them too: a check across the mapping's keys fails at the mapping, and the override may
+    be the cause."""
     path = key_path(keys)
-    for length in range(len(path), 0, -1):
-        origin = origins.get(path[:length])
-        if origin is not None:
-            return origin.describe()
-    return display_path(fallback)
+    origin = next(
+        (o for n in range(len(path), 0, -1) if (o := origins.get(path[:n])) is not None), None
+    )
+    text = display_path(fallback) if origin is None else origin.describe()
+    if not path or isinstance(origin, CommandLineOverride):
+        return text
+    below = [o.describe() for p, o in overrides if len(p) > len(path) and p[: len(path)] == path]
+    return f"{text} (changed by {', '.join(dict.fromkeys(below))})" if below else text
 
 
 def file_origins(file: Path, lines: Mapping[KeyPath, int]) -> Origins:
