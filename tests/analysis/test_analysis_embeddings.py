@@ -62,7 +62,7 @@ def test_partial_passes_are_dropped() -> None:
     hook.eval_batch(run, "test", batch)  # another section: not collected
     hook.eval_batch(run, "validation", batch)
     hook.after_eval(run, "validation", {}, partial=False)
-    assert hook.final is not None and hook.final.rows == 4 and len(hook.final.targets) == 1
+    assert hook.final is not None and hook.final.rows == 4 and len(hook.final.parts) == 1
 
 
 def test_thumbnails_are_small_and_in_unit_range() -> None:

@@ -5,10 +5,12 @@ processes over gloo: tests/e2e/test_e2e_distributed.py.)"""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -17,8 +19,9 @@ from test_analysis_worst_samples import batch_of
 from test_analysis_worst_samples import fake_run as worst_samples_run
 
 from torchloom.analysis.classification import ClassificationAnalysis
+from torchloom.analysis.embeddings import EmbeddingExport
 from torchloom.analysis.prediction_errors import ErrorShare, merge_shares
-from torchloom.analysis.schema import AnalysisConfig, WorstSamplesConfig
+from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig, WorstSamplesConfig
 from torchloom.analysis.worst_samples import WorstSamples
 from torchloom.data.samplers import share
 from torchloom.engine.distributed import SINGLE, Distributed
@@ -43,6 +46,9 @@ class ThreadRank(Distributed):
         gathered = list(self.exchange.slots)
         self.exchange.barrier.wait()  # nobody writes the next value before all have read
         return gathered
+
+    def broadcast(self, value: Any) -> Any:
+        return self.gather(value)[0]
 
 
 def as_ranks(world: int, work: Callable[[Distributed], Any]) -> list[Any]:
@@ -209,3 +215,37 @@ def test_worst_samples_of_two_ranks_are_those_of_one(tmp_path: Path) -> None:
     worst = "reports/worst_samples/worst.csv"
     assert (tmp_path / "w2-0" / worst).read_text() == (tmp_path / "w1-0" / worst).read_text()
     assert not (tmp_path / "w2-1" / "reports").exists()
+
+
+def test_embeddings_of_two_ranks_are_the_points_one_process_exports() -> None:
+    """The first `max_samples` rows of a pass, in the order one process meets them, though
+    each rank kept the first of its own share; rank 1 has no TensorBoard writer and follows
+    rank 0's decision to export."""
+    generator = torch.Generator().manual_seed(4)
+    passes = [
+        {"z": torch.randn(n, 3, generator=generator), "targets": torch.arange(n) % 3}
+        for n in (4, 4, 3)
+    ]
+    config = AnalysisConfig(embeddings=EmbeddingsConfig(streams=["z"], max_samples=7))
+
+    def export(distributed: Distributed) -> Any:
+        rank, world = distributed.rank, distributed.world
+        run = SimpleNamespace(
+            tensorboard=object() if rank == 0 else None,  # rank 0's alone
+            validation_data=object(),
+            log=logging.getLogger("test.embeddings"),
+            distributed=distributed,
+        )
+        hook = EmbeddingExport(config)
+        hook.before_train(run)
+        for batch in passes:
+            hook.eval_batch(run, "validation", shares_of(batch, rank, world))
+        hook.after_eval(run, "validation", {}, partial=False)
+        return hook.final
+
+    alone = export(SINGLE)
+    merged, other = as_ranks(2, export)
+    assert other is None and alone.rows == merged.rows == 7
+    assert torch.equal(merged.joined("z"), alone.joined("z"))
+    targets = [torch.cat([p.targets for p in kept.parts]) for kept in (merged, alone)]
+    assert torch.equal(*targets)

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy
 import pytest
 import torch
 from e2e_helpers import LOOM, only_run, summary
@@ -76,6 +77,8 @@ def toy_config(
             "accuracy": {"type": "AccuracyStatistics"},
             **extra,
         },
+        # The projector's points: the first 15 of the 21 validation samples (of two shares).
+        "analysis": {"embeddings": {"streams": ["predictions"], "max_samples": 15}},
     }
     if strategy is not None:
         config["training"]["distributed"] = {"strategy": strategy}
@@ -160,7 +163,12 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
     errors = (run / "reports" / "predictions-validation-errors.csv").read_text().splitlines()
     assert len(errors) > 3  # a few misclassified samples, numbered by position in the pass
     assert read_skipped(run) == read_skipped(one_process)  # nothing skipped for the processes
-    assert (run / "reports" / "learning_rate.png").exists()
+    # The projector's points: the same samples (labels), the same vectors within rounding.
+    points = [next(f.glob("tensorboard/*/predictions")) for f in (run, one_process)]
+    mine, theirs = ((p / "metadata.tsv").read_text() for p in points)
+    assert mine == theirs and len(mine.split()) == 15
+    vectors = [numpy.loadtxt(p / "tensors.tsv", delimiter="\t") for p in points]
+    assert vectors[0].shape == (15, 3) and numpy.allclose(*vectors, atol=1e-5)
 
 
 KINDS = ("cm.csv", "report.md", "roc.csv", "errors.csv")
@@ -633,10 +641,11 @@ def test_a_damaged_shard_falls_back_to_last_prev(tmp_path: Path, one_process: Pa
 
 
 def test_fsdp_refuses_analysis_that_would_wait_on_rank_0_alone(tmp_path: Path) -> None:
-    config = toy_config(tmp_path, strategy="fsdp")
-    config.write_text(config.read_text() + "analysis:\n  layer_statistics: true\n")
-    expdir = tmp_path / "runs"
-    done = loom("train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2")
+    config, expdir = toy_config(tmp_path, strategy="fsdp"), tmp_path / "runs"
+    statistics = "+analysis.layer_statistics=true"
+    done = loom(
+        "train", str(config), statistics, "--expdir", str(expdir), "--quiet", "--nproc", "2"
+    )
     assert done.returncode == 2, done.stderr
     assert "analysis.layer_statistics" in done.stderr and "FSDP shards" in done.stderr
     assert "Traceback" not in done.stderr and not expdir.exists()

@@ -11,6 +11,11 @@ full pass of the section collects its first `max_samples` rows on the CPU and re
 previous pass's; `after_train` writes the last one. Only those rows are copied, and only until
 they are complete: a pass costs a few small copies, the rest of it nothing. Partial passes
 (online training) are dropped.
+
+With several processes the hook runs in each, which keeps the first `max_samples` rows of its
+share of the pass; at the pass's end rank 0 takes every process's, in the order one process
+meets them (batch by batch, rank 0's share of a batch first), and keeps the first
+`max_samples`: the points one process would export.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from torchloom.analysis.image_grid import class_names
 from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig
 from torchloom.analysis.skipped import say_skipped
 from torchloom.core.component import Batch
+from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.state import Hook
 
 if TYPE_CHECKING:
@@ -34,13 +40,56 @@ THUMBNAIL = 32  # pixels a side, at most: a sprite of 1000 of them stays about 1
 
 
 @dataclass
-class _Pass:
-    """The rows kept from one evaluation pass, on the CPU."""
+class _Part:
+    """The rows kept from one batch (this process's share of it), on the CPU."""
 
-    rows: int = 0
-    streams: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    targets: list[torch.Tensor] = field(default_factory=list)
-    images: list[torch.Tensor] = field(default_factory=list)
+    batch: int  # its number in the pass
+    rows: int
+    streams: dict[str, torch.Tensor]
+    targets: torch.Tensor | None
+    images: torch.Tensor | None
+
+
+@dataclass
+class _Pass:
+    """The rows kept from one evaluation pass, batch by batch."""
+
+    parts: list[_Part] = field(default_factory=list)
+    batches: int = 0  # batches of the pass seen so far
+
+    @property
+    def rows(self) -> int:
+        return sum(part.rows for part in self.parts)
+
+    def joined(self, stream: str) -> torch.Tensor | None:
+        """The stream's rows of every part; None when a part lacks it."""
+        values = [part.streams.get(stream) for part in self.parts]
+        present = [value for value in values if value is not None]
+        return torch.cat(present) if present and len(present) == len(values) else None
+
+    @staticmethod
+    def merged(passes: list[_Pass], limit: int) -> _Pass:
+        """Several processes' rows of one pass, in the order one process meets them, cut to
+        the first `limit` (each process kept its first `limit`: enough for the whole's)."""
+        keyed = [
+            (part.batch, rank, part) for rank, kept in enumerate(passes) for part in kept.parts
+        ]
+        whole, left = _Pass(), limit
+        for _, _, part in sorted(keyed, key=lambda item: item[:2]):
+            if left <= 0:
+                break
+            take = min(left, part.rows)
+            whole.parts.append(
+                _Part(
+                    part.batch,
+                    take,
+                    {name: rows[:take] for name, rows in part.streams.items()},
+                    None if part.targets is None else part.targets[:take],
+                    None if part.images is None else part.images[:take],
+                )
+            )
+            left -= take
+        return whole
 
 
 def thumbnails(images: torch.Tensor) -> torch.Tensor:
@@ -64,6 +113,7 @@ class EmbeddingExport(Hook):
     """Streams of the last full pass of a section, written to the projector when the run ends."""
 
     name = "embeddings"
+    every_rank = True  # each process keeps the first rows of its share; rank 0 takes them all
 
     def __init__(self, config: AnalysisConfig) -> None:
         self.config = config
@@ -75,8 +125,15 @@ class EmbeddingExport(Hook):
         self.current = _Pass()
         self.final: _Pass | None = None
         self._warned: set[str] = set()
+        self.distributed: Distributed = SINGLE  # the run's, from before_train
 
     def before_train(self, run: RunView) -> None:
+        self.distributed = run.distributed
+        self._check(run)
+        # Rank 0 alone has the TensorBoard writer: the others follow its decision.
+        self.active = self.distributed.broadcast(self.active)
+
+    def _check(self, run: RunView) -> None:
         if self.enabled and not self.settings.streams:
             why = "no streams to export: name them in analysis.embeddings.streams"
             say_skipped(run, ["embeddings"], why)
@@ -96,35 +153,50 @@ class EmbeddingExport(Hook):
         if not self.active or section != self.settings.section:
             return
         kept = self.current
+        number, kept.batches = kept.batches, kept.batches + 1
         take = self.settings.max_samples - kept.rows
         if take <= 0:
             return
         output = self.config.outputs[0]
-        taken = 0
+        streams: dict[str, torch.Tensor] = {}
         for stream in self.settings.streams:
             value = batch.get(stream)
             if not isinstance(value, torch.Tensor) or value.ndim < 2:
                 self._warn(run, stream, "is not a tensor [batch, dims] in the batch")
                 continue
-            rows = value[:take].detach().flatten(1).float().cpu()
-            kept.streams.setdefault(stream, []).append(rows)
-            taken = rows.shape[0]
+            streams[stream] = value[:take].detach().flatten(1).float().cpu()
+        taken = min((rows.shape[0] for rows in streams.values()), default=0)
         if not taken:
             return
+        streams = {name: rows[:taken] for name, rows in streams.items()}
         targets = batch.get(output.targets)
-        if isinstance(targets, torch.Tensor) and targets.ndim == 1:
-            kept.targets.append(targets[:taken].cpu())
+        if not isinstance(targets, torch.Tensor) or targets.ndim != 1:
+            targets = None
         images = batch.get(output.images) if output.images is not None else None
-        if isinstance(images, torch.Tensor) and images.ndim == 4:
-            kept.images.append(thumbnails(images[:taken]))
-        kept.rows += taken
+        if not isinstance(images, torch.Tensor) or images.ndim != 4:
+            images = None
+        kept.parts.append(
+            _Part(
+                number,
+                taken,
+                streams,
+                None if targets is None else targets[:taken].cpu(),
+                None if images is None else thumbnails(images[:taken]),
+            )
+        )
 
     def after_eval(self, run: RunView, section: str, values: dict[str, Any], partial: bool) -> None:
         if not self.active or section != self.settings.section:
             return
-        if not partial and self.current.rows:
-            self.final = self.current
-        self.current = _Pass()
+        kept, self.current = self.current, _Pass()
+        if partial:
+            return
+        if self.distributed.active:  # every process takes part, whatever rows it kept
+            kept = _Pass.merged(self.distributed.gather(kept), self.settings.max_samples)
+            if not self.distributed.main:
+                return
+        if kept.rows:
+            self.final = kept
 
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         if not self.active or self.final is None:
@@ -132,19 +204,23 @@ class EmbeddingExport(Hook):
         kept, writer = self.final, run.tensorboard
         output = self.config.outputs[0]
         metadata = None
-        targets = torch.cat(kept.targets) if kept.targets else None
-        if targets is not None and targets.shape[0] == kept.rows:
+        parts = kept.parts
+        targets = None
+        if all(part.targets is not None for part in parts):
+            targets = torch.cat([part.targets for part in parts if part.targets is not None])
+        if targets is not None:
             names = class_names(run.pipeline, output.class_names)
             metadata = [
                 names[t] if names is not None and 0 <= t < len(names) else str(t)
                 for t in targets.tolist()
             ]
-        images = torch.cat(kept.images) if kept.images else None
-        if images is not None and images.shape[0] != kept.rows:
-            images = None
-        for stream, parts in kept.streams.items():
-            matrix = torch.cat(parts)
-            if matrix.shape[0] != kept.rows:  # a stream missing from some batches
+        images = None
+        if all(part.images is not None for part in parts):
+            images = torch.cat([part.images for part in parts if part.images is not None])
+        streams = list(dict.fromkeys(name for part in parts for name in part.streams))
+        for stream in streams:
+            matrix = kept.joined(stream)
+            if matrix is None:  # a stream missing from some batches
                 self._warn(run, stream, "was missing from some batches")
                 continue
             writer.add_embedding(
@@ -158,7 +234,7 @@ class EmbeddingExport(Hook):
         run.log.info(
             "embeddings: %d points of %s (%s) sent to the TensorBoard projector",
             kept.rows,
-            ", ".join(kept.streams),
+            ", ".join(streams),
             self.settings.section,
         )
 
