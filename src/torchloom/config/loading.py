@@ -85,7 +85,8 @@ class LoadedConfig:
         """Where the value at that key path was set: 'configs/mnist/lenet5.yml:12' (path
         relative to cwd when under it, else absolute; line 1-based) for the deepest key-path
         prefix that has a recorded location; "command-line override 'a.b=1'" if an override
-        set it last; the top file's path if nothing is known."""
+        set it last; the top file's path if nothing is known. A mapping whose keys overrides
+        changed names them: "top.yml:3 (changed by command-line override 'a.b=1')"."""
         return describe_origin(self.origins, keys, self.path, self._overrides)
 
     @cached_property

@@ -234,7 +234,7 @@ class RunView:
         self.train_data, self.validation_data = setup.train_data, setup.validation_data
         self.online, self.logging_interval = setup.online, setup.config.logging_interval
         # FSDP with several processes: a model's forward is a collective, so nothing may run
-        # one on rank 0 alone (hooks run there only).
+        # one on rank 0 alone (where most hooks run only).
         self.sharded_models = setup.sharded and setup.distributed.active
         self.distributed = setup.distributed
 
