@@ -249,3 +249,27 @@ def test_embeddings_of_two_ranks_are_the_points_one_process_exports() -> None:
     assert torch.equal(merged.joined("z"), alone.joined("z"))
     targets = [torch.cat([p.targets for p in kept.parts]) for kept in (merged, alone)]
     assert torch.equal(*targets)
+
+
+def test_worst_samples_of_an_epoch_cut_short_are_those_of_one(tmp_path: Path) -> None:
+    """A run that diverges mid-epoch goes from its last step to after_train, with neither the
+    epoch's end nor a checkpoint: the losses of the epoch so far are still every rank's."""
+    steps = [batch_of(ids, seed=step) for step, ids in enumerate(([3, 1, 4, 0], [9, 2, 6, 8]))]
+
+    def train(distributed: Distributed) -> None:
+        rank, world = distributed.rank, distributed.world
+        run = worst_samples_run(tmp_path / f"w{world}-{rank}")
+        run.run_dir.mkdir()
+        run.distributed = distributed
+        hook = WorstSamples(AnalysisConfig())
+        hook.before_train(run)
+        for batch in steps:
+            hook.after_step(run, shares_of(batch, rank, world), torch.tensor(0.0))
+        hook.after_train(run, {})
+
+    train(SINGLE)
+    as_ranks(2, train)
+    worst = "reports/worst_samples/worst.csv"
+    expected = (tmp_path / "w1-0" / worst).read_text()
+    assert len(expected.splitlines()) == 1 + 8  # every sample of both steps
+    assert (tmp_path / "w2-0" / worst).read_text() == expected

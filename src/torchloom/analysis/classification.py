@@ -7,7 +7,9 @@ which ROC curves follow) — and misclassified samples are streamed to a CSV fil
 (prediction_errors.py). Training batches are counted in `after_step` with device operations
 only (no host sync); counts are read once per pass. With several processes the hook runs in
 each, on its share of every batch; at a pass's end the counts are added and the error rows
-merged (one exchange per pass), and rank 0 writes. Files, in `reports/` of the run folder:
+merged (one exchange per pass), and rank 0 writes. (Each process then holds its error rows
+until the pass ends, and every process receives all of them: the exchange is an all-gather.)
+Files, in `reports/` of the run folder:
 
     <output>-<split>-cm.png / -cm.csv   row-normalised confusion matrix (image / numbers)
     <output>-<split>-report.md          accuracy, per-class table, averages, top confusions

@@ -159,6 +159,10 @@ class WorstSamples(Hook):
 
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         self.flush()
+        if self.settings.section == "training" and self.trackers:
+            # A run that diverged mid-epoch ends here, with neither the epoch's end nor a
+            # checkpoint: its last steps are merged now. Every process, dirty or not.
+            self._merge_training_row()
         if self.dirty:  # figures left for the end, or interrupted mid-epoch
             self.write(run, force=True)
 
