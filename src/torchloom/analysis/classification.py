@@ -39,10 +39,11 @@ from torchloom.analysis.classification_numbers import (
 )
 from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, figure, save_png
 from torchloom.analysis.prediction_errors import (
+    ERROR_COLUMNS,
     ErrorShare,
     ErrorStream,
+    error_line,
     merge_shares,
-    write_merged,
 )
 from torchloom.analysis.schema import AnalysisConfig, OutputSpec
 from torchloom.analysis.skipped import say_skipped
@@ -268,7 +269,7 @@ class ClassificationAnalysis(Hook):
         """End a pass: write its reports (keep) or drop it (a partial validation pass). With
         several processes, every one takes part in merging a kept pass (whatever share it
         had), and rank 0 writes."""
-        shares: dict[str, PassShare] = {}
+        passes: dict[str, PassShare] = {}
         for output in self.outputs:
             key = (output.name, split)
             counts = self.counts.pop(key, None)
@@ -280,39 +281,38 @@ class ClassificationAnalysis(Hook):
             if keep:
                 confusion, scores = counts.host() if counts is not None else (None, None)
                 held = errors.held_share() if errors is not None else None
-                shares[output.name] = PassShare(confusion, scores, held)
+                passes[output.name] = PassShare(confusion, scores, held)
         if not keep:
             return
         if self.distributed.active:
-            shares = _merged(self.distributed.gather(shares))
+            passes = _merged(self.distributed.gather(passes))
             if not self.distributed.main:
                 return
         for output in self.outputs:
-            share = shares[output.name]
-            if share.confusion is None:
+            done = passes[output.name]
+            if done.confusion is None:
                 continue
-            confusion, scores = share.confusion, share.scores
+            confusion, scores = done.confusion, done.scores
             names = self.names.get(output.name) or _class_names(run, output, len(confusion))
             curves = roc_curves(scores, names) if scores is not None else []
             stem = self._reports(run) / f"{output.name}-{split}"
             where = f"epoch {run.progress.epoch}, episode {run.progress.episode}"
             title = f"{output.name}, {split} ({where})"
-            if share.merged_errors is not None:  # one process streamed its own
-                path = stem.with_name(stem.name + "-errors.csv")
-                write_merged(path, share.merged_errors, names)
+            if done.merged_errors is not None:  # one process streamed its own
+                lines = [ERROR_COLUMNS, *(error_line(*row, names) for row in done.merged_errors)]
+                _write_csv(stem.with_name(stem.name + "-errors.csv"), lines)
             if self.report:
                 report = classification_report(confusion, names)
                 path = stem.with_name(stem.name + "-report.md")
                 write_text_atomic(path, report_markdown(title, report, curves))
             if self.confusion_matrix:
-                shares_of_row = row_normalised(confusion)
-                cells = [[f"{v:.6g}" for v in row] for row in shares_of_row]
-                rows_out = [["true \\ predicted", *names]]
-                rows_out += [[n, *row] for n, row in zip(names, cells, strict=True)]
-                _write_csv(stem.with_name(stem.name + "-cm.csv"), rows_out)
+                shares = [[f"{v:.6g}" for v in row] for row in row_normalised(confusion)]
+                rows = [["true \\ predicted", *names]]
+                rows += [[n, *row] for n, row in zip(names, shares, strict=True)]
+                _write_csv(stem.with_name(stem.name + "-cm.csv"), rows)
             if self.roc and curves:
-                rows_roc = [["curve", "auc"], *[[c.name, f"{c.auc:.6f}"] for c in curves]]
-                _write_csv(stem.with_name(stem.name + "-roc.csv"), rows_roc)
+                rows = [["curve", "auc"], *[[c.name, f"{c.auc:.6f}"] for c in curves]]
+                _write_csv(stem.with_name(stem.name + "-roc.csv"), rows)
             self.pending[(output.name, split)] = FinishedPass(title, stem, names, confusion, curves)
         self._draw(run, force=False)
 

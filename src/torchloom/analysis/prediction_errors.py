@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from torchloom.data.atomic_files import PendingFile, write_text_atomic
+from torchloom.data.atomic_files import PendingFile
 
 ERROR_COLUMNS = ("id", "truth", "prediction", "confidence", "truth_name", "prediction_name")
 
@@ -92,8 +92,8 @@ class ErrorStream:
             self.text.truncate()
 
     def finish(self, keep: bool) -> None:
-        """End the pass: the report written (keep) or dropped. A held share waits for
-        `write_merged` instead."""
+        """End the pass: the report written (keep) or dropped. A held share is written by
+        rank 0 once merged (`merge_shares`) instead."""
         if self.pending is None:
             return
         if keep:
@@ -132,14 +132,3 @@ def merge_shares(shares: Sequence[ErrorShare | None]) -> list[tuple[Any, int, in
     ]
     keyed.sort(key=lambda item: item[0])
     return [row for _, row in keyed]
-
-
-def write_merged(
-    path: Path, rows: Sequence[tuple[Any, int, int, float]], names: Sequence[str]
-) -> None:
-    """The report of a pass several processes shared, from `merge_shares`' rows."""
-    text = io.StringIO(newline="")
-    writer = csv.writer(text)
-    writer.writerow(ERROR_COLUMNS)
-    writer.writerows(error_line(sample, t, p, c, names) for sample, t, p, c in rows)
-    write_text_atomic(path, text.getvalue())
