@@ -17,7 +17,8 @@ import pytest
 from PIL import Image, ImageStat
 
 import torchloom
-from torchloom.analysis.html_report import markdown_html, write_report
+from torchloom.analysis.html_parts import markdown_html
+from torchloom.analysis.html_report import write_report
 from torchloom.cli import report as report_command
 from torchloom.errors import ConfigError
 

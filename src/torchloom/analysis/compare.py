@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from torchloom.analysis.html_report import escape, figure, line_plot, page, table
+from torchloom.analysis.html_parts import escape, figure, line_plot, page, table
 from torchloom.analysis.run_reading import (
     SPLITS,
     Run,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from torchloom.analysis.html_report import escape, page, png_file_figure, table
+from torchloom.analysis.html_parts import escape, page, png_file_figure, table
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.search.pareto import section as pareto_section
 from torchloom.search.record import SearchRecord

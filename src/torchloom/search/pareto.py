@@ -111,7 +111,7 @@ def draw(path: Path, trials: list[FrozenTrial], kept: list[FrozenTrial], monitor
 def section(search_dir: Path, study: optuna.Study, monitor: str, mode: str) -> list[str]:
     """search.html's section: the plot and the front's trials; nothing when no trial recorded
     its size (a search folder from before sizes were recorded)."""
-    from torchloom.analysis.html_report import escape, png_file_figure, table
+    from torchloom.analysis.html_parts import escape, png_file_figure, table
 
     trials = measured(study)
     if not trials:
