@@ -16,22 +16,22 @@
 # its limit gets 10 s more to stop (loom saves last.pt and summary.json on SIGTERM) before it
 # is killed, so each step's limit is also cut to what is left of 590 s since the start: even a
 # session whose every step hits its limit ends inside the device call's 600 s, the last step
-# shortened rather than the whole call killed. Estimates on an H100
-# (none measured yet: from the CPU runs and the sizes; compile times are the uncertain part):
-#   install wheels                 ~10 s   (limit  40 s)
-#   versions; nvidia-smi           ~8 s; ~2 s (limits 20 s; 10 s)
-#   CUDA tests (4 tests)           ~35 s   (limit  60 s)
-#   loom train LeNet-5/MNIST, 2 epochs of 55,000 images at batch 64, each ~10 s to start and
-#   load, then ~3 s per epoch: bf16 ~20 s, fp16 ~20 s, pinned ~20 s, compile ~40 s,
-#   reduce-overhead ~45 s         ~145 s  (limits 35+35+35+55+60 s)
-#   gpu_throughput.py, 2 modes x 2 rounds x 2 sides, 210 steps of 256 each
-#                                  ~170 s  (limit 210 s: the first compile of each mode
-#                                           ~45 s, the six later ones ~10 s, Inductor's
-#                                           cache hit; loading and steps ~5 s a run)
-#   total                          ~370 s, about 6 minutes, under 9.
+# shortened rather than the whole call killed. Measured on an H200 on 2026-11-27 (the whole
+# session 272 s; docs/benchmarks.md), with the estimate for what was added since:
+#   install wheels                 2 s     (limit  40 s)
+#   versions; nvidia-smi           7 s; 0 s (limits 20 s; 10 s)
+#   CUDA tests (4 tests)           27 s    (limit  60 s)
+#   loom train LeNet-5/MNIST, 2 epochs of 55,000 images at batch 64: bf16 20 s, fp16 21 s,
+#   pinned 20 s, compile 41 s, reduce-overhead 41 s
+#                                  143 s   (limits 35+35+35+55+60 s)
+#   gpu_throughput.py, 2 modes x 2 rounds, 210 steps of 256 each: 91 s with 2 sides; now
+#   3 sides (the third: the hand-written loop reading from the host) and a profile of 20
+#   steps of two of them   ~150 s  (limit 210 s)
+#   total                          ~330 s, under 6 minutes.
 # Files back (the device tool returns at most 8): session.log (everything), results.txt
-# (one line per step: status, seconds, figures), throughput.txt, runs.json (the LeNet runs'
-# summaries).
+# (one line per step: status, seconds, figures), throughput.txt, throughput_profile.txt
+# (operators, Python functions and host-device syncs of 20 steps of torchloom and of the
+# hand-written loop), runs.json (the LeNet runs' summaries).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -170,7 +170,7 @@ lenet lenet-reduce-overhead 60 "+training.compile={mode: reduce-overhead}"
 
 # ---- ResNet-18 throughput: torchloom against a hand-written AMP + compile loop -------------
 FIGURES="see throughput.txt"
-step throughput 210 bash -c 'set -o pipefail; "$0" benchmarks/gpu_throughput.py "$@" | tee "$OUT/throughput.txt"' \
+step throughput 210 bash -c 'set -o pipefail; "$0" benchmarks/gpu_throughput.py "$@" --profile "$OUT/throughput_profile.txt" | tee "$OUT/throughput.txt"' \
   "$PY" "${THROUGHPUT[@]}" --data "$FASHION"
 
 rm -rf "$WORK"

@@ -12,7 +12,16 @@ device synchronisations; validation and test are left out of both. The sides alt
 rounds (torchloom first in odd rounds) so machine noise hits both alike; each line prints
 both figures and the ratio torchloom / hand-written (target >= 0.95 on a GPU).
 
+Where the difference goes: a third side, the hand-written loop fed by a host DataLoader over
+the same task (`Task.fetch`, pinned memory and non-blocking copies on a GPU, as torchloom's
+loader) instead of device-resident data, says what reading batches from the host costs; and
+`--profile FILE` writes, after the rounds, a profile of 20 counted steps of torchloom and of the
+hand-written loop (first mode): torch.profiler's operators by host time, Python's functions
+(cProfile) and, on a GPU, the operations that synchronised the host with the device
+(torch.cuda.set_sync_debug_mode).
+
     python benchmarks/gpu_throughput.py [--device cuda] [--modes default reduce-overhead]
+    python benchmarks/gpu_throughput.py --profile throughput_profile.txt
     python benchmarks/gpu_throughput.py --device cpu --smoke     # the path, in seconds, here
 
 The horizontal flip of the config is left out on both sides (the hand-written loop has no
@@ -23,20 +32,27 @@ such step). `--data` is the Fashion-MNIST folder (the task falls back to Debian'
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import statistics
 import tempfile
 import time
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from overhead import SEED  # benchmarks/ is on sys.path when a script here runs
+from torch.utils.data import DataLoader
 
 from torchloom.api import Hook, RunView, TrainOptions, prepare_training
 from torchloom.core.component import Batch
 from torchloom.engine.assemble import assemble
 from torchloom.engine.checkpoint import seed_everything
+from torchloom.engine.loaders import TaskBatches, to_device
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "fashion_mnist" / "resnet18.yml"
 
@@ -65,14 +81,77 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class StepProfile:
+    """Profiles the steps between `start` and `stop`: torch.profiler (host operators and, on a
+    GPU, kernels), cProfile (Python functions) and, on a GPU, the host-device synchronisations
+    (`torch.cuda.set_sync_debug_mode('warn')` makes each one a warning, recorded here)."""
+
+    def __init__(self, device: torch.device, title: str) -> None:
+        self.device, self.title = device, title
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self.torch_profile = torch.profiler.profile(activities=activities)
+        self.python_profile = cProfile.Profile()
+        self.catching = warnings.catch_warnings(record=True)
+        self.synchronisations: list[str] = []
+        self.steps = 0
+        self.seconds = 0.0
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self.records = self.catching.__enter__()
+        warnings.simplefilter("always")
+        if self.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        self.torch_profile.start()
+        self.python_profile.enable()
+        self.started = time.perf_counter()
+
+    def stop(self, steps: int) -> None:
+        synchronize(self.device)
+        self.seconds = time.perf_counter() - self.started
+        self.python_profile.disable()
+        self.torch_profile.stop()
+        if self.device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+        self.catching.__exit__(None, None, None)
+        self.synchronisations = [
+            str(r.message) for r in self.records if "synchroniz" in str(r.message)
+        ]
+        self.steps = steps
+
+    def report(self) -> str:
+        """The profile as text: operators by host time, functions by own time, syncs."""
+        out = io.StringIO()
+        out.write(f"==== {self.title}: {self.steps} steps in {self.seconds * 1e3:.1f} ms ")
+        out.write(f"({self.seconds * 1e3 / max(self.steps, 1):.2f} ms a step)\n")
+        out.write(f"host-device synchronisations: {len(self.synchronisations)}\n")
+        for message in sorted(set(self.synchronisations)):
+            count = self.synchronisations.count(message)
+            out.write(f"  {count} x {message.splitlines()[0][:160]}\n")
+        table = self.torch_profile.key_averages().table(
+            sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60
+        )
+        out.write(f"\n-- torch.profiler, by self host time --\n{table}\n")
+        stats = pstats.Stats(self.python_profile, stream=out)
+        out.write("-- cProfile, by own time --\n")
+        stats.sort_stats("tottime").print_stats(30)
+        return out.getvalue()
+
+
 class StepClock(Hook):
     """Reads the clock after the warm-up's last step and after the last step, each after a
-    device synchronisation (the only two a run gets from it)."""
+    device synchronisation (the only two a run gets from it); profiles the counted steps
+    when given a StepProfile."""
 
     name = "step_clock"
 
-    def __init__(self, device: torch.device, warmup: int, steps: int) -> None:
+    def __init__(
+        self, device: torch.device, warmup: int, steps: int, profile: StepProfile | None = None
+    ) -> None:
         self.device, self.warmup, self.steps = device, warmup, steps
+        self.profile = profile
         self.count = 0
         self.started = self.ended = 0.0
         self.epochs: list[int] = []  # completed epochs at both readings
@@ -90,12 +169,17 @@ class StepClock(Hook):
                 self.ended = now
             self.epochs.append(run.progress.epoch)
             self.compiled, self.dtype = run.compiled_models, run.precision.dtype
+            if self.profile is not None:
+                if self.count == self.warmup:
+                    self.profile.start()
+                else:
+                    self.profile.stop(self.steps - self.warmup)
 
 
-def run_torchloom(args: argparse.Namespace, mode: str) -> float:
+def run_torchloom(args: argparse.Namespace, mode: str, profile: StepProfile | None = None) -> float:
     """Samples per second of `loom train`'s engine after the warm-up steps."""
     steps = args.warmup + args.steps
-    clock = StepClock(torch.device(args.device), args.warmup, steps)
+    clock = StepClock(torch.device(args.device), args.warmup, steps, profile)
     with tempfile.TemporaryDirectory() as expdir:
         options = TrainOptions(expdir=expdir, device=args.device, quiet=True, hooks=[clock])
         prepared = prepare_training(
@@ -113,8 +197,48 @@ def run_torchloom(args: argparse.Namespace, mode: str) -> float:
     return args.steps * args.batch_size / (clock.ended - clock.started)
 
 
-def run_by_hand(args: argparse.Namespace, mode: str) -> float:
-    """What a researcher would write for speed: data on the device, autocast, compile."""
+def device_batches(
+    images: torch.Tensor, targets: torch.Tensor, batch_size: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of device-resident data, each a slice of a shuffled index (reshuffled when
+    the next batch would not fit), for ever."""
+    generator = torch.Generator(device=device).manual_seed(SEED)
+    order = torch.randperm(len(images), device=device, generator=generator)
+    position = 0
+    while True:
+        if position + batch_size > len(order):
+            order = torch.randperm(len(images), device=device, generator=generator)
+            position = 0
+        index = order[position : position + batch_size]
+        position += batch_size
+        yield images[index], targets[index]
+
+
+def host_batches(
+    task: Any, batch_size: int, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches read on the host as torchloom's loader reads them (the task's `fetch` through
+    a DataLoader, pinned on a GPU, copied without blocking), for ever."""
+    loader: DataLoader[Any] = DataLoader(
+        TaskBatches(task),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=lambda batch: batch,
+        pin_memory=device.type == "cuda",
+        generator=torch.Generator().manual_seed(SEED),
+    )
+    while True:
+        for batch in loader:
+            batch = to_device(batch, device)
+            yield batch["inputs"], batch["targets"]
+
+
+def run_by_hand(
+    args: argparse.Namespace, mode: str, profile: StepProfile | None = None, host: bool = False
+) -> float:
+    """What a researcher would write for speed: data on the device, autocast, compile;
+    `host`: the batches read from the host instead (the third side)."""
     device = torch.device(args.device)
     seed_everything(SEED)
     # The same component classes and parameters as the torchloom side, so the model is too.
@@ -123,36 +247,40 @@ def run_by_hand(args: argparse.Namespace, mode: str) -> float:
     head = pipeline.components["classifier"].to(device)
     task = pipeline.tasks["training"]
     task.prepare()
-    everything = task.fetch(list(range(len(task))))
-    images = everything["inputs"].to(device)
-    targets = everything["targets"].to(device)
+    if host:
+        batches = host_batches(task, args.batch_size, device)
+    else:
+        everything = task.fetch(list(range(len(task))))
+        images, targets = everything["inputs"].to(device), everything["targets"].to(device)
+        batches = device_batches(images, targets, args.batch_size, device)
     options: dict[str, Any] = {} if mode == "default" else {"mode": mode}
     encoder.compile(**options)
     head.compile(**options)
     parameters = [*encoder.parameters(), *head.parameters()]
     optimizer = torch.optim.Adam(parameters, lr=1e-3)  # the config's optimizer
-    generator = torch.Generator(device=device).manual_seed(SEED)
-    order = torch.randperm(len(images), device=device, generator=generator)
-    position = 0
     started = 0.0
     for step in range(args.warmup + args.steps):
-        if position + args.batch_size > len(order):
-            order = torch.randperm(len(images), device=device, generator=generator)
-            position = 0
-        index = order[position : position + args.batch_size]
-        position += args.batch_size
+        inputs, expected = next(batches)
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            features = encoder({"inputs": images[index]})["outputs"]
+            features = encoder({"inputs": inputs})["outputs"]
             logits = head({"inputs": features})["predictions"]
-            loss = F.cross_entropy(logits, targets[index])
+            loss = F.cross_entropy(logits, expected)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         if step + 1 == args.warmup:
             synchronize(device)
             started = time.perf_counter()
+            if profile is not None:
+                profile.start()
     synchronize(device)
+    if profile is not None:
+        profile.stop(args.steps)
     return args.steps * args.batch_size / (time.perf_counter() - started)
+
+
+def run_by_hand_from_host(args: argparse.Namespace, mode: str) -> float:
+    return run_by_hand(args, mode, host=True)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -165,6 +293,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=180, help="steps counted")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--data", default="~/data/fashion-mnist")
+    parser.add_argument(
+        "--profile", type=Path, help="file for a profile of 20 counted steps of both sides"
+    )
     parser.add_argument(
         "--smoke", action="store_true", help="tiny sizes: proves the path, measures nothing"
     )
@@ -189,28 +320,41 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         flush=True,
     )
     ratios = {}
+    sides = {
+        "torchloom": run_torchloom,
+        "hand-written": run_by_hand,
+        "hand-written from the host": run_by_hand_from_host,
+    }
     for mode in args.modes:
-        loom_rates, hand_rates = [], []
+        rates: dict[str, list[float]] = {name: [] for name in sides}
         for round_ in range(args.rounds):
-            order = (
-                (run_torchloom, run_by_hand) if round_ % 2 == 0 else (run_by_hand, run_torchloom)
-            )
-            for runner in order:
-                rate = runner(args, mode)
-                (loom_rates if runner is run_torchloom else hand_rates).append(rate)
+            names = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+            for name in names:
+                rates[name].append(sides[name](args, mode))
             print(
-                f"compile {mode}, round {round_ + 1}: torchloom {loom_rates[-1]:,.0f} "
-                f"samples/s, hand-written {hand_rates[-1]:,.0f} samples/s",
+                f"compile {mode}, round {round_ + 1}: "
+                + ", ".join(f"{name} {rates[name][-1]:,.0f} samples/s" for name in sides),
                 flush=True,
             )
-        loom, hand = statistics.median(loom_rates), statistics.median(hand_rates)
+        loom, hand, host = (statistics.median(rates[name]) for name in sides)
         ratios[mode] = loom / hand
         print(
             f"compile {mode}: median torchloom {loom:,.0f} samples/s, hand-written "
             f"{hand:,.0f} samples/s, ratio torchloom / hand-written {loom / hand:.3f} "
-            "(target >= 0.95)",
+            f"(target >= 0.95); hand-written from the host {host:,.0f} samples/s "
+            f"({host / hand:.3f} of device-resident data; torchloom / it {loom / host:.3f})",
             flush=True,
         )
+    if args.profile is not None:
+        profiled = argparse.Namespace(**{**vars(args), "steps": min(args.steps, 20)})
+        device, mode = torch.device(args.device), args.modes[0]
+        reports = []
+        for title, runner in (("torchloom", run_torchloom), ("hand-written", run_by_hand)):
+            profile = StepProfile(device, f"{title}, compile {mode}")
+            runner(profiled, mode, profile)
+            reports.append(profile.report())
+        args.profile.write_text("\n".join(reports))
+        print(f"profile of {profiled.steps} steps each: {args.profile}", flush=True)
     return ratios
 
 

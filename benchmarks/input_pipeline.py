@@ -2,12 +2,14 @@
 
 The loaders ask a task for whole batches (`Task.fetch`, through torch's `__getitems__`); a task
 that holds its data in tensors builds a batch in a few tensor operations. This measures, for
-Sort-of-CLEVR at full size (batches of 64 questions on 75x75 images), the same random batches
-both ways through a DataLoader without workers, in alternating rounds, and checks that the two
-ways give the same batches. On a GPU the batch is assembled on the host between steps, so its
-cost adds to every step (docs/benchmarks.md). Last line prints the median time ratio.
+Sort-of-CLEVR at full size (batches of 64 questions on 75x75 images) or Fashion-MNIST at 32x32
+(batches of 256, the GPU throughput benchmark's), the same random batches both ways through a
+DataLoader without workers, in alternating rounds, and checks that the two ways give the same
+batches. On a GPU the batch is assembled on the host between steps, so its cost adds to every
+step (docs/benchmarks.md). Last line prints the median time ratio.
 
     python benchmarks/input_pipeline.py [--rounds 5] [--batches 200] [--data ~/data/sort_of_clevr]
+    python benchmarks/input_pipeline.py --task fashion-mnist [--data ~/data/fashion-mnist]
 """
 
 from __future__ import annotations
@@ -20,12 +22,27 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from torchloom.core.component import Batch
+from torchloom.core.component import Batch, Task
 from torchloom.engine.loaders import RenamingCollate, TaskBatches
+from torchloom.zoo.tasks.fashion_mnist import FashionMNIST
 from torchloom.zoo.tasks.sort_of_clevr import SortOfCLEVR
 
+# task: (what it is built from the data folder, default folder, default batch size)
+TASKS = {
+    "sort-of-clevr": (
+        lambda folder: SortOfCLEVR.create(split="train", images=9800, data_folder=folder, seed=0),
+        "~/data/sort_of_clevr",
+        64,
+    ),
+    "fashion-mnist": (
+        lambda folder: FashionMNIST.create(split="train", data_folder=folder, resize=[32, 32]),
+        "~/data/fashion-mnist",
+        256,
+    ),
+}
 
-def loaders(task: SortOfCLEVR, batch_size: int, seed: int) -> dict[str, DataLoader[Any]]:
+
+def loaders(task: Task, batch_size: int, seed: int) -> dict[str, DataLoader[Any]]:
     """The two ways, over the same shuffled order."""
     per_sample: DataLoader[Any] = DataLoader(
         task,
@@ -63,20 +80,23 @@ def same(a: Batch, b: Batch) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="~/data/sort_of_clevr", help="cache of the splits")
+    parser.add_argument("--task", choices=sorted(TASKS), default="sort-of-clevr")
+    parser.add_argument("--data", help="data folder (Sort-of-CLEVR: cache of the splits)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", type=int, default=200)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, help="64 for Sort-of-CLEVR, 256 else")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    task = SortOfCLEVR.create(split="train", images=9800, data_folder=args.data, seed=0)
-    task.prepare()  # generates and caches the split on first use
+    build, folder, batch_size = TASKS[args.task]
+    task = build(args.data or folder)
+    task.prepare()  # loads (Sort-of-CLEVR: generates and caches) the split on first use
+    batch_size = args.batch_size or batch_size
     times: dict[str, list[float]] = {}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         kept = {}
-        for name, loader in loaders(task, args.batch_size, seed=round_).items():
+        for name, loader in loaders(task, batch_size, seed=round_).items():
             seconds, kept[name] = timed(loader, args.batches)
             if round_:
                 times.setdefault(name, []).append(seconds)

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 from script_modules import load_script
 from torchloom.api import check_training
@@ -117,3 +118,19 @@ def test_the_session_steps_fit_one_device_call() -> None:
     }
     assert set(limits) >= {"install", "versions", "nvidia-smi", "cuda-tests", "throughput"}
     assert sum(limits.values()) <= 560, limits
+
+
+def test_the_profile_reports_the_profiled_steps_operators(throughput: ModuleType) -> None:
+    """`--profile`'s report (written once, on a GPU): the steps' time, the synchronisations
+    counted (none on the CPU), the operators the steps ran and the Python functions."""
+    profile = throughput.StepProfile(torch.device("cpu"), "a side")
+    a = torch.randn(64, 64)
+    profile.start()
+    for _ in range(3):
+        a = torch.mm(a, a).tanh()
+    profile.stop(3)
+    report = profile.report()
+    assert report.startswith("==== a side: 3 steps in ")
+    assert "host-device synchronisations: 0" in report
+    assert "aten::mm" in report and "aten::tanh" in report
+    assert "-- cProfile, by own time --" in report

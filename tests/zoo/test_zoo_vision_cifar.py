@@ -233,3 +233,50 @@ def test_augmentation_is_reproducible_and_flip_one_flips(cifar10_folder: str) ->
         data_folder=cifar10_folder, split="test", transforms={"horizontal_flip": 1.0}
     )
     assert torch.equal(flipped[4]["inputs"], plain[4]["inputs"].flip(-1))
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"normalize": False},  # uint8 kept: each batch converted when fetched
+        {},  # the task's normalisation, precomputed
+        {"normalize": False, "transforms": {"resize": [20, 20]}},
+        {  # random steps after the precomputed ones, normalisation and cutout among them
+            "transforms": {
+                "random_crop": {"size": [32, 32], "padding": 4},
+                "horizontal_flip": 0.5,
+                "cutout": 8,
+            }
+        },
+    ],
+    ids=["uint8", "normalized", "resized", "augmented"],
+)
+def test_a_fetched_batch_is_the_samples_collated(
+    cifar10_folder: str, settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loaders' path (`fetch`, one gather, no sample built one by one) gives the batch the
+    samples one by one give, random draws included, and leaves torch's generator where they
+    leave it."""
+    task = CIFAR10.create(data_folder=cifar10_folder, split="test", **settings)
+    indices = [5, 0, -1, 5, 2]
+    torch.manual_seed(11)
+    by_sample = task.collate([task[i] for i in indices])
+    after_samples = torch.rand(3)
+
+    def one_by_one(self: CIFAR10, index: int) -> None:
+        raise AssertionError("fetch built a sample one by one")
+
+    monkeypatch.setattr(CIFAR10, "__getitem__", one_by_one)
+    torch.manual_seed(11)
+    fetched = task.fetch(indices)
+    assert torch.equal(torch.rand(3), after_samples)
+    assert set(fetched) == set(by_sample)
+    for key, value in by_sample.items():
+        if isinstance(value, torch.Tensor):
+            assert fetched[key].dtype == value.dtype, key
+            assert torch.equal(fetched[key], value), key
+        else:
+            assert fetched[key] == value, key
+    assert fetched["indices"].tolist() == [5, 0, TEST_SIZE - 1, 5, 2]
+    with pytest.raises(IndexError, match="out of range"):
+        task.fetch([0, TEST_SIZE])

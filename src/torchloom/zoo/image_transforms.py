@@ -194,6 +194,15 @@ class ImageTransformer:
             image = random(image)
         return image
 
+    def random_steps(self, images: torch.Tensor) -> torch.Tensor:
+        """A batch [count, depth, height, width] of deterministically transformed images
+        through the random steps, each image drawing its own (torchvision's v2 transforms
+        would draw once for a whole batch), in order: the draws of `__call__` one by one."""
+        _, random = self._compose()
+        if random is None:
+            return images
+        return torch.stack([random(image) for image in images])
+
 
 def _per_channel(values: Sequence[float], depth: int) -> list[float]:
     return list(values) * depth if len(values) == 1 else list(values)
