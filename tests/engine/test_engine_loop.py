@@ -17,9 +17,10 @@ import torch
 
 from torchloom.api import Hook, RunView
 from torchloom.engine.checkpoint import load_checkpoint
-from torchloom.engine.state import StopSignals
+from torchloom.engine.setup import prepare_training
+from torchloom.engine.state import StopSignals, TrainOptions
 from torchloom.engine.step import Diverged
-from toy_runs import StopAt, model_weights, only_run, summary, toy_config, train
+from toy_runs import StopAt, model_weights, only_run, summary, toy_config, train, write
 
 # toy_config: 40 training samples in batches of 8, i.e. 5 batches an epoch.
 
@@ -152,3 +153,24 @@ def test_a_scheduler_steps_per_step_or_per_epoch(
     assert column(result.run_dir, "training_epoch_statistics.csv", "lr") == pytest.approx(
         epoch_rates
     )
+
+
+class EventFilesAtEachStep(Hook):
+    name = "event_files"
+
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def after_step(self, run: RunView, batch: Any, loss: torch.Tensor) -> None:
+        self.counts.append(len(list((run.run_dir / "tensorboard").glob("events.*"))))
+
+
+def test_the_tensorboard_writer_is_open_before_the_first_step(tmp_path: Path) -> None:
+    """Opening it imports tensorboard (tenths of a second): done before the loop, no step pays
+    for it, where it fell on the step that logged the first row (inside a throughput
+    benchmark's counted steps)."""
+    spy = EventFilesAtEachStep()
+    options = TrainOptions(expdir=str(tmp_path), quiet=True, tensorboard=1, hooks=[spy])
+    prepared = prepare_training(write(tmp_path, toy_config(epochs=1)), (), options)
+    prepared.run()  # type: ignore[union-attr]  # a fresh run
+    assert spy.counts == [1] * 5  # 5 batches: the events file exists from the first on

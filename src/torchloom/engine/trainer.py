@@ -337,6 +337,7 @@ class TrainingLoop:
         )
         if setup.distributed.main:
             write_running(setup.run_dir, setup.name)
+        setup.reporter.open()
         # Signals stop the run gracefully from here to the end, final test pass included.
         with setup.signals:
             for component in setup.pipeline.components.values():
