@@ -1,5 +1,6 @@
-"""The prepared GPU session (benchmarks/gpu_session.sh, gpu_throughput.py) must not rot while
-no GPU is lent: what it asks of the engine is checked here, in a second, without data.
+"""The prepared GPU session (benchmarks/gpu_session.sh, gpu_throughput.py; host_step.py, its CPU
+stand-in) must not rot while no GPU is lent: what it asks of the engine is checked here, in a
+second, without data.
 `benchmarks/gpu_session.sh --cpu` runs the whole session on the CPU (about a minute)."""
 
 from __future__ import annotations
@@ -134,3 +135,12 @@ def test_the_profile_reports_the_profiled_steps_operators(throughput: ModuleType
     assert "host-device synchronisations: 0" in report
     assert "aten::mm" in report and "aten::tanh" in report
     assert "-- cProfile, by own time --" in report
+
+
+def test_the_host_step_benchmark_config_is_a_valid_training_config(tmp_path: Path) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(ROOT / "benchmarks"))
+        host_step = load_script(ROOT / "benchmarks" / "host_step.py")
+    config = host_step.write_config(tmp_path, str(tmp_path), 200)
+    names = check_training(config, ())
+    assert {"training.loss", "training.accuracy"} <= set(names)  # what training reports

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 
 import pytest
 import torch
@@ -187,9 +188,12 @@ def test_counts_left_for_later_steps_are_in_every_read_of_them() -> None:
     assert restored.compute() == accuracy.compute()
 
 
-def test_a_training_step_asks_torch_for_one_operation() -> None:
+def test_a_training_step_keeps_none_of_its_tensors_and_asks_torch_for_four_operations() -> None:
     """The accuracy's update runs on every training step, where each tensor call costs more
-    than its arithmetic (benchmarks/overhead.py): one argmax, the counting done later."""
+    than its arithmetic (benchmarks/overhead.py): the argmax and the targets copied into
+    buffers made once, the counting done later. It keeps none of the step's tensors: on the CPU
+    small tensors kept for 64 steps beside each batch's images left the heap in pieces
+    (benchmarks/host_step.py), and a CUDA graph would overwrite its outputs."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -201,7 +205,42 @@ def test_a_training_step_asks_torch_for_one_operation() -> None:
 
     accuracy = AccuracyStatistics.create(globals={"num_classes": 4})
     accuracy.update(BATCHES[0])
+    step = batch([3, 2, 1, 0, 3], [3, 2, 1, 0, 3])
     with Count() as count:
-        accuracy.update(BATCHES[2])
-    assert len(count.calls) == 1, count.calls
+        accuracy.update(step)
+    assert sorted(count.calls) == sorted(
+        ["aten.slice.Tensor", "aten.slice.Tensor", "aten.copy_.default", "aten.argmax.out"]
+    )
+    kept = [weakref.ref(tensor) for tensor in step.values()]
+    del step
+    assert [reference() for reference in kept] == [None, None]
+    assert accuracy.compute() == {"accuracy": pytest.approx(1.0)}
+
+
+@pytest.mark.parametrize("sequence", [False, True])
+def test_counts_stay_exact_when_the_pending_steps_fill_up_and_batches_grow(sequence: bool) -> None:
+    """Steps are counted together once the buffers made at the first batch are full (64 steps
+    of its size); a bigger batch than they hold gets bigger ones. Every count is exact."""
+    generator = torch.Generator().manual_seed(0)
+    accuracy = AccuracyStatistics.create(
+        globals={"num_classes": 5}, sequence=sequence, ignore_index=0 if sequence else None
+    )
+    right = counted = 0
+    for size in [2] * 70 + [300, 3, 1000, 2]:
+        shape = (size, 3) if sequence else (size,)
+        predictions = torch.randn(*shape, 5, generator=generator)
+        targets = torch.randint(0, 5, shape, generator=generator)
+        accuracy.update({"predictions": predictions, "targets": targets})
+        kept = targets != 0 if sequence else torch.ones_like(targets, dtype=torch.bool)
+        right += int(((predictions.argmax(-1) == targets) & kept).sum())
+        counted += int(kept.sum())
+    assert accuracy.compute() == {"accuracy": pytest.approx(right / counted)}
+    assert int(accuracy.right) == right and int(accuracy.counted) == counted
+
+
+def test_a_first_step_under_inference_mode_leaves_room_a_later_step_can_write() -> None:
+    accuracy = AccuracyStatistics.create(globals={"num_classes": 4})
+    with torch.inference_mode():
+        accuracy.update(BATCHES[0])
+    accuracy.update(BATCHES[2])
     assert accuracy.compute() == {"accuracy": pytest.approx(1.0)}

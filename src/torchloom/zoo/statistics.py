@@ -10,9 +10,9 @@ from pydantic import Field
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
 from torchloom.core.streams import FLOATING, StreamSpec
 
-# How much an AccuracyStatistics leaves to count together (see its `update`): at most this
-# many steps, and at most this many targets (16 MB of indices for long sequences); any read of
-# the counts counts them first.
+# How much an AccuracyStatistics leaves to count together (see its `update`): this many steps
+# of the first batch's size, and at most this many targets (16 MB of indices for long
+# sequences); any read of the counts counts them first.
 PENDING_STEPS = 64
 PENDING_TARGETS = 1 << 20
 
@@ -75,7 +75,10 @@ class AccuracyStatistics(Statistic):
         # pipeline's own statistic adds nothing to checkpoints (count_persistently).
         self.register_buffer("right", torch.zeros((), dtype=torch.int64), persistent=False)
         self.register_buffer("counted", torch.zeros((), dtype=torch.int64), persistent=False)
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (argmax, targets) per step
+        # The steps not yet counted: their flat argmax and targets, side by side, in the first
+        # `_pending_targets` places of two buffers made at the first update (see `update`).
+        self._pending_chosen = torch.zeros(0, dtype=torch.int64)
+        self._pending_goals = torch.zeros(0, dtype=torch.int64)
         self._pending_targets = 0
 
     def count_persistently(self) -> None:
@@ -99,34 +102,59 @@ class AccuracyStatistics(Statistic):
 
     def update(self, inputs: Batch) -> None:
         # This runs on every training step, where each tensor call costs more than the
-        # arithmetic: a step takes only the argmax (a new tensor, so it holds nothing a later
-        # step could overwrite, such as a CUDA graph's output) and the counting waits for up to
-        # PENDING_STEPS steps, done then in a few calls and without a host sync.
+        # arithmetic: a step copies its argmax and targets into two buffers made once, and the
+        # counting waits until they are full (PENDING_STEPS steps at the first batch's size,
+        # at most PENDING_TARGETS targets), done then in a few calls and without a host sync.
+        # Copies, not the tensors themselves: a CUDA graph's next replay would overwrite its
+        # output, and on the CPU small tensors kept for 64 steps beside each batch's images
+        # left the heap in pieces, so that every new batch took fresh, zeroed pages
+        # (benchmarks/host_step.py: 0.5 ms a step of 256 images).
         targets = inputs["targets"]
-        self._pending.append((inputs["predictions"].argmax(dim=-1), targets))
-        self._pending_targets += targets.numel()
-        if len(self._pending) >= PENDING_STEPS or self._pending_targets >= PENDING_TARGETS:
-            self._settle()
+        start = self._room_for(targets)
+        end = self._pending_targets = start + targets.numel()
+        chosen, goals = self._pending_chosen[start:end], self._pending_goals[start:end]
+        if targets.dim() != 1:  # a sequence's [batch, steps]
+            chosen, goals = chosen.view(targets.shape), goals.view(targets.shape)
+        goals.copy_(targets)
+        torch.argmax(inputs["predictions"], dim=-1, out=chosen)
+
+    def _room_for(self, targets: torch.Tensor) -> int:
+        """Where a step's targets go in the pending buffers: after the pending ones, else at
+        the start once those are counted (the buffers full, or on another device), in new
+        buffers when these are too small."""
+        count, device = targets.numel(), targets.device
+        fits = self._pending_targets + count <= len(self._pending_goals)
+        if fits and self._pending_goals.device == device:
+            return self._pending_targets
+        self._settle()
+        if count > len(self._pending_goals) or self._pending_goals.device != device:
+            size = max(count, min(count * PENDING_STEPS, PENDING_TARGETS))
+            # Ordinary tensors even when made under torch.inference_mode, so that a later step
+            # outside it may write into them.
+            with torch.inference_mode(False):
+                self._pending_chosen, self._pending_goals = (
+                    torch.empty(size, dtype=torch.int64, device=device) for _ in range(2)
+                )
+        return 0
 
     def _settle(self) -> None:
         """Counts the pending steps into `right` and `counted`; everything that reads or
         replaces the counts calls this first."""
-        if not self._pending:
+        pending = self._pending_targets
+        if not pending:
             return
-        chosen = torch.cat([c.reshape(-1) for c, _ in self._pending])
-        targets = torch.cat([t.reshape(-1) for _, t in self._pending])
-        self._pending.clear()
         self._pending_targets = 0
-        right = chosen == targets
+        targets = self._pending_goals[:pending]
+        right = self._pending_chosen[:pending] == targets
         ignored = self.params.ignore_index
         if ignored is None:
-            self.counted.add_(targets.numel())
+            self.counted.add_(pending)
         else:
             counted = targets != ignored
-            self.counted.add_(counted.sum())
+            self.counted.add_(counted.sum().to(self.counted.device))
             if self._mask_right:
                 right &= counted
-        self.right.add_(right.sum())
+        self.right.add_(right.sum().to(self.right.device))
 
     def compute(self) -> dict[str, float]:
         self._settle()
@@ -143,7 +171,6 @@ class AccuracyStatistics(Statistic):
         self.counted.add_(other.counted.to(self.counted.device))
 
     def reset(self) -> None:
-        self._pending.clear()
         self._pending_targets = 0
         self.right.zero_()
         self.counted.zero_()
