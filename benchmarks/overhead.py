@@ -27,6 +27,7 @@ from torchloom.core.pipeline import Pipeline
 from torchloom.data.samplers import build_sampler
 from torchloom.engine.assemble import assemble
 from torchloom.engine.checkpoint import seed_everything
+from torchloom.engine.loaders import TaskBatches
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "mnist" / "lenet5.yml"
 SEED = 1234
@@ -62,11 +63,13 @@ def _loader(
 ) -> DataLoader:
     task = pipeline.tasks[section]
     task.prepare()
+    # Whole batches from the task's `fetch`, as torchloom's loader reads them: the hand-written
+    # loop is given the same fast path (the same batches as sample by sample).
     return DataLoader(
-        task,
+        TaskBatches(task),
         batch_size=batch_size,
         sampler=sampler,
-        collate_fn=task.collate,
+        collate_fn=lambda batch: batch,
         generator=torch.Generator().manual_seed(seed),
     )
 
