@@ -306,6 +306,12 @@ class Task(Component, torch.utils.data.Dataset):
             raise IndexError(f"index {index} out of range for {size} {unit}")
         return position
 
+    @classmethod
+    def checked_positions(cls, indices: Sequence[int], size: int) -> torch.Tensor:
+        """`checked_index` of each of `indices`, as a 1-D int64 tensor: the positions a
+        `fetch` that gathers from tensors indexes them with."""
+        return torch.tensor([cls.checked_index(i, size) for i in indices], dtype=torch.int64)
+
     def collate(self, samples: list[Batch]) -> Batch:
         return dict(torch.utils.data.default_collate(samples))
 

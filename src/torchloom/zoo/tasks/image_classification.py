@@ -132,7 +132,7 @@ class ImageClassificationTask(Task):
     def sample_targets(self) -> torch.Tensor:
         """The class of every sample of the split, for class-balanced sampling."""
         self.prepare()
-        return torch.tensor(self._targets, dtype=torch.int64)
+        return self._target_tensor.clone()
 
     def __len__(self) -> int:
         self.prepare()
@@ -163,8 +163,7 @@ class ImageClassificationTask(Task):
         self.prepare()
         if self._images is None:  # read from files, one by one
             return super().fetch(indices)
-        size = len(self._targets)
-        positions = torch.tensor([self.checked_index(i, size) for i in indices], dtype=torch.int64)
+        positions = self.checked_positions(indices, len(self._targets))
         images = self._images.index_select(0, positions)
         if images.dtype == torch.uint8:  # not precomputed: the same steps, on these images
             images = self.transformer.precompute(unit_floats(images))

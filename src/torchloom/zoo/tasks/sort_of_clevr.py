@@ -264,8 +264,7 @@ class SortOfCLEVR(Task):
         benchmarks/input_pipeline.py)."""
         self.prepare()
         assert self._images is not None
-        size = len(self)
-        positions = torch.tensor([self.checked_index(i, size) for i in indices], dtype=torch.int64)
+        positions = self.checked_positions(indices, len(self))
         colours, subtypes, answers = (
             self._questions[name][positions] for name in ("colours", "subtypes", "answers")
         )
