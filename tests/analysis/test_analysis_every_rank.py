@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -273,3 +273,46 @@ def test_worst_samples_of_an_epoch_cut_short_are_those_of_one(tmp_path: Path) ->
     expected = (tmp_path / "w1-0" / worst).read_text()
     assert len(expected.splitlines()) == 1 + 8  # every sample of both steps
     assert (tmp_path / "w2-0" / worst).read_text() == expected
+
+
+def test_the_training_row_is_exchanged_once_for_an_epoch_s_end_and_its_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """The epoch's end, then last.pt and best.pt: the row is every rank's after the first
+    exchange, so the checkpoints send nothing; a step after them needs one again."""
+    steps = [batch_of(ids, seed=step) for step, ids in enumerate(([3, 1, 4, 0], [9, 2, 6, 8]))]
+    exchanges: dict[int, list[int]] = {}
+
+    def train(distributed: Distributed) -> None:
+        assert isinstance(distributed, ThreadRank)
+        rank, world = distributed.rank, distributed.world
+        counting = CountingRank(rank, world, rank, distributed.exchange)
+        run = worst_samples_run(tmp_path / f"w{world}-{rank}")
+        run.run_dir.mkdir()
+        run.distributed = counting
+        hook = WorstSamples(AnalysisConfig())
+        hook.before_train(run)
+        for batch in steps:
+            hook.after_step(run, shares_of(batch, rank, world), torch.tensor(0.0))
+        hook.after_training_epoch(run, {})
+        after_epoch = counting.calls[0]
+        hook.state_dict()  # last.pt
+        hook.state_dict()  # best.pt
+        after_checkpoints = counting.calls[0]
+        hook.after_step(run, shares_of(steps[0], rank, world), torch.tensor(0.0))
+        hook.state_dict()
+        exchanges[rank] = [after_epoch, after_checkpoints, counting.calls[0]]
+
+    as_ranks(2, train)
+    (once, _, _) = exchanges[0]
+    assert once > 0
+    assert exchanges == {rank: [once, once, 2 * once] for rank in (0, 1)}
+
+
+@dataclass(frozen=True)
+class CountingRank(ThreadRank):
+    calls: list[int] = field(default_factory=lambda: [0])
+
+    def gather(self, value: Any) -> list[Any]:
+        self.calls[0] += 1
+        return super().gather(value)

@@ -50,6 +50,12 @@ class _Part:
     images: torch.Tensor | None
 
 
+def _joined(values: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """The parts' rows of one kind, joined; None when a part lacks them (or there is none)."""
+    present = [value for value in values if value is not None]
+    return torch.cat(present) if present and len(present) == len(values) else None
+
+
 @dataclass
 class _Pass:
     """The rows kept from one evaluation pass, batch by batch."""
@@ -63,9 +69,7 @@ class _Pass:
 
     def joined(self, stream: str) -> torch.Tensor | None:
         """The stream's rows of every part; None when a part lacks it."""
-        values = [part.streams.get(stream) for part in self.parts]
-        present = [value for value in values if value is not None]
-        return torch.cat(present) if present and len(present) == len(values) else None
+        return _joined([part.streams.get(stream) for part in self.parts])
 
     @staticmethod
     def merged(passes: list[_Pass], limit: int) -> _Pass:
@@ -205,18 +209,14 @@ class EmbeddingExport(Hook):
         output = self.config.outputs[0]
         metadata = None
         parts = kept.parts
-        targets = None
-        if all(part.targets is not None for part in parts):
-            targets = torch.cat([part.targets for part in parts if part.targets is not None])
+        targets = _joined([part.targets for part in parts])
         if targets is not None:
             names = class_names(run.pipeline, output.class_names)
             metadata = [
                 names[t] if names is not None and 0 <= t < len(names) else str(t)
                 for t in targets.tolist()
             ]
-        images = None
-        if all(part.images is not None for part in parts):
-            images = torch.cat([part.images for part in parts if part.images is not None])
+        images = _joined([part.images for part in parts])
         streams = list(dict.fromkeys(name for part in parts for name in part.streams))
         for stream in streams:
             matrix = kept.joined(stream)

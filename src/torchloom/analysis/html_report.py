@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torchloom.analysis.html_parts import (
     csv_table,
@@ -37,9 +36,6 @@ from torchloom.analysis.run_reading import (
 from torchloom.analysis.skipped import read_skipped
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError, Problem
-
-if TYPE_CHECKING:
-    pass
 
 BAD_STATUSES = ("diverged", "interrupted", "running", "dead", "failed", "error", "unknown")
 

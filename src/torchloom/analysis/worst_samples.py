@@ -76,6 +76,9 @@ class WorstSamples(Hook):
         self._warned: set[str] = set()
         self.step_buffers: dict[str, StepBuffer] = {}  # per output, of the epoch under way
         self.buffered_epoch = -1
+        # Whether the training row holds every process's steps so far: the epoch's end and
+        # the checkpoints that follow it (last.pt, best.pt) need one exchange, not three.
+        self.row_merged = False
         self.distributed: Distributed = SINGLE  # the run's, from before_train
 
     # ---- events ----------------------------------------------------------------------------
@@ -104,6 +107,7 @@ class WorstSamples(Hook):
     def after_step(self, run: RunView, batch: Batch, loss: torch.Tensor) -> None:
         if self.settings.section != "training" or not self.trackers:
             return
+        self.row_merged = False  # every process takes the same steps: set alike in each
         epoch = run.progress.epoch  # the epoch in progress (incremented when it ends)
         if self.buffered_epoch != epoch:  # held steps belong to their own epoch's row
             self.flush()
@@ -180,10 +184,13 @@ class WorstSamples(Hook):
 
     def _merge_training_row(self) -> None:
         """The row of the training epoch under way (or just ended) made every process's."""
+        if self.row_merged:
+            return
         epoch = self.buffered_epoch  # the same in every process: they take the same steps
         self._merge(
             [t.history[epoch] if 0 <= epoch < len(t.labels) else None for t in self.trackers]
         )
+        self.row_merged = True
 
     def _merge(self, rows: Sequence[torch.Tensor | None]) -> None:
         """Every process's losses of a pass in `rows` (one per tracker; None where it has
