@@ -1,67 +1,92 @@
 #!/usr/bin/env bash
-# Issue 18's Sort-of-CLEVR reproduction on lent GPUs, in pieces: one clean run of the paper's
-# CNN+RN (configs/vqa/sort_of_clevr_cnn_rn.yml, 40 epochs, cosine over the 40, no warm
-# restart; the test set read once, at the end, with best.pt) that no session's 15 minutes of
-# device time can hold, so each session trains it for the seconds it has left and takes the
-# run folder home, and the next one resumes it exactly (`loom train --resume`'s checkpoint:
-# the same batches, the optimizer's and scheduler's states).
+# Issue 18's Sort-of-CLEVR reproduction on a lent GPU: one clean run of the paper's CNN+RN
+# (configs/vqa/sort_of_clevr_cnn_rn.yml, no warm restart, the cosine schedule over the whole
+# run, the test set read once, at the end, with best.pt), in one session. 40 epochs at the
+# 40 s an epoch an H200 gave eagerly (2026-11-27) do not fit a session's 15 minutes of device
+# time, and what a session leaves on disk here is lost to the next one (git-ignored files do
+# not reach a new checkout: the first piece of an earlier 40-epoch run was lost so). So the
+# run is fitted to the session: `--fit TOTAL` probes the step's speed eagerly and compiled with
+# CUDA graphs (benchmarks/sort_of_clevr.py --fit-seconds, --try-compile reduce-overhead),
+# trains the fastest way, and takes as many epochs, 40 at most, as end inside TOTAL seconds
+# from the probe's start, across two device calls on the machine still held:
 #
-#   benchmarks/gpu_sort_of_clevr.sh SECONDS          # on the GPU machine
-#   benchmarks/gpu_sort_of_clevr.sh SECONDS --cpu    # here: the reduced variant, to check it
+#   benchmarks/gpu_sort_of_clevr.sh LIMIT --fit TOTAL   # first call: probe, start, train
+#   benchmarks/gpu_sort_of_clevr.sh LIMIT               # next call: continue the run
+#   benchmarks/gpu_sort_of_clevr.sh LIMIT [--fit TOTAL] --cpu   # here: the reduced variant
 #
-# Before the device call, here: benchmarks/gpu_prepare.sh, which also puts the run folder the
-# last session brought back (.gpu_state/sort_of_clevr_run.tar.gz) into .gpu_carry/. Then
-#   run(command="benchmarks/gpu_sort_of_clevr.sh 480", carry=[".gpu_carry"], timeout_s=600)
-# with SECONDS at most the call's limit less about 90 s (the data, start-up, the last save).
-# After it, copy the run folder that came back to .gpu_state/ for the next session:
-#   cp <files_at>/sort_of_clevr_run.tar.gz .gpu_state/
-# Files back: sort_of_clevr_run.tar.gz (the run folder, without last.prev.pt),
-# sort_of_clevr.txt (the script's report: validation per epoch; test at the end) and
-# sort_of_clevr.log (everything).
+# LIMIT: the seconds this call may train (SIGINT then: the run saves last.pt at the end of its
+# step and ends `interrupted`), at most the call's limit less about 60 s. The run folder lives
+# in .gpu_runs/ (git-ignored), which stays on the device machine between two calls while it
+# is held (it goes back after 30 s idle), so the next call resumes it exactly (the same
+# batches, the optimizer's and the schedule's states). A run carried from an earlier session
+# (.gpu_carry/sort_of_clevr/run.tar.gz, put there by benchmarks/gpu_prepare.sh from
+# .gpu_state/) is continued the same way. Without --fit and without a run to continue, the
+# script starts nothing.
+#
+# Files back: sort_of_clevr_run.tar.gz (the run folder, without last.prev.pt: to
+# .gpu_state/ here, should a later session have to continue it), sort_of_clevr.txt (the
+# probe, validation per epoch; test at the end) and sort_of_clevr.log (everything).
 set -u
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-LIMIT=${1:?give the seconds this piece may train}
+LIMIT=${1:?give the seconds this call may train}
+shift
 CPU=0
-[ "${2:-}" = "--cpu" ] && CPU=1
+FIT=
+while [ $# -gt 0 ]; do
+  case $1 in
+    --cpu) CPU=1 ;;
+    --fit) FIT=${2:?--fit needs the seconds the whole run must end in}; shift ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+  shift
+done
 source "$ROOT/benchmarks/gpu_install.sh"
 session_folders "$ROOT" || exit 1
 LOG=$OUT/sort_of_clevr.log
 REPORT=$OUT/sort_of_clevr.txt
 : >"$LOG"
-RUNS=$WORK/runs
-# A fixed folder: the run's config.yaml names it, and each session generates the same splits
-# there again from their seed (about 5 s; the task checks the answers it generates).
+RUNS=$ROOT/.gpu_runs/sort_of_clevr
+# A fixed folder: the run's config.yaml names it, and each call generates the same splits
+# there again from their seed when they are missing (about 5 s; the task checks the answers
+# it generates).
 DATA=${SOC_DATA:-/tmp/torchloom-sort-of-clevr}
 install_offline >>"$LOG" 2>&1 || { echo "install failed: see $LOG" | tee -a "$LOG"; exit 1; }
 export PYTHONPATH=$ROOT/src:$SITE:$CARRY/site
 
-mkdir -p "$RUNS"
+saved_run() { find "$RUNS" -path '*/checkpoints/last.pt' 2>/dev/null | head -1; }
 STATE=$CARRY/sort_of_clevr/run.tar.gz
-if [ -f "$STATE" ]; then
-  tar xzf "$STATE" -C "$RUNS" || exit 1
-  RUN=$(dirname "$(find "$RUNS" -name config.yaml | head -1)")
+if [ -z "$(saved_run)" ] && [ -f "$STATE" ]; then
+  mkdir -p "$RUNS" && tar xzf "$STATE" -C "$RUNS" || exit 1
+  echo "continuing the run carried in $STATE" | tee -a "$LOG"
+fi
+if [ -n "$(saved_run)" ]; then
+  RUN=$(dirname "$(dirname "$(saved_run)")")
   if [ "$CPU" = 0 ] && ! grep -q "image_size: 75" "$RUN/config.yaml"; then
-    echo "$STATE holds a reduced (--cpu) run, not the full one: remove it" | tee -a "$LOG"
+    echo "$RUN holds a reduced (--cpu) run, not the full one: remove it" | tee -a "$LOG"
     exit 2
   fi
-  echo "resuming $(basename "$RUN"), carried in $STATE" | tee -a "$LOG"
+  echo "resuming $(basename "$RUN")" | tee -a "$LOG"
   ARGS=(--resume "$RUN")
-elif [ "$CPU" = 1 ]; then
-  ARGS=(--only rn --reduced --epochs 40 --expdir "$RUNS" --data "$DATA")
+elif [ -n "$FIT" ]; then
+  rm -rf "$RUNS" && mkdir -p "$RUNS"
+  ARGS=(--only rn --epochs 40 --expdir "$RUNS" --data "$DATA" --fit-seconds "$FIT"
+    --try-compile reduce-overhead)
+  [ "$CPU" = 1 ] && ARGS+=(--reduced)
 else
-  ARGS=(--only rn --epochs 40 --expdir "$RUNS" --data "$DATA")
+  echo "no run in $RUNS to continue, and no --fit TOTAL to start one" | tee -a "$LOG"
+  exit 2
 fi
 # SIGINT at the limit: the run saves last.pt at the end of its step and ends `interrupted`.
 timeout --signal=INT --kill-after=60 "$LIMIT" "$PY" benchmarks/sort_of_clevr.py "${ARGS[@]}" \
   2>>"$LOG" | tee "$REPORT"
 status=${PIPESTATUS[0]}
 echo "sort_of_clevr.py: exit $status (124: stopped at the limit, as planned)" | tee -a "$LOG"
-RUN=$(dirname "$(find "$RUNS" -name config.yaml | head -1)")
-if [ ! -f "$RUN/checkpoints/last.pt" ]; then
-  echo "no last.pt: nothing to carry to the next session" | tee -a "$LOG"
+if [ -z "$(saved_run)" ]; then
+  echo "no last.pt: nothing for the next call to continue" | tee -a "$LOG"
   exit 1
 fi
+RUN=$(dirname "$(dirname "$(saved_run)")")
 tar czf "$OUT/sort_of_clevr_run.tar.gz" -C "$RUNS" --exclude=last.prev.pt . || exit 1
 "$PY" - "$RUN" <<'EOF' | tee -a "$REPORT"
 import json, sys
@@ -75,4 +100,4 @@ if test:
           f"{test['accuracy_non_relational']:.4f}, relational {test['accuracy_relational']:.4f}")
 EOF
 ls -l "$OUT" | tee -a "$LOG"
-rm -rf "$WORK"
+rm -rf "$WORK"  # the installed wheels; the run folder stays in .gpu_runs/ for the next call

@@ -157,6 +157,7 @@ class StepClock(Hook):
         self.epochs: list[int] = []  # completed epochs at both readings
         self.compiled: list[str] = []
         self.dtype: torch.dtype | None = None
+        self.batches_per_epoch = 0
 
     def after_step(self, run: RunView, batch: Batch, loss: torch.Tensor) -> None:
         self.count += 1
@@ -169,6 +170,7 @@ class StepClock(Hook):
                 self.ended = now
             self.epochs.append(run.progress.epoch)
             self.compiled, self.dtype = run.compiled_models, run.precision.dtype
+            self.batches_per_epoch = run.train_data.batches_per_epoch()
             if self.profile is not None:
                 if self.count == self.warmup:
                     self.profile.start()

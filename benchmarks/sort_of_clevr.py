@@ -17,6 +17,8 @@ time and the CPU time (user + system of this process, every thread counted).
     python benchmarks/sort_of_clevr.py --resume runs/soc/RUN         # ... and this goes on
     python benchmarks/sort_of_clevr.py --only rn --epochs 3 --lr 5e-5 \
         --init-from runs/soc/RUN/checkpoints/last.pt   # a new run from a finished one's weights
+    python benchmarks/sort_of_clevr.py --only rn --epochs 40 --fit-seconds 700 \
+        --try-compile reduce-overhead   # as many epochs as 700 s hold, at most 40
 
 A run stopped by Ctrl-C (or SIGTERM) ends with a checkpoint, and `--resume` continues it
 exactly (the same batches, the same weights as without the stop), so a CPU run of many hours
@@ -25,6 +27,13 @@ the weights of a finished one: a warm restart, such as a few more epochs at a lo
 cosine schedule has reached zero. The script uses the GPU when there is one (torchloom's
 default device): the full size needs one (20 epochs of the paper's g take about 15 minutes on an
 H100, about 7 hours on a 2-core CPU; docs/benchmarks.md has the figures).
+
+`--fit-seconds S` makes the run one that ends inside S seconds (the probes included), for a
+GPU lent for minutes: before it starts, a probe times 200 training steps (after 30 of
+warm-up) of the same config eagerly and with each `--try-compile` mode, takes the fastest way
+that worked, and sets the epoch limit (so the cosine schedule's length too) to what is left of
+S at that speed, `--epochs` at most. The run itself is then an ordinary one, stopped, resumed
+and reported as any other.
 
 `--reduced` trains the variant of tests/e2e/test_e2e_sort_of_clevr.py (32x32 images, 800 of
 them, 7 epochs at 2e-3), which must show the RN ahead on the relational questions.
@@ -38,6 +47,7 @@ import json
 import resource
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +100,101 @@ def init_overrides(checkpoint: str) -> list[str]:
     ]
     file = json.dumps(str(path))  # a quoted YAML scalar, whatever characters the path has
     return [f"+pipeline.{name}.load={{file: {file}, key: components.{name}}}" for name in models]
+
+
+@dataclass
+class Probe:
+    """What a short training run of a config measured: its speed after the warm-up, the
+    warm-up (start-up, data, compilation), and the batches of one epoch."""
+
+    way: str  # "eager", or a torch.compile mode
+    seconds_per_step: float
+    warmup_seconds: float
+    batches_per_epoch: int
+
+
+PROBE_WARMUP, PROBE_STEPS = 30, 200
+
+
+def probe(config: str, overrides: list[str], way: str) -> Probe:
+    """Time PROBE_STEPS training steps of `config` with `overrides` after PROBE_WARMUP,
+    eagerly or compiled in mode `way`, without evaluation, in a folder thrown away after."""
+    import torch
+    from gpu_throughput import StepClock  # benchmarks/ is on sys.path when this script runs
+
+    from torchloom.api import TrainOptions, prepare_training
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    steps = PROBE_WARMUP + PROBE_STEPS
+    compiled = [] if way == "eager" else [f"+training.compile={{mode: {way}}}"]
+    limits = [
+        f"+training.terminal_conditions.episode_limit={steps}",
+        "training.terminal_conditions.epoch_limit=1000",
+        "training.terminal_conditions.early_stopping=null",
+        "~validation",
+        "~test",
+    ]
+    clock = StepClock(device, PROBE_WARMUP, steps)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as expdir:
+        options = TrainOptions(expdir=expdir, quiet=True, hooks=[clock])
+        run = prepare_training(CONFIGS / config, [*overrides, *compiled, *limits], options)
+        run.run()  # type: ignore[union-attr]  # a fresh run: never an old RunResult
+    if clock.count < steps or clock.epochs[0] != clock.epochs[1]:
+        raise RuntimeError(f"the probe ran {clock.count} steps, not {steps} inside one epoch")
+    if way != "eager" and not clock.compiled:
+        raise RuntimeError("no model was compiled")
+    return Probe(
+        way,
+        (clock.ended - clock.started) / PROBE_STEPS,
+        clock.started - started,
+        clock.batches_per_epoch,
+    )
+
+
+def epochs_that_fit(seconds: float, fastest: Probe, evaluation_share: float, cap: int) -> int:
+    """Epochs a run at the probe's speed finishes inside `seconds`: each epoch's batches plus
+    its validation (`evaluation_share` of the samples, counted at a training step's cost per
+    sample, which a forward pass alone is far under), a tenth more for the saves and the noise;
+    before them the start-up again, and twice more the warm-up for the compiled passes still
+    to come (validation's and the test's, in eval mode) and the test itself."""
+    epoch = fastest.batches_per_epoch * fastest.seconds_per_step * (1 + evaluation_share)
+    fixed = 3 * fastest.warmup_seconds + 2 * epoch * evaluation_share
+    return max(0, min(cap, int((seconds - fixed) / (epoch * 1.1))))
+
+
+def fit_epochs(
+    config: str,
+    overrides: list[str],
+    seconds: float,
+    ways: list[str],
+    evaluation_share: float,
+    cap: int,
+) -> tuple[int, list[str]]:
+    """The epoch limit and the compile override of the fastest way that worked (eager or a
+    compile mode) for a run of `config` that ends inside `seconds` of the first probe's start;
+    prints what it measured."""
+    started = time.perf_counter()
+    probes = [probe(config, overrides, "eager")]
+    for way in ways:
+        try:
+            probes.append(probe(config, overrides, way))
+        except Exception as error:  # a compile mode this machine cannot run: not taken
+            print(f"probe {way}: failed ({type(error).__name__}: {error})", flush=True)
+    for p in probes:
+        print(
+            f"probe {p.way}: {p.seconds_per_step * 1e3:.2f} ms a step of the {p.batches_per_epoch}"
+            f" an epoch has, {p.warmup_seconds:.0f} s to the end of the warm-up",
+            flush=True,
+        )
+    fastest = min(probes, key=lambda p: p.seconds_per_step)
+    left = seconds - (time.perf_counter() - started)
+    epochs = epochs_that_fit(left, fastest, evaluation_share, cap)
+    print(f"fit: {epochs} epochs ({fastest.way}) in the {left:.0f} s the probes left", flush=True)
+    if epochs < 1:
+        raise SystemExit(f"not one epoch fits in {left:.0f} s")
+    compiled = [] if fastest.way == "eager" else [f"+training.compile={{mode: {fastest.way}}}"]
+    return epochs, [f"training.terminal_conditions.epoch_limit={epochs}", *compiled]
 
 
 def cpu_seconds() -> float:
@@ -170,6 +275,20 @@ def main() -> None:
             metavar="KEY=VALUE",
             help=f"one more config override for {'both models' if model == 'both' else model}",
         )
+    parser.add_argument(
+        "--fit-seconds",
+        type=float,
+        help="with --only: as many epochs as this many seconds of training hold (--epochs at "
+        "most), measured by a probe before the run starts",
+    )
+    parser.add_argument(
+        "--try-compile",
+        action="append",
+        default=[],
+        metavar="MODE",
+        help="with --fit-seconds: also probe this torch.compile mode, and train with it if it is "
+        "the fastest",
+    )
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue this stopped run")
     parser.add_argument(
         "--init-from",
@@ -180,6 +299,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.init_from and not args.only:
         parser.error("--init-from needs --only rn or --only mlp: a checkpoint holds one model")
+    if args.fit_seconds and (not args.only or args.resume):
+        parser.error("--fit-seconds needs --only rn or --only mlp, and a new run")
+    if args.try_compile and not args.fit_seconds:
+        parser.error("--try-compile is for --fit-seconds")
     prefer_huge_page_tensors()  # as the loom command does; before torch is imported
     import torch
 
@@ -228,14 +351,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as temporary:
         expdir = args.expdir or temporary
         runs = {}
-        if args.only in (None, "rn"):
-            rn = [*rn, *args.both_override, *args.rn_override]
-            runs["CNN+RN"] = train("sort_of_clevr_cnn_rn.yml", [*common, *rn], expdir)
-            report("CNN+RN", runs["CNN+RN"])
-        if args.only in (None, "mlp"):
-            mlp = [*mlp, *args.both_override, *args.mlp_override]
-            runs["CNN+MLP"] = train("sort_of_clevr_cnn_mlp.yml", [*common, *mlp], expdir)
-            report("CNN+MLP", runs["CNN+MLP"])
+        models = [
+            ("rn", "CNN+RN", "sort_of_clevr_cnn_rn.yml", rn, args.rn_override),
+            ("mlp", "CNN+MLP", "sort_of_clevr_cnn_mlp.yml", mlp, args.mlp_override),
+        ]
+        for key, name, config, model, own in models:
+            if args.only not in (None, key):
+                continue
+            overrides = [*common, *model, *args.both_override, *own]
+            if args.fit_seconds:
+                evaluation_share = 100 / 800 if args.reduced else args.eval_images / args.images
+                _, fitted = fit_epochs(
+                    config, overrides, args.fit_seconds, args.try_compile, evaluation_share, epochs
+                )
+                overrides += fitted
+            runs[name] = train(config, overrides, expdir)
+            report(name, runs[name])
     if len(runs) == 2 and all("test" in run["summary"]["final"] for run in runs.values()):
         rn_test = runs["CNN+RN"]["summary"]["final"]["test"]
         mlp_test = runs["CNN+MLP"]["summary"]["final"]["test"]

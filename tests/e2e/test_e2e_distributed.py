@@ -78,6 +78,13 @@ def toy_config(
             },
             "loss": {"type": "toy_components:ToyLoss"},
             "accuracy": {"type": "AccuracyStatistics"},
+            # Accuracy per class: a statistic with counts per group, added across processes.
+            "class_accuracy": {
+                "type": "AccuracyByGroupStatistics",
+                "prefix": "class_accuracy",
+                "group_names": ["first", "second", "third"],
+                "streams": {"groups": "targets"},
+            },
             **extra,
         },
         "analysis": {"preset": "minimal"} if analysis is None else analysis,
@@ -151,11 +158,13 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
     two, one = summary(run)["final"], summary(one_process)["final"]
     for section in ("validation", "test"):
         assert two[section]["samples"] == one[section]["samples"]  # every sample once
-        assert two[section]["accuracy"] == one[section]["accuracy"]
+        for name in ("accuracy", "class_accuracy", *(f"class_accuracy_{n}" for n in CLASSES)):
+            assert two[section][name] == one[section][name], name
         # Every loss figure is the batches' own, not the processes' halves of them.
         for name in ("loss", "loss_min", "loss_max", "loss_std"):
             assert two[section][name] == pytest.approx(one[section][name], abs=1e-6), name
-    assert two["training"]["accuracy"] == one["training"]["accuracy"]
+    for name in ("accuracy", "class_accuracy_first"):
+        assert two["training"][name] == one["training"][name], name
     log = (run / "run.log").read_text()
     assert "2 processes train" in log
     # The reports about every sample of a pass (counts, errors, the worst samples) merge
@@ -179,6 +188,7 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
 
 
 KINDS = ("cm.csv", "report.md", "roc.csv", "errors.csv")
+CLASSES = ("first", "second", "third")
 
 
 def same_reports(run: Path, reference: Path, *names: str) -> bool:
@@ -568,7 +578,8 @@ def test_fsdp_two_processes_train_what_one_trains(tmp_path: Path, one_process: P
     assert_close(weights(one_process), weights(run))  # read from the shards by one process
     two, one = summary(run)["final"], summary(one_process)["final"]
     for section in ("validation", "test"):
-        assert two[section]["accuracy"] == one[section]["accuracy"]
+        for name in ("accuracy", "class_accuracy", *(f"class_accuracy_{n}" for n in CLASSES)):
+            assert two[section][name] == one[section][name], name
         assert two[section]["loss"] == pytest.approx(one[section]["loss"], abs=1e-6)
     best = load_checkpoint(run / "checkpoints" / "best.pt")["components"]["model"]
     assert best["linear.weight"].shape == weights(one_process)["linear.weight"].shape  # whole

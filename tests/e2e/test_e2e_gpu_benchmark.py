@@ -46,7 +46,7 @@ def test_the_default_window_stays_inside_the_first_epoch(throughput: ModuleType)
 
 
 def test_the_session_scripts_parse() -> None:
-    for script in ("gpu_session.sh", "gpu_prepare.sh", "gpu_install.sh"):
+    for script in ("gpu_session.sh", "gpu_sort_of_clevr.sh", "gpu_prepare.sh", "gpu_install.sh"):
         result = subprocess.run(
             ["bash", "-n", str(ROOT / "benchmarks" / script)], capture_output=True, text=True
         )
@@ -144,3 +144,46 @@ def test_the_host_step_benchmark_config_is_a_valid_training_config(tmp_path: Pat
     config = host_step.write_config(tmp_path, str(tmp_path), 200)
     names = check_training(config, ())
     assert {"training.loss", "training.accuracy"} <= set(names)  # what training reports
+
+
+def test_the_sort_of_clevr_run_takes_the_epochs_its_seconds_hold() -> None:
+    """`sort_of_clevr.py --fit-seconds`: the epochs a run ends in, from a probe's speed (one
+    epoch and its validation, a tenth more, after the start-up and the passes compiled
+    later); never more than the cap, none when not one epoch fits."""
+    script = load_script(ROOT / "benchmarks" / "sort_of_clevr.py")
+    eager = script.Probe("eager", 0.013, 20.0, 3063)  # the H200's eager step, 2026-11-27
+    share = 500 / 9800
+    epoch = 3063 * 0.013 * (1 + share)
+    expected = int((690 - 3 * 20.0 - 2 * epoch * share) / (epoch * 1.1))
+    assert script.epochs_that_fit(690, eager, share, 40) == expected == 13
+    assert script.epochs_that_fit(690, script.Probe("eager", 0.001, 20.0, 3063), share, 40) == 40
+    assert script.epochs_that_fit(90, eager, share, 40) == 0
+
+
+def test_the_step_operations_are_counted_by_part_and_torchloom_adds_few(tmp_path: Path) -> None:
+    """benchmarks/step_ops.py on a small Sort-of-CLEVR (its default config): the count by part
+    of the step, and what torchloom's own parts add to the model's, which on a GPU are kernel
+    launches (docs/benchmarks.md, "Tensor operations a step": 28 against the model's 317)."""
+    small = [
+        "training.task.images=20",
+        "training.task.image_size=32",
+        "training.task.object_size=3",
+        "pipeline.image_encoder.layers=["
+        + ",".join(["{out_channels: 8, stride: 2, padding: 1, pool: 1}"] * 3)
+        + "]",
+    ]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step_ops.py"), "--warmup", "2"]
+        + ["--steps", "3", *(f"--override={override}" for override in small)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    parts = dict(re.findall(r"^  ([a-z ]+): ([\d.]+)", result.stdout, re.MULTILINE))
+    assert set(parts) >= {"model forward", "backward", "optimizer", "statistics and meters"}
+    assert float(parts["statistics and meters"]) <= 20  # two grouped accuracies: 6 calls each
+    shares = re.search(r"optimizer: ([\d.]+); torchloom's own: ([\d.]+)", result.stdout)
+    assert shares is not None, result.stdout
+    model, own = float(shares[1]), float(shares[2])
+    assert model > 200 and own <= 0.1 * model  # 114 of 317 before the grouped accuracy's buffers

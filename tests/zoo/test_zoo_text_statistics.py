@@ -157,3 +157,18 @@ def test_index_specs() -> None:
     assert specs["predictions"].shape_text() == "[batch, -1, -1]"
     assert specs["targets"].shape_text() == "[batch, -1]"
     assert specs["targets"].dtypes == (torch.int64,)
+
+
+def test_copies_add_each_others_counts() -> None:
+    """The epoch's and the logging interval's copies in training, and several processes'
+    shares of a set: the sums of their counts are the corpus's BLEU."""
+    candidates, references = random_corpus(30, seed=5)
+    whole, first, second = (BLEUStatistics.create(max_n=2) for _ in range(3))
+    assert first.can_merge
+    for statistic, part in ((whole, slice(0, 30)), (first, slice(0, 12)), (second, slice(12, 30))):
+        statistic.update(
+            {"predictions": as_scores(candidates[part]), "targets": as_targets(references[part])}
+        )
+    first.merge(second)
+    assert first.compute() == whole.compute()
+    assert first.compute() != second.compute()

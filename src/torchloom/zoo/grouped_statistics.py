@@ -11,6 +11,7 @@ from pydantic import Field, field_validator
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
 from torchloom.core.streams import FLOATING, StreamSpec
 from torchloom.errors import ComponentError
+from torchloom.zoo.pending_counts import CountedLater, PendingColumns
 
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 
@@ -56,7 +57,7 @@ def group_names_problem(names: list[str]) -> str | None:
     return None
 
 
-class AccuracyByGroupStatistics(Statistic):
+class AccuracyByGroupStatistics(CountedLater):
     """Accuracy over a whole set, overall and per group of samples: e.g. relational and
     non-relational questions of Sort-of-CLEVR, or the categories of VQA-Med.
 
@@ -118,6 +119,8 @@ class AccuracyByGroupStatistics(Statistic):
         # its device and into checkpoints, so a resumed run continues the same counts.
         self.register_buffer("correct", torch.zeros(groups + 1, dtype=torch.int64))
         self.register_buffer("total", torch.zeros(groups + 1, dtype=torch.int64))
+        # The steps not yet counted: argmax, targets and groups (zoo/pending_counts.py).
+        self._pending = PendingColumns(3)
 
     def input_specs(self) -> dict[str, StreamSpec]:
         return {
@@ -127,24 +130,37 @@ class AccuracyByGroupStatistics(Statistic):
         }
 
     def update(self, inputs: Batch) -> None:
-        targets = inputs["targets"].detach()
-        groups = inputs["groups"].detach()
-        hits = inputs["predictions"].detach().argmax(dim=1) == targets
+        # Every training step: three copies, counted later (zoo/pending_counts.py).
+        targets = inputs["targets"]
+        chosen, goals, groups = self._pending.reserve(
+            len(targets), targets.device, self.count_pending
+        )
+        goals.copy_(targets)
+        groups.copy_(inputs["groups"])
+        torch.argmax(inputs["predictions"], dim=1, out=chosen)
+
+    def count_pending(self) -> None:
+        pending = self._pending.take()
+        if pending is None:
+            return
+        chosen, targets, groups = pending
         named = len(self.group_names)
         # Slots: the named groups, then `named` for unnamed groups, then `named + 1` for
         # ignored targets (dropped). torch.where and index_add_ into a buffer of fixed size,
         # not boolean indexing or torch.bincount (which reads the input's range back to the
-        # host), so that an update never waits for the device; index_add_ is also
+        # host), so that counting never waits for the device; index_add_ is also
         # deterministic on CUDA, where a weighted bincount is not.
         slots = torch.where((groups >= 0) & (groups < named), groups, named)
         if self.params.ignore_index is not None:
             slots = torch.where(targets == self.params.ignore_index, named + 1, slots)
+        hits = (chosen == targets).long()
         counts = torch.zeros(named + 2, 2, dtype=torch.int64, device=slots.device)
-        counts.index_add_(0, slots, torch.stack((torch.ones_like(slots), hits.long()), dim=1))
-        self.total += counts[: named + 1, 0]
-        self.correct += counts[: named + 1, 1]
+        counts.index_add_(0, slots, torch.stack((torch.ones_like(slots), hits), dim=1))
+        self.total += counts[: named + 1, 0].to(self.total.device)
+        self.correct += counts[: named + 1, 1].to(self.correct.device)
 
     def compute(self) -> dict[str, float]:
+        self.count_pending()
         correct = self.correct.detach().cpu().double()
         total = self.total.detach().cpu().double()
         prefix = self.params.prefix
@@ -157,6 +173,14 @@ class AccuracyByGroupStatistics(Statistic):
             values[f"{prefix}_{name}"] = ratio(correct[index], total[index])
         return values
 
+    def merge(self, other: Statistic) -> None:
+        assert isinstance(other, AccuracyByGroupStatistics)
+        self.count_pending()
+        other.count_pending()
+        self.correct.add_(other.correct.to(self.correct.device))
+        self.total.add_(other.total.to(self.total.device))
+
     def reset(self) -> None:
+        self._pending.clear()
         self.correct.zero_()
         self.total.zero_()

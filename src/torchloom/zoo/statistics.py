@@ -9,12 +9,7 @@ from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
 from torchloom.core.streams import FLOATING, StreamSpec
-
-# How much an AccuracyStatistics leaves to count together (see its `update`): this many steps
-# of the first batch's size, and at most this many targets (16 MB of indices for long
-# sequences); any read of the counts counts them first.
-PENDING_STEPS = 64
-PENDING_TARGETS = 1 << 20
+from torchloom.zoo.pending_counts import CountedLater, PendingColumns
 
 
 class AccuracyStatisticsParams(ComponentParams):
@@ -30,7 +25,7 @@ class AccuracyStatisticsParams(ComponentParams):
     )
 
 
-class AccuracyStatistics(Statistic):
+class AccuracyStatistics(CountedLater):
     """Classification accuracy over a whole set: correct predictions / counted targets.
 
     The prediction is the highest-scoring class (log-probabilities, probabilities or
@@ -75,11 +70,8 @@ class AccuracyStatistics(Statistic):
         # pipeline's own statistic adds nothing to checkpoints (count_persistently).
         self.register_buffer("right", torch.zeros((), dtype=torch.int64), persistent=False)
         self.register_buffer("counted", torch.zeros((), dtype=torch.int64), persistent=False)
-        # The steps not yet counted: their flat argmax and targets, side by side, in the first
-        # `_pending_targets` places of two buffers made at the first update (see `update`).
-        self._pending_chosen = torch.zeros(0, dtype=torch.int64)
-        self._pending_goals = torch.zeros(0, dtype=torch.int64)
-        self._pending_targets = 0
+        # The steps not yet counted: their flat argmax and targets (zoo/pending_counts.py).
+        self._pending = PendingColumns(2)
 
     def count_persistently(self) -> None:
         for name in ("right", "counted"):
@@ -101,54 +93,23 @@ class AccuracyStatistics(Statistic):
         }
 
     def update(self, inputs: Batch) -> None:
-        # This runs on every training step, where each tensor call costs more than the
-        # arithmetic: a step copies its argmax and targets into two buffers made once, and the
-        # counting waits until they are full (PENDING_STEPS steps at the first batch's size,
-        # at most PENDING_TARGETS targets), done then in a few calls and without a host sync.
-        # Copies, not the tensors themselves: a CUDA graph's next replay would overwrite its
-        # output, and on the CPU small tensors kept for 64 steps beside each batch's images
-        # left the heap in pieces, so that every new batch took fresh, zeroed pages
-        # (benchmarks/host_step.py: 0.5 ms a step of 256 images).
+        # Every training step: two copies, counted later (zoo/pending_counts.py).
         targets = inputs["targets"]
-        start = self._room_for(targets)
-        end = self._pending_targets = start + targets.numel()
-        chosen, goals = self._pending_chosen[start:end], self._pending_goals[start:end]
+        chosen, goals = self._pending.reserve(targets.numel(), targets.device, self.count_pending)
         if targets.dim() != 1:  # a sequence's [batch, steps]
             chosen, goals = chosen.view(targets.shape), goals.view(targets.shape)
         goals.copy_(targets)
         torch.argmax(inputs["predictions"], dim=-1, out=chosen)
 
-    def _room_for(self, targets: torch.Tensor) -> int:
-        """Where a step's targets go in the pending buffers: after the pending ones, else at
-        the start once those are counted (the buffers full, or on another device), in new
-        buffers when these are too small."""
-        count, device = targets.numel(), targets.device
-        fits = self._pending_targets + count <= len(self._pending_goals)
-        if fits and self._pending_goals.device == device:
-            return self._pending_targets
-        self._settle()
-        if count > len(self._pending_goals) or self._pending_goals.device != device:
-            size = max(count, min(count * PENDING_STEPS, PENDING_TARGETS))
-            # Ordinary tensors even when made under torch.inference_mode, so that a later step
-            # outside it may write into them.
-            with torch.inference_mode(False):
-                self._pending_chosen, self._pending_goals = (
-                    torch.empty(size, dtype=torch.int64, device=device) for _ in range(2)
-                )
-        return 0
-
-    def _settle(self) -> None:
-        """Counts the pending steps into `right` and `counted`; everything that reads or
-        replaces the counts calls this first."""
-        pending = self._pending_targets
-        if not pending:
+    def count_pending(self) -> None:
+        pending = self._pending.take()
+        if pending is None:
             return
-        self._pending_targets = 0
-        targets = self._pending_goals[:pending]
-        right = self._pending_chosen[:pending] == targets
+        chosen, targets = pending
+        right = chosen == targets
         ignored = self.params.ignore_index
         if ignored is None:
-            self.counted.add_(pending)
+            self.counted.add_(len(targets))
         else:
             counted = targets != ignored
             self.counted.add_(counted.sum().to(self.counted.device))
@@ -157,7 +118,7 @@ class AccuracyStatistics(Statistic):
         self.right.add_(right.sum().to(self.right.device))
 
     def compute(self) -> dict[str, float]:
-        self._settle()
+        self.count_pending()
         counted = int(self.counted)
         if counted == 0:
             return {"accuracy": float("nan")}
@@ -165,19 +126,15 @@ class AccuracyStatistics(Statistic):
 
     def merge(self, other: Statistic) -> None:
         assert isinstance(other, AccuracyStatistics)
-        self._settle()
-        other._settle()
+        self.count_pending()
+        other.count_pending()
         self.right.add_(other.right.to(self.right.device))
         self.counted.add_(other.counted.to(self.counted.device))
 
     def reset(self) -> None:
-        self._pending_targets = 0
+        self._pending.clear()
         self.right.zero_()
         self.counted.zero_()
-
-    def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
-        self._settle()  # a checkpoint holds every step counted so far
-        super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def _load_from_state_dict(
         self,
@@ -196,7 +153,6 @@ class AccuracyStatistics(Statistic):
             scores = {key: state_dict.pop(name) for key, name in old.items() if name in state_dict}
             state_dict[f"{prefix}right"] = scores["tp"].sum().to(torch.int64)
             state_dict[f"{prefix}counted"] = (scores["tp"] + scores["fn"]).sum().to(torch.int64)
-        self._settle()  # then replaced by the loaded counts where they are saved
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
         )

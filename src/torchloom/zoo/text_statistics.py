@@ -196,6 +196,12 @@ class BLEUStatistics(Statistic):
         )
         return {"bleu": bleu}
 
+    def merge(self, other: Statistic) -> None:
+        assert isinstance(other, BLEUStatistics)
+        for name in ("matches", "possible", "lengths"):
+            mine = getattr(self, name)
+            mine.add_(getattr(other, name).to(mine.device))
+
     def reset(self) -> None:
         self.matches.zero_()
         self.possible.zero_()
