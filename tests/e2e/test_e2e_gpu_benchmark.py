@@ -172,9 +172,17 @@ def test_the_step_operations_are_counted_by_part_and_torchloom_adds_few(tmp_path
         + ",".join(["{out_channels: 8, stride: 2, padding: 1, pool: 1}"] * 3)
         + "]",
     ]
+    script = str(ROOT / "benchmarks" / "step_ops.py")
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "step_ops.py"), "--warmup", "2"]
-        + ["--steps", "3", *(f"--override={override}" for override in small)],
+        [
+            sys.executable,
+            script,
+            "--warmup",
+            "2",
+            "--steps",
+            "3",
+            *(f"--override={o}" for o in small),
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
