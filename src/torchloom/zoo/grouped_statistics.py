@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import torch
 from pydantic import Field, field_validator
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
+from torchloom.core.component import Batch, BuildContext, ComponentParams
 from torchloom.core.streams import FLOATING, StreamSpec
 from torchloom.errors import ComponentError
 from torchloom.zoo.pending_counts import CountedLater, PendingColumns
@@ -172,13 +172,6 @@ class AccuracyByGroupStatistics(CountedLater):
         for index, name in enumerate(self.group_names):
             values[f"{prefix}_{name}"] = ratio(correct[index], total[index])
         return values
-
-    def merge(self, other: Statistic) -> None:
-        assert isinstance(other, AccuracyByGroupStatistics)
-        self.count_pending()
-        other.count_pending()
-        self.correct.add_(other.correct.to(self.correct.device))
-        self.total.add_(other.total.to(self.total.device))
 
     def reset(self) -> None:
         self._pending.clear()

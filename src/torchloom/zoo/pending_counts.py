@@ -67,11 +67,21 @@ class PendingColumns:
 
 class CountedLater(Statistic):
     """A statistic whose steps wait in PendingColumns: `count_pending` counts them into the
-    statistic's buffers, and reading or replacing the buffers through a state dict (a
-    checkpoint, the counts sent to another process) counts them first."""
+    statistic's buffers, which are all counts; reading or replacing the buffers through a
+    state dict (a checkpoint, the counts sent to another process) counts them first, and so
+    does adding another copy's (`merge`)."""
 
     def count_pending(self) -> None:
         raise NotImplementedError
+
+    def merge(self, other: Statistic) -> None:
+        assert type(other) is type(self)
+        assert isinstance(other, CountedLater)
+        self.count_pending()
+        other.count_pending()
+        theirs = dict(other.named_buffers())
+        for name, mine in self.named_buffers():
+            mine.add_(theirs[name].to(mine.device))
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         self.count_pending()

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
+from torchloom.core.component import Batch, BuildContext, ComponentParams
 from torchloom.core.streams import FLOATING, StreamSpec
 from torchloom.zoo.pending_counts import CountedLater, PendingColumns
 
@@ -123,13 +123,6 @@ class AccuracyStatistics(CountedLater):
         if counted == 0:
             return {"accuracy": float("nan")}
         return {"accuracy": int(self.right) / counted}
-
-    def merge(self, other: Statistic) -> None:
-        assert isinstance(other, AccuracyStatistics)
-        self.count_pending()
-        other.count_pending()
-        self.right.add_(other.right.to(self.right.device))
-        self.counted.add_(other.counted.to(self.counted.device))
 
     def reset(self) -> None:
         self._pending.clear()
