@@ -14,11 +14,13 @@ both figures and the ratio torchloom / hand-written (target >= 0.95 on a GPU).
 
 Where the difference goes: a third side, the hand-written loop fed by a host DataLoader over
 the same task (`Task.fetch`, pinned memory and non-blocking copies on a GPU, as torchloom's
-loader) instead of device-resident data, says what reading batches from the host costs; and
-`--profile FILE` writes, after the rounds, a profile of 20 counted steps of torchloom and of the
-hand-written loop (first mode): torch.profiler's operators by host time, Python's functions
-(cProfile) and, on a GPU, the operations that synchronised the host with the device
-(torch.cuda.set_sync_debug_mode).
+loader) instead of device-resident data, says what reading batches from the host costs; a
+fourth, torchloom with torch's intra-op threads on the host set to one, whether the host's
+idle threads (spinning between small parallel regions) slow the thread that launches the
+kernels; and `--profile FILE` writes, after the rounds, a profile of 20 counted steps of
+torchloom and of the hand-written loop (first mode): torch.profiler's operators by host time,
+Python's functions (cProfile) and, on a GPU, the operations that synchronised the host with
+the device (torch.cuda.set_sync_debug_mode).
 
     python benchmarks/gpu_throughput.py [--device cuda] [--modes default reduce-overhead]
     python benchmarks/gpu_throughput.py --profile throughput_profile.txt
@@ -285,6 +287,20 @@ def run_by_hand_from_host(args: argparse.Namespace, mode: str) -> float:
     return run_by_hand(args, mode, host=True)
 
 
+def run_torchloom_one_host_thread(args: argparse.Namespace, mode: str) -> float:
+    """torchloom with torch's intra-op threads on the host set to one (then restored): the
+    host's tensor work (the batch's gather, pinning) in the main thread alone. The H200's
+    Sort-of-CLEVR run kept 13 of 16 cores busy (5,525 s of CPU in 417 s): the intra-op
+    threads spinning between the small parallel regions of each step, beside the thread that
+    launches the kernels."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return run_torchloom(args, mode)
+    finally:
+        torch.set_num_threads(previous)
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -326,6 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "torchloom": run_torchloom,
         "hand-written": run_by_hand,
         "hand-written from the host": run_by_hand_from_host,
+        "torchloom, one host thread": run_torchloom_one_host_thread,
     }
     for mode in args.modes:
         rates: dict[str, list[float]] = {name: [] for name in sides}
@@ -338,13 +355,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 + ", ".join(f"{name} {rates[name][-1]:,.0f} samples/s" for name in sides),
                 flush=True,
             )
-        loom, hand, host = (statistics.median(rates[name]) for name in sides)
+        loom, hand, host, one_thread = (statistics.median(rates[name]) for name in sides)
         ratios[mode] = loom / hand
         print(
             f"compile {mode}: median torchloom {loom:,.0f} samples/s, hand-written "
             f"{hand:,.0f} samples/s, ratio torchloom / hand-written {loom / hand:.3f} "
             f"(target >= 0.95); hand-written from the host {host:,.0f} samples/s "
-            f"({host / hand:.3f} of device-resident data; torchloom / it {loom / host:.3f})",
+            f"({host / hand:.3f} of device-resident data; torchloom / it {loom / host:.3f}); "
+            f"torchloom with one host thread {one_thread:,.0f} samples/s "
+            f"({one_thread / hand:.3f} of hand-written)",
             flush=True,
         )
     if args.profile is not None:

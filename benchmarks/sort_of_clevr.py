@@ -30,10 +30,10 @@ H100, about 7 hours on a 2-core CPU; docs/benchmarks.md has the figures).
 
 `--fit-seconds S` makes the run one that ends inside S seconds (the probes included), for a
 GPU lent for minutes: before it starts, a probe times 200 training steps (after 30 of
-warm-up) of the same config eagerly and with each `--try-compile` mode, takes the fastest way
-that worked, and sets the epoch limit (so the cosine schedule's length too) to what is left of
-S at that speed, `--epochs` at most. The run itself is then an ordinary one, stopped, resumed
-and reported as any other.
+warm-up) of the same config eagerly (with torch's host threads and with one) and with each
+`--try-compile` mode, takes the way that fits the most epochs, and sets the epoch limit (so
+the cosine schedule's length too) to what is left of S at that speed, `--epochs` at most. The
+run itself is then an ordinary one, stopped, resumed and reported as any other.
 
 `--reduced` trains the variant of tests/e2e/test_e2e_sort_of_clevr.py (32x32 images, 800 of
 them, 7 epochs at 2e-3), which must show the RN ahead on the relational questions.
@@ -111,14 +111,34 @@ class Probe:
     seconds_per_step: float
     warmup_seconds: float
     batches_per_epoch: int
+    threads: int | None = None  # torch's intra-op threads on the host; None: torch's default
+
+    def __str__(self) -> str:
+        threads = "" if self.threads is None else f", {self.threads} host thread(s)"
+        return f"{self.way}{threads}"
 
 
 PROBE_WARMUP, PROBE_STEPS = 30, 200
+# What --fit-seconds chose and a resumed run needs again, in the folder of the run folders.
+FITTED = "fitted.json"
 
 
-def probe(config: str, overrides: list[str], way: str) -> Probe:
+def probe(config: str, overrides: list[str], way: str, threads: int | None = None) -> Probe:
     """Time PROBE_STEPS training steps of `config` with `overrides` after PROBE_WARMUP,
-    eagerly or compiled in mode `way`, without evaluation, in a folder thrown away after."""
+    eagerly or compiled in mode `way`, with `threads` intra-op threads on the host (then
+    restored), without evaluation, in a folder thrown away after."""
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return _probe(config, overrides, way, threads)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _probe(config: str, overrides: list[str], way: str, threads: int | None) -> Probe:
     import torch
     from gpu_throughput import StepClock  # benchmarks/ is on sys.path when this script runs
 
@@ -149,6 +169,7 @@ def probe(config: str, overrides: list[str], way: str) -> Probe:
         (clock.ended - clock.started) / PROBE_STEPS,
         clock.started - started,
         clock.batches_per_epoch,
+        threads,
     )
 
 
@@ -170,31 +191,43 @@ def fit_epochs(
     ways: list[str],
     evaluation_share: float,
     cap: int,
-) -> tuple[int, list[str]]:
-    """The epoch limit and the compile override of the fastest way that worked (eager or a
-    compile mode) for a run of `config` that ends inside `seconds` of the first probe's start;
-    prints what it measured."""
+) -> tuple[int, list[str], int | None]:
+    """For a run of `config` that ends inside `seconds` of the first probe's start: its epoch
+    limit, its compile override and its host threads, of the way that fits the most epochs
+    (the faster step when as many fit): eager with torch's threads and with one host thread
+    (the H200's eager Sort-of-CLEVR run kept 13 of 16 cores busy, the intra-op threads
+    spinning between a step's small parallel regions on the host), then each compile mode
+    with the better of those. Prints what it measured."""
+    import torch
+
     started = time.perf_counter()
     probes = [probe(config, overrides, "eager")]
+    if torch.get_num_threads() > 1:
+        probes.append(probe(config, overrides, "eager", threads=1))
+    threads = min(probes, key=lambda p: p.seconds_per_step).threads
     for way in ways:
         try:
-            probes.append(probe(config, overrides, way))
+            probes.append(probe(config, overrides, way, threads))
         except Exception as error:  # a compile mode this machine cannot run: not taken
             print(f"probe {way}: failed ({type(error).__name__}: {error})", flush=True)
     for p in probes:
         print(
-            f"probe {p.way}: {p.seconds_per_step * 1e3:.2f} ms a step of the {p.batches_per_epoch}"
+            f"probe {p}: {p.seconds_per_step * 1e3:.2f} ms a step of the {p.batches_per_epoch}"
             f" an epoch has, {p.warmup_seconds:.0f} s to the end of the warm-up",
             flush=True,
         )
-    fastest = min(probes, key=lambda p: p.seconds_per_step)
     left = seconds - (time.perf_counter() - started)
-    epochs = epochs_that_fit(left, fastest, evaluation_share, cap)
-    print(f"fit: {epochs} epochs ({fastest.way}) in the {left:.0f} s the probes left", flush=True)
+
+    def fitted(p: Probe) -> tuple[int, float]:
+        return epochs_that_fit(left, p, evaluation_share, cap), -p.seconds_per_step
+
+    best = max(probes, key=fitted)
+    epochs = fitted(best)[0]
+    print(f"fit: {epochs} epochs ({best}) in the {left:.0f} s the probes left", flush=True)
     if epochs < 1:
         raise SystemExit(f"not one epoch fits in {left:.0f} s")
-    compiled = [] if fastest.way == "eager" else [f"+training.compile={{mode: {fastest.way}}}"]
-    return epochs, [f"training.terminal_conditions.epoch_limit={epochs}", *compiled]
+    compiled = [] if best.way == "eager" else [f"+training.compile={{mode: {best.way}}}"]
+    return epochs, [f"training.terminal_conditions.epoch_limit={epochs}", *compiled], best.threads
 
 
 def cpu_seconds() -> float:
@@ -309,6 +342,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.resume:
+        # A fitted run goes on with the host threads its probes chose (not in its config).
+        fitted = Path(args.resume).expanduser().resolve().parents[1] / FITTED
+        if fitted.is_file() and not args.threads:
+            threads = json.loads(fitted.read_text(encoding="utf-8"))["threads"]
+            if threads is not None:
+                torch.set_num_threads(threads)
+                print(f"host threads: {threads}, as the probes chose ({fitted})", flush=True)
         run = train(None, [], str(Path(args.resume).expanduser().parent), resume=args.resume)
         report(f"resumed {args.resume} (costs of this piece only)", run)
         return
@@ -361,10 +401,14 @@ def main() -> None:
             overrides = [*common, *model, *args.both_override, *own]
             if args.fit_seconds:
                 evaluation_share = 100 / 800 if args.reduced else args.eval_images / args.images
-                _, fitted = fit_epochs(
+                _, fitted, threads = fit_epochs(
                     config, overrides, args.fit_seconds, args.try_compile, evaluation_share, epochs
                 )
                 overrides += fitted
+                if threads is not None:
+                    torch.set_num_threads(threads)
+                Path(expdir).mkdir(parents=True, exist_ok=True)
+                (Path(expdir) / FITTED).write_text(json.dumps({"threads": threads}) + "\n")
             runs[name] = train(config, overrides, expdir)
             report(name, runs[name])
     if len(runs) == 2 and all("test" in run["summary"]["final"] for run in runs.values()):
