@@ -309,13 +309,13 @@ class Task(Component, torch.utils.data.Dataset):
     @classmethod
     def checked_positions(cls, indices: Sequence[int], size: int) -> torch.Tensor:
         """`checked_index` of each of `indices`, as a 1-D int64 tensor: the positions a
-        `fetch` that gathers from tensors indexes them with. Checked on the tensor (its least
-        and greatest value) rather than index by index, on every batch a loader reads: 15 us
-        for 256 indices, most of it making the tensor, against 24 us."""
+        `fetch` that gathers from tensors indexes them with. Checked by the least and greatest
+        index rather than index by index, on every batch a loader reads: 18 us for 256
+        indices, most of it making the tensor, against 24 us."""
         positions = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
         if not len(positions):
             return positions
-        low, high = int(positions.min()), int(positions.max())
+        low, high = min(indices), max(indices)  # Python's: no tensor calls
         if low < -size or high >= size:
             first_bad = next(i for i in indices if not -size <= i < size)
             cls.checked_index(first_bad, size)  # raises its IndexError
