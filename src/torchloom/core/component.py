@@ -312,7 +312,7 @@ class Task(Component, torch.utils.data.Dataset):
         `fetch` that gathers from tensors indexes them with. Checked by the least and greatest
         index rather than index by index, on every batch a loader reads: 18 us for 256
         indices, most of it making the tensor, against 24 us."""
-        positions = torch.as_tensor(indices, dtype=torch.int64).reshape(-1)
+        positions = torch.as_tensor(indices, dtype=torch.int64)
         if not len(positions):
             return positions
         low, high = min(indices), max(indices)  # Python's: no tensor calls
