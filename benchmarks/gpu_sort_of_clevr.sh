@@ -11,6 +11,7 @@
 # from the probe's start, across two device calls on the machine still held:
 #
 #   benchmarks/gpu_sort_of_clevr.sh LIMIT --fit TOTAL   # first call: probe, start, train
+#                                                       # (510 --fit 620: docs/benchmarks.md)
 #   benchmarks/gpu_sort_of_clevr.sh LIMIT               # next call: continue the run
 #   benchmarks/gpu_sort_of_clevr.sh LIMIT [--fit TOTAL] --cpu   # here: the reduced variant
 #

@@ -52,6 +52,7 @@ from torch.utils.data import DataLoader
 
 from torchloom.api import Hook, RunView, TrainOptions, prepare_training
 from torchloom.core.component import Batch
+from torchloom.deploy.measure import threads
 from torchloom.engine.assemble import assemble
 from torchloom.engine.checkpoint import seed_everything
 from torchloom.engine.loaders import TaskBatches, to_device
@@ -293,12 +294,8 @@ def run_torchloom_one_host_thread(args: argparse.Namespace, mode: str) -> float:
     Sort-of-CLEVR run kept 13 of 16 cores busy (5,525 s of CPU in 417 s): the intra-op
     threads spinning between the small parallel regions of each step, beside the thread that
     launches the kernels."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with threads(1):
         return run_torchloom(args, mode)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

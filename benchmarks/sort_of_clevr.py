@@ -42,6 +42,7 @@ them, 7 epochs at 2e-3), which must show the RN ahead on the relational question
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import resource
@@ -123,30 +124,24 @@ PROBE_WARMUP, PROBE_STEPS = 30, 200
 FITTED = "fitted.json"
 
 
+def compiled_in(way: str) -> list[str]:
+    """The override that trains the config's models compiled in mode `way` (none: eager)."""
+    return [] if way == "eager" else [f"+training.compile={{mode: {way}}}"]
+
+
 def probe(config: str, overrides: list[str], way: str, threads: int | None = None) -> Probe:
     """Time PROBE_STEPS training steps of `config` with `overrides` after PROBE_WARMUP,
     eagerly or compiled in mode `way`, with `threads` intra-op threads on the host (then
-    restored), without evaluation, in a folder thrown away after."""
-    import torch
-
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        return _probe(config, overrides, way, threads)
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _probe(config: str, overrides: list[str], way: str, threads: int | None) -> Probe:
+    restored), without evaluation, in a folder thrown away after. A probe stopped by a
+    signal (the device call's time limit) raises KeyboardInterrupt: nothing to fit."""
     import torch
     from gpu_throughput import StepClock  # benchmarks/ is on sys.path when this script runs
 
     from torchloom.api import TrainOptions, prepare_training
+    from torchloom.deploy.measure import threads as host_threads
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     steps = PROBE_WARMUP + PROBE_STEPS
-    compiled = [] if way == "eager" else [f"+training.compile={{mode: {way}}}"]
     limits = [
         f"+training.terminal_conditions.episode_limit={steps}",
         "training.terminal_conditions.epoch_limit=1000",
@@ -156,10 +151,13 @@ def _probe(config: str, overrides: list[str], way: str, threads: int | None) -> 
     ]
     clock = StepClock(device, PROBE_WARMUP, steps)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory() as expdir:
+    chosen = host_threads(threads) if threads is not None else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory() as expdir, chosen:
         options = TrainOptions(expdir=expdir, quiet=True, hooks=[clock])
-        run = prepare_training(CONFIGS / config, [*overrides, *compiled, *limits], options)
-        run.run()  # type: ignore[union-attr]  # a fresh run: never an old RunResult
+        run = prepare_training(CONFIGS / config, [*overrides, *compiled_in(way), *limits], options)
+        result = run.run()  # type: ignore[union-attr]  # a fresh run: never an old RunResult
+    if result.summary["status"] == "interrupted":
+        raise KeyboardInterrupt(f"the {way} probe was stopped by a signal")
     if clock.count < steps or clock.epochs[0] != clock.epochs[1]:
         raise RuntimeError(f"the probe ran {clock.count} steps, not {steps} inside one epoch")
     if way != "eager" and not clock.compiled:
@@ -226,8 +224,8 @@ def fit_epochs(
     print(f"fit: {epochs} epochs ({best}) in the {left:.0f} s the probes left", flush=True)
     if epochs < 1:
         raise SystemExit(f"not one epoch fits in {left:.0f} s")
-    compiled = [] if best.way == "eager" else [f"+training.compile={{mode: {best.way}}}"]
-    return epochs, [f"training.terminal_conditions.epoch_limit={epochs}", *compiled], best.threads
+    limit = f"training.terminal_conditions.epoch_limit={epochs}"
+    return epochs, [limit, *compiled_in(best.way)], best.threads
 
 
 def cpu_seconds() -> float:

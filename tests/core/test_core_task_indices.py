@@ -15,6 +15,9 @@ def test_positions_count_negative_indices_from_the_end() -> None:
     assert positions.dtype == torch.int64 and positions.tolist() == [0, 3, 3, 0, 2]
     assert Task.checked_positions(range(3), 3).tolist() == [0, 1, 2]
     assert Task.checked_positions([], 5).tolist() == []
+    given = torch.tensor([2, 0])
+    taken = Task.checked_positions(given, 4)  # type: ignore[arg-type]
+    assert taken.tolist() == [2, 0] and taken is not given  # the batch's own tensor
 
 
 @pytest.mark.parametrize("indices", [[0, 4, 1], [2, -5], [7, -9, 1]])

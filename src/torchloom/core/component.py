@@ -258,6 +258,14 @@ class Statistic(Component):
         the epoch's and the logging interval's counts apart by merging at their ends)."""
         raise NotImplementedError
 
+    def add_buffers_of(self, other: Statistic) -> None:
+        """Add every buffer of `other` (a copy with the same settings) to this one's: the
+        whole `merge` of a statistic whose buffers are all counts."""
+        theirs = dict(other.named_buffers())
+        for name, mine in self.named_buffers():
+            assert theirs[name].shape == mine.shape, f"{name}: copies of other settings"
+            mine.add_(theirs[name].to(mine.device))
+
     @property
     def can_merge(self) -> bool:
         return type(self).merge is not Statistic.merge
@@ -313,6 +321,8 @@ class Task(Component, torch.utils.data.Dataset):
         index rather than index by index, on every batch a loader reads: 18 us for 256
         indices, most of it making the tensor, against 24 us."""
         positions = torch.as_tensor(indices, dtype=torch.int64)
+        if positions is indices:  # a tensor of positions: the batch gets its own
+            positions = positions.clone()
         if not len(positions):
             return positions
         low, high = min(indices), max(indices)  # Python's: no tensor calls

@@ -79,9 +79,7 @@ class CountedLater(Statistic):
         assert isinstance(other, CountedLater)
         self.count_pending()
         other.count_pending()
-        theirs = dict(other.named_buffers())
-        for name, mine in self.named_buffers():
-            mine.add_(theirs[name].to(mine.device))
+        self.add_buffers_of(other)
 
     def _save_to_state_dict(self, destination: Any, prefix: str, keep_vars: bool) -> None:
         self.count_pending()

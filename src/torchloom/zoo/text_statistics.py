@@ -198,9 +198,7 @@ class BLEUStatistics(Statistic):
 
     def merge(self, other: Statistic) -> None:
         assert isinstance(other, BLEUStatistics)
-        for name in ("matches", "possible", "lengths"):
-            mine = getattr(self, name)
-            mine.add_(getattr(other, name).to(mine.device))
+        self.add_buffers_of(other)  # matches, possible, lengths: all counts
 
     def reset(self) -> None:
         self.matches.zero_()
