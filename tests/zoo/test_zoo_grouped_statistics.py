@@ -140,3 +140,16 @@ def test_counting_every_target_when_nothing_is_ignored() -> None:
         "accuracy_non_relational": 0.5,
         "accuracy_relational": 1.0,
     }
+
+
+def test_every_built_in_statistic_adds_another_copys_counts() -> None:
+    """`merge` is what lets a statistic count a set that several processes share (`--nproc`,
+    which refuses a statistic without it) and be updated once a training step instead of
+    twice; the grouped accuracy and BLEU lacked it, so the Sort-of-CLEVR and VQA configs
+    could not run under several processes."""
+    from torchloom.core.component import Statistic
+    from torchloom.core.registry import all_components
+
+    statistics = {n: c for n, c in all_components().items() if issubclass(c, Statistic)}
+    assert {"AccuracyByGroupStatistics", "BLEUStatistics", "AccuracyStatistics"} <= set(statistics)
+    assert [name for name, cls in statistics.items() if cls.merge is Statistic.merge] == []
