@@ -175,10 +175,11 @@ def epochs_that_fit(seconds: float, fastest: Probe, evaluation_share: float, cap
     """Epochs a run at the probe's speed finishes inside `seconds`: each epoch's batches plus
     its validation (`evaluation_share` of the samples, counted at a training step's cost per
     sample, which a forward pass alone is far under), a tenth more for the saves and the noise;
-    before them the start-up again, and twice more the warm-up for the compiled passes still
-    to come (validation's and the test's, in eval mode) and the test itself."""
+    besides them the probe's warm-up twice (the run's own start, whose compilation reads the
+    probe's from Inductor's cache, and the evaluation passes' compilation in eval mode, a
+    forward pass alone) and the test pass."""
     epoch = fastest.batches_per_epoch * fastest.seconds_per_step * (1 + evaluation_share)
-    fixed = 3 * fastest.warmup_seconds + 2 * epoch * evaluation_share
+    fixed = 2 * fastest.warmup_seconds + 2 * epoch * evaluation_share
     return max(0, min(cap, int((seconds - fixed) / (epoch * 1.1))))
 
 
