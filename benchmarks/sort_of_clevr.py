@@ -318,8 +318,8 @@ def main() -> None:
         action="append",
         default=[],
         metavar="MODE",
-        help="with --fit-seconds: also probe this torch.compile mode, and train with it if it is "
-        "the fastest",
+        help="with --fit-seconds: also probe this torch.compile mode, and train with it if it "
+        "fits the most epochs",
     )
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue this stopped run")
     parser.add_argument(
