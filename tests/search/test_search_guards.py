@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -445,3 +446,51 @@ def test_an_sqlite_file_that_cannot_be_made_is_named_as_a_file(tmp_path: Path) -
     message = refused.value.format()
     assert "cannot open the SQLite database" in message and "folder exists" in message
     assert "server runs" not in message
+
+
+@pytest.mark.parametrize("landed", ["before the value is stored", "after it is stored"])
+def test_a_stop_while_a_finished_trial_is_recorded_leaves_no_running_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, landed: str
+) -> None:
+    """Ctrl-C (or SIGTERM) can land while a worker records the value of a trial that just
+    ended. Before the value is stored, the trial is failed as interrupted and queued again, as
+    one stopped mid-run; after, it stays complete and nothing is queued. Before, the stop left
+    the trial RUNNING: the search's trials.csv said so, and only a resume failed it, as one
+    whose process had died."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="s")
+    trial = study.ask()
+
+    def propose(trial: optuna.Trial) -> worker.Proposal:
+        trial.suggest_float("x", 0.0, 2.0)
+        return tmp_path / "config.yml", [], {"x": 1.0}
+
+    def run_trial(*args: object) -> tuple[float, None]:
+        return 1.0, None
+
+    real_tell = worker._tell
+
+    def tell(
+        study: optuna.Study, trial: optuna.Trial, value: float | None = None, **kw: Any
+    ) -> None:
+        if value is not None and landed == "before the value is stored":
+            raise KeyboardInterrupt
+        real_tell(study, trial, value, **kw)
+        if value is not None:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker, "run_trial", run_trial)
+    monkeypatch.setattr(worker, "_tell", tell)
+    options = TrainOptions(expdir=str(tmp_path / "trials"), quiet=True)
+    objective = Objective("validation.loss", "min")
+    said: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        worker._run_one(study, trial, propose, tmp_path, objective, options, said.append)
+    states = {t.number: t.state.name for t in study.trials}
+    if landed == "before the value is stored":
+        assert states == {0: "FAIL", 1: "WAITING"}  # queued again, as a trial stopped mid-run
+        assert study.trials[0].user_attrs["reason"].startswith("interrupted")
+        assert study.trials[1].user_attrs["retry_of"] == 0
+        assert said == ["trial 0: interrupted; its parameters are queued for the next run"]
+    else:
+        assert states == {0: "COMPLETE"} and study.trials[0].value == 1.0
+        assert not any("another process" in line for line in said)  # it was this one's

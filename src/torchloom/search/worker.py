@@ -177,6 +177,12 @@ def _run_one(
         trial.set_user_attr(VALUES, values)
         shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in values.items())
         value, _ = run_trial(trial, source, overrides, objective, options, on_run_dir)
+        # Recorded inside the try: a stop landing here, before the value is stored, fails and
+        # queues the trial as one stopped mid-run (after, the complete trial stands), rather
+        # than leaving it RUNNING until a resume reaps it as one whose process died.
+        if _finish(study, trial, say, {}, value):
+            seconds = f"{time.perf_counter() - started:.1f} s"
+            say(f"trial {trial.number}: {objective.monitor}={value:.4g} in {seconds} [{shown}]")
     except Pruned as pruned:
         if _finish(study, trial, say, {"reason": pruned.reason}, state=TrialState.PRUNED):
             say(f"trial {trial.number}: pruned ({pruned.reason}) [{shown}]")
@@ -189,15 +195,12 @@ def _run_one(
         say(_DROPPED.format(number=trial.number))
     except KeyboardInterrupt:
         attrs = {"reason": "interrupted (Ctrl-C, SIGTERM or SIGHUP)", "retried": True}
-        if _finish(study, trial, say, attrs, state=TrialState.FAIL):
+        recorded = study._storage.get_trial(trial._trial_id).state.is_finished()
+        if not recorded and _finish(study, trial, say, attrs, state=TrialState.FAIL):
             retry_of = trial.user_attrs.get("retry_of", trial.number)
             study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
             say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
         raise
-    else:
-        if _finish(study, trial, say, {}, value):
-            seconds = f"{time.perf_counter() - started:.1f} s"
-            say(f"trial {trial.number}: {objective.monitor}={value:.4g} in {seconds} [{shown}]")
 
 
 _DROPPED = "trial {number}: finished by another process; this run of it is dropped"
