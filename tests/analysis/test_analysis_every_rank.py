@@ -101,6 +101,23 @@ def reports(folder: Path) -> dict[str, str]:
     return {path.name: path.read_text() for path in files if path.suffix != ".png"}
 
 
+def started_worst_samples(
+    folder: Path, distributed: Distributed, config: AnalysisConfig | None = None
+) -> tuple[Any, WorstSamples]:
+    """A rank's run (its folder under `folder`, named by world and rank) and its worst-samples
+    hook, started."""
+    run = worst_samples_run(folder / f"w{distributed.world}-{distributed.rank}")
+    run.run_dir.mkdir()
+    run.distributed = distributed
+    hook = WorstSamples(config or AnalysisConfig())
+    hook.before_train(run)
+    return run, hook
+
+
+# Two training steps of 4 samples, each shared among the ranks.
+TRAINING_STEPS = [batch_of(ids, seed=step) for step, ids in enumerate(([3, 1, 4, 0], [9, 2, 6, 8]))]
+
+
 def test_merged_error_rows_are_in_the_order_one_process_writes_them() -> None:
     # Two batches of 5 (3 + 2), then a last batch of 1 that rank 1 has no share of.
     rank0 = ErrorShare(rows=[(0, 2, None, 1, 0, 0.5), (2, 0, None, 2, 1, 0.7)], sizes=[3, 3, 1])
@@ -193,11 +210,7 @@ def test_worst_samples_of_two_ranks_are_those_of_one(tmp_path: Path) -> None:
 
     def validate(distributed: Distributed) -> torch.Tensor:
         rank, world = distributed.rank, distributed.world
-        run = worst_samples_run(tmp_path / f"w{world}-{rank}")
-        run.run_dir.mkdir()
-        run.distributed = distributed
-        hook = WorstSamples(config)
-        hook.before_train(run)
+        run, hook = started_worst_samples(tmp_path, distributed, config)
         for epoch, batches in enumerate(passes):
             for batch in batches:
                 mine = shares_of(batch, rank, world)
@@ -254,17 +267,13 @@ def test_embeddings_of_two_ranks_are_the_points_one_process_exports() -> None:
 def test_worst_samples_of_an_epoch_cut_short_are_those_of_one(tmp_path: Path) -> None:
     """A run that diverges mid-epoch goes from its last step to after_train, with neither the
     epoch's end nor a checkpoint: the losses of the epoch so far are still every rank's."""
-    steps = [batch_of(ids, seed=step) for step, ids in enumerate(([3, 1, 4, 0], [9, 2, 6, 8]))]
 
     def train(distributed: Distributed) -> None:
-        rank, world = distributed.rank, distributed.world
-        run = worst_samples_run(tmp_path / f"w{world}-{rank}")
-        run.run_dir.mkdir()
-        run.distributed = distributed
-        hook = WorstSamples(AnalysisConfig())
-        hook.before_train(run)
-        for batch in steps:
-            hook.after_step(run, shares_of(batch, rank, world), torch.tensor(0.0))
+        run, hook = started_worst_samples(tmp_path, distributed)
+        for batch in TRAINING_STEPS:
+            hook.after_step(
+                run, shares_of(batch, distributed.rank, distributed.world), torch.tensor(0.0)
+            )
         hook.after_train(run, {})
 
     train(SINGLE)
@@ -280,26 +289,21 @@ def test_the_training_row_is_exchanged_once_for_an_epoch_s_end_and_its_checkpoin
 ) -> None:
     """The epoch's end, then last.pt and best.pt: the row is every rank's after the first
     exchange, so the checkpoints send nothing; a step after them needs one again."""
-    steps = [batch_of(ids, seed=step) for step, ids in enumerate(([3, 1, 4, 0], [9, 2, 6, 8]))]
     exchanges: dict[int, list[int]] = {}
 
     def train(distributed: Distributed) -> None:
         assert isinstance(distributed, ThreadRank)
         rank, world = distributed.rank, distributed.world
         counting = CountingRank(rank, world, rank, distributed.exchange)
-        run = worst_samples_run(tmp_path / f"w{world}-{rank}")
-        run.run_dir.mkdir()
-        run.distributed = counting
-        hook = WorstSamples(AnalysisConfig())
-        hook.before_train(run)
-        for batch in steps:
+        run, hook = started_worst_samples(tmp_path, counting)
+        for batch in TRAINING_STEPS:
             hook.after_step(run, shares_of(batch, rank, world), torch.tensor(0.0))
         hook.after_training_epoch(run, {})
         after_epoch = counting.calls[0]
         hook.state_dict()  # last.pt
         hook.state_dict()  # best.pt
         after_checkpoints = counting.calls[0]
-        hook.after_step(run, shares_of(steps[0], rank, world), torch.tensor(0.0))
+        hook.after_step(run, shares_of(TRAINING_STEPS[0], rank, world), torch.tensor(0.0))
         hook.state_dict()
         exchanges[rank] = [after_epoch, after_checkpoints, counting.calls[0]]
 

@@ -74,6 +74,10 @@ class CountedLater(Statistic):
     def count_pending(self) -> None:
         raise NotImplementedError
 
+    def upgrade_saved_counts(self, state_dict: dict[str, Any], prefix: str) -> None:
+        """Rewrite, in place, counts an older version saved under other names (before they
+        are loaded); nothing by default."""
+
     def merge(self, other: Statistic) -> None:
         assert type(other) is type(self)
         assert isinstance(other, CountedLater)
@@ -95,6 +99,7 @@ class CountedLater(Statistic):
         unexpected_keys: list[str],
         errors: list[str],
     ) -> None:
+        self.upgrade_saved_counts(state_dict, prefix)
         self.count_pending()  # then replaced by the loaded counts where they are saved
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors

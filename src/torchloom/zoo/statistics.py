@@ -129,16 +129,7 @@ class AccuracyStatistics(CountedLater):
         self.right.zero_()
         self.counted.zero_()
 
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        errors: list[str],
-    ) -> None:
+    def upgrade_saved_counts(self, state_dict: dict[str, Any], prefix: str) -> None:
         # Running counts saved before torchloom counted them itself are torchmetrics' micro
         # stat scores: right = tp, counted = tp + fn (a mid-epoch checkpoint of an older run).
         old = {key: f"{prefix}metric.{key}" for key in ("tp", "fp", "tn", "fn")}
@@ -146,6 +137,3 @@ class AccuracyStatistics(CountedLater):
             scores = {key: state_dict.pop(name) for key, name in old.items() if name in state_dict}
             state_dict[f"{prefix}right"] = scores["tp"].sum().to(torch.int64)
             state_dict[f"{prefix}counted"] = (scores["tp"] + scores["fn"]).sum().to(torch.int64)
-        super()._load_from_state_dict(
-            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
-        )
