@@ -20,15 +20,17 @@
 # session 272 s; docs/benchmarks.md), with the estimate for what was added since:
 #   install wheels                 2 s     (limit  40 s)
 #   versions; nvidia-smi           7 s; 0 s (limits 20 s; 10 s)
-#   CUDA tests (4 tests)           27 s    (limit  60 s)
+#   CUDA tests (4 tests: 27 s; now 13 with batches gathered on the GPU and --gpu: ~55 s)
+#                                          (limit 70 s)
 #   loom train LeNet-5/MNIST, 2 epochs of 55,000 images at batch 64: bf16 20 s, fp16 21 s,
 #   reduce-overhead 41 s (pinned 20 s and compile 41 s no longer run)
-#                                  82 s    (limits 35+35+60 s)
+#                                  82 s    (limits 35+35+50 s)
 #   gpu_throughput.py, 2 modes x 2 rounds, 210 steps of 256 each: 91 s with 2 sides; now
-#   4 sides (the third: the hand-written loop reading from the host; the fourth: torchloom
-#   with one host thread) and a profile of 20 steps of two of them
-#                                  ~200 s  (limit 300 s)
-#   total                          ~320 s, under 6 minutes.
+#   5 sides (the third: the hand-written loop reading from the host; the fourth: torchloom
+#   with one host thread; the fifth: torchloom with its batches gathered on the device) and
+#   a profile of 20 steps of two of them
+#                                  ~250 s  (limit 300 s)
+#   total                          ~370 s, about 6 minutes.
 # Files back (the device tool returns at most 8): session.log (everything), results.txt
 # (one line per step: status, seconds, figures), throughput.txt, throughput_profile.txt
 # (operators, Python functions and host-device syncs of 20 steps of torchloom and of the
@@ -116,8 +118,12 @@ fi
 
 # ---- the suite's CUDA tests (they skip with "needs a CUDA device" elsewhere) ---------------
 FIGURES="pytest summary in session.log"
-step cuda-tests 60 "$PY" -m pytest -q -p no:cacheprovider -rs \
+step cuda-tests 70 "$PY" -m pytest -q -p no:cacheprovider -rs \
   "tests/e2e/test_e2e_options.py::test_cuda_training_with_mixed_precision" \
+  "tests/e2e/test_e2e_options.py::test_batches_gathered_on_the_device_train_as_batches_from_the_host" \
+  "tests/e2e/test_e2e_distributed.py::test_gpu_starts_one_process_per_visible_gpu" \
+  "tests/zoo/test_zoo_vision_cifar.py::test_a_task_held_on_a_device_gathers_its_batches_there" \
+  "tests/zoo/test_zoo_sort_of_clevr.py::test_a_split_held_on_a_device_gathers_its_batches_there" \
   "tests/zoo/text/test_text_indexers.py::test_outputs_follow_the_component_to_its_device"
 
 # ---- loom train runs of LeNet-5/MNIST on the device ---------------------------------------
@@ -167,7 +173,7 @@ lenet() {
 # gave their seconds to the throughput step's fourth side.
 lenet lenet-bf16 35 +training.precision=bf16
 lenet lenet-fp16 35 +training.precision=fp16
-lenet lenet-reduce-overhead 60 "+training.compile={mode: reduce-overhead}"
+lenet lenet-reduce-overhead 50 "+training.compile={mode: reduce-overhead}"
 
 # ---- ResNet-18 throughput: torchloom against a hand-written AMP + compile loop -------------
 FIGURES="see throughput.txt"

@@ -540,6 +540,30 @@ def test_torchrun_runs_torchloom_as_a_module(tmp_path: Path) -> None:
     assert "2 processes train" in (run / "run.log").read_text()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_starts_one_process_per_visible_gpu(tmp_path: Path) -> None:
+    """`--gpu`: one launched process per GPU, each on its own; with several GPUs they join over
+    NCCL (the lent machines have one, so NCCL itself cannot be shown there: one process, no
+    process group, trains on cuda:0)."""
+    before = spawned_workers()
+    done = loom(
+        "train",
+        str(toy_config(tmp_path, epochs=1)),
+        "--expdir",
+        str(tmp_path / "runs"),
+        "--gpu",
+        "--quiet",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = only_run(tmp_path / "runs")
+    assert summary(run)["status"] == "epoch_limit"
+    assert summary(run)["device"].startswith("cuda")
+    gpus = torch.cuda.device_count()
+    if gpus > 1:
+        assert f"{gpus} processes train" in (run / "run.log").read_text()
+    assert spawned_workers() - before == set(), "a worker outlived its command"
+
+
 # ---- FSDP2 and sharded checkpoints -----------------------------------------------------------
 def shard_folders(run: Path) -> set[str]:
     return {f"shards/{p.name}" for p in (run / "checkpoints" / "shards").iterdir()}

@@ -121,6 +121,16 @@ def test_the_session_steps_fit_one_device_call() -> None:
     assert sum(limits.values()) <= 560, limits
 
 
+def test_the_session_names_cuda_tests_that_exist() -> None:
+    """The CUDA tests the session runs are named by their node ids: a renamed test would only
+    be found missing on a lent GPU, where pytest's "not found" costs the step."""
+    script = (ROOT / "benchmarks" / "gpu_session.sh").read_text()
+    named = re.findall(r'"(tests/[\w/]+\.py)::(\w+)"', script)
+    assert len(named) >= 5
+    for path, test in named:
+        assert f"def {test}(" in (ROOT / path).read_text(encoding="utf-8"), f"{path}::{test}"
+
+
 def test_the_profile_reports_the_profiled_steps_operators(throughput: ModuleType) -> None:
     """`--profile`'s report (written once, on a GPU): the steps' time, the synchronisations
     counted (none on the CPU), the operators the steps ran and the Python functions."""

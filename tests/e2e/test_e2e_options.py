@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from e2e_helpers import small_config
+from e2e_helpers import small_config, weights
 
 import torchloom
 from torchloom.errors import LoomError
@@ -141,6 +141,40 @@ def test_cuda_training_with_mixed_precision(
     )
     assert result.summary["device"].startswith("cuda")
     assert result.statistics["validation"]["accuracy"] > 0.5
+
+
+ON_DEVICE = [
+    f"++{section}.dataloader.on_device=true" for section in ("training", "validation", "test")
+]
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+        ),
+    ],
+)
+def test_batches_gathered_on_the_device_train_as_batches_from_the_host(
+    tmp_path: Path, mnist_folder: Path, device: str
+) -> None:
+    """`dataloader.on_device` in every section gives each pass the host loader's batches, built
+    on the run's device: on the CPU the run is the same to the bit; on a GPU it trains there."""
+    config = small_config(tmp_path, mnist_folder)
+    held = torchloom.train(config, ON_DEVICE, device=device, expdir=str(tmp_path / "held"))
+    assert held.status == "epoch_limit" and held.summary["device"].startswith(device)
+    assert held.statistics["validation"]["accuracy"] > 0.5
+    if device == "cuda":
+        return  # cuDNN's kernels need not repeat a CPU run's sums in the same order
+    plain = torchloom.train(config, device=device, expdir=str(tmp_path / "plain"))
+    assert held.statistics == plain.statistics
+    held_weights = weights(held.run_dir)
+    for component, tensors in weights(plain.run_dir).items():
+        for name, tensor in tensors.items():
+            assert torch.equal(held_weights[component][name], tensor), (component, name)
 
 
 def test_precision_recall_statistics_can_be_monitored(tmp_path: Path, mnist_folder: Path) -> None:

@@ -105,3 +105,58 @@ def test_a_reservoir_smaller_than_a_batch_is_refused_by_the_schema() -> None:
     training = {"task": {}, "dataloader": {"batch_size": 4, "reservoir": {"size": 3}}}
     with pytest.raises(ConfigError, match=r"reservoir\.size 3 is smaller than batch_size 4"):
         validate_sections({"training": training}, where)
+
+
+class HoldingToyTask(FetchingToyTask):
+    """Gathers its batches from a copy of its tensors on the device it is held on."""
+
+    def hold_on(self, device: torch.device) -> bool:
+        self.inputs, self.targets = self.inputs.to(device), self.targets.to(device)
+        return True
+
+    def fetch(self, indices: Sequence[int]) -> Batch:
+        positions = torch.tensor(list(indices), device=self.inputs.device)
+        return {"inputs": self.inputs[positions], "targets": self.targets[positions]}
+
+
+def on_device_section(**dataloader: object) -> SectionConfig:
+    settings = {"batch_size": 4, "on_device": True, **dataloader}
+    return SectionConfig.model_validate({"task": {}, "dataloader": settings})
+
+
+def test_on_device_holds_the_task_on_the_runs_device_and_pins_nothing() -> None:
+    task = HoldingToyTask.create(size=10)
+    meta = torch.device("meta")  # a device that is not the host, as a GPU would be
+    loader = SectionLoader(
+        "training", task, on_device_section(), 3, where, pin_memory=True, device=meta
+    )
+    assert not loader.pin_memory  # the batches are already where they are used
+    batches = list(loader.epoch(0))
+    assert [b["inputs"].device.type for b in batches] == ["meta"] * 3
+    on_host = SectionLoader(
+        "validation", HoldingToyTask.create(size=10), on_device_section(), 3, where
+    )
+    assert next(iter(on_host.epoch(0)))["inputs"].device.type == "cpu"  # no device: the host's
+
+
+def test_on_device_for_a_task_that_builds_samples_one_by_one_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="builds its samples one by one") as error:
+        SectionLoader("training", ToyTask.create(size=10), on_device_section(), 3, where)
+    assert "cfg.yml:training.dataloader.on_device" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("dataloader", "message"),
+    [
+        ({"num_workers": 2}, "on_device gathers batches in the training process"),
+        ({"reservoir": {"size": 8}}, "on_device and reservoir cannot be combined"),
+    ],
+)
+def test_on_device_with_workers_is_refused_by_the_schema(
+    dataloader: dict[str, object], message: str
+) -> None:
+    from torchloom.config.schema import validate_sections
+
+    training = {"task": {}, "dataloader": {"batch_size": 4, "on_device": True, **dataloader}}
+    with pytest.raises(ConfigError, match=message):
+        validate_sections({"training": training}, where)

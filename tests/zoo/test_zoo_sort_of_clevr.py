@@ -11,6 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from held_batches import check_batches_held_on_devices
 from torchloom.cli.main import main
 from torchloom.data import sort_of_clevr_scenes as scenes
 from torchloom.data.sort_of_clevr_scenes import ANSWERS, COLOURS
@@ -151,6 +152,16 @@ def test_fetched_batches_equal_the_collated_samples(tmp_path: Path, normalize: b
     assert fetched["indices"].tolist() == [239, 0, 15, 15, 239, 101]
     with pytest.raises(IndexError, match="index 240 out of range"):
         clevr.fetch([0, 240])
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_a_split_held_on_a_device_gathers_its_batches_there(
+    tmp_path: Path, normalize: bool
+) -> None:
+    """`hold_on` (`dataloader.on_device`) gives the host's batches, gathered on the device."""
+    check_batches_held_on_devices(
+        lambda: task(tmp_path, normalize=normalize), [239, 0, 15, 15, -1, 101]
+    )
 
 
 def test_globals_and_bad_parameters(tmp_path: Path) -> None:

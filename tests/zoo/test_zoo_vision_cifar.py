@@ -18,6 +18,7 @@ import torch
 from pydantic import ValidationError
 
 from cifar_fixtures import PER_BATCH, TEST_SIZE, dump, images, write_cifar10
+from held_batches import check_batches_held_on_devices
 from torchloom.data import cifar_files
 from torchloom.data.atomic_files import FolderNotWritable
 from torchloom.data.sources import md5_of
@@ -235,22 +236,22 @@ def test_augmentation_is_reproducible_and_flip_one_flips(cifar10_folder: str) ->
     assert torch.equal(flipped[4]["inputs"], plain[4]["inputs"].flip(-1))
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [
-        {"normalize": False},  # uint8 kept: each batch converted when fetched
-        {},  # the task's normalisation, precomputed
-        {"normalize": False, "transforms": {"resize": [20, 20]}},
-        {  # random steps after the precomputed ones, normalisation and cutout among them
-            "transforms": {
-                "random_crop": {"size": [32, 32], "padding": 4},
-                "horizontal_flip": 0.5,
-                "cutout": 8,
-            }
-        },
-    ],
-    ids=["uint8", "normalized", "resized", "augmented"],
-)
+# Held as uint8 and converted when fetched; normalised and resized ahead; random steps after.
+FETCH_SETTINGS = {
+    "uint8": {"normalize": False},  # uint8 kept: each batch converted when fetched
+    "normalized": {},  # the task's normalisation, precomputed
+    "resized": {"normalize": False, "transforms": {"resize": [20, 20]}},
+    "augmented": {  # random steps after the precomputed ones, normalisation and cutout among them
+        "transforms": {
+            "random_crop": {"size": [32, 32], "padding": 4},
+            "horizontal_flip": 0.5,
+            "cutout": 8,
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("settings", list(FETCH_SETTINGS.values()), ids=list(FETCH_SETTINGS))
 def test_a_fetched_batch_is_the_samples_collated(
     cifar10_folder: str, settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -280,3 +281,14 @@ def test_a_fetched_batch_is_the_samples_collated(
     assert fetched["indices"].tolist() == [5, 0, TEST_SIZE - 1, 5, 2]
     with pytest.raises(IndexError, match="out of range"):
         task.fetch([0, TEST_SIZE])
+
+
+@pytest.mark.parametrize("settings", list(FETCH_SETTINGS.values()), ids=list(FETCH_SETTINGS))
+def test_a_task_held_on_a_device_gathers_its_batches_there(
+    cifar10_folder: str, settings: dict[str, Any]
+) -> None:
+    """`hold_on` (`dataloader.on_device`) gives the host's batches, gathered on the device."""
+    check_batches_held_on_devices(
+        lambda: CIFAR10.create(data_folder=cifar10_folder, split="test", **settings),
+        [5, 0, -1, 5, 2],
+    )

@@ -11,7 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from torchloom.errors import ComponentError, DataError
+from torchloom.config.schema import SectionConfig
+from torchloom.engine.loaders import SectionLoader
+from torchloom.errors import ComponentError, ConfigError, DataError
 from torchloom.zoo.tasks.image_folder import ImageFolder
 
 COUNTS = {"cat": 10, "dog": 10, "bird": 5}
@@ -124,3 +126,15 @@ def test_build_errors() -> None:
         ImageFolder.create(
             data_folder="/x", classes=["a"], validation_fraction=0.5, test_fraction=0.5
         )
+
+
+def test_images_read_from_files_cannot_be_gathered_on_a_device(folder: Path) -> None:
+    """`dataloader.on_device` needs a split held as a tensor: files read one by one are a
+    ConfigError naming the section's key, not a slow path taken in silence."""
+    task = create(folder)
+    assert not task.hold_on(torch.device("cpu"))
+    section = SectionConfig.model_validate({"task": {}, "dataloader": {"on_device": True}})
+    with pytest.raises(ConfigError, match=r"the task \(ImageFolder\) builds its samples") as error:
+        SectionLoader("training", task, section, 0, lambda *keys: "run.yml:" + ".".join(keys))
+    assert "run.yml:training.dataloader.on_device" in str(error.value)
+    assert "remove on_device" in str(error.value)

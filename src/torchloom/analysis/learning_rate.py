@@ -179,6 +179,7 @@ def lr_find(
         seed,
         loaded.where,
         pin_memory=run_device.type == "cuda",
+        device=run_device,
     )
     precision = Precision(training.precision, run_device)
     clipping = training.gradient_clipping

@@ -53,6 +53,12 @@ class DataLoaderConfig(_Strict):
     reservoir: ReservoirConfig | None = Field(
         None, description="training only: draw batches from an asynchronous reservoir"
     )
+    on_device: bool = Field(
+        False,
+        description="keep the task's data on the run's device and gather each batch there "
+        "(tasks that hold their split as tensors: MNIST, Fashion-MNIST, CIFAR, "
+        "Sort-of-CLEVR): no batch is built on the host or copied to a GPU in the loop",
+    )
 
     @model_validator(mode="after")
     def _reservoir_holds_a_batch(self) -> DataLoaderConfig:
@@ -60,6 +66,23 @@ class DataLoaderConfig(_Strict):
             raise ValueError(
                 f"reservoir.size {self.reservoir.size} is smaller than batch_size "
                 f"{self.batch_size}: the reservoir must hold a batch (a few is usual)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _on_device_reads_in_this_process(self) -> DataLoaderConfig:
+        # Batches gathered on a GPU cannot come from worker processes (CUDA does not cross
+        # a fork) nor from the reservoir's (they build samples on the host).
+        if self.on_device and self.num_workers:
+            raise ValueError(
+                f"on_device gathers batches in the training process, so num_workers "
+                f"{self.num_workers} would have nothing to do: set num_workers: 0 or "
+                "on_device: false"
+            )
+        if self.on_device and self.reservoir is not None:
+            raise ValueError(
+                "on_device and reservoir cannot be combined (the reservoir's workers build "
+                "samples on the host): remove one"
             )
         return self
 

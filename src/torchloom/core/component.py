@@ -341,6 +341,14 @@ class Task(Component, torch.utils.data.Dataset):
         per sample (the same batch, which a test of such a task should check)."""
         return self.collate([self[index] for index in indices])
 
+    def hold_on(self, device: torch.device) -> bool:
+        """Keep a copy of the tensors `fetch` gathers from on `device`, and gather its batches
+        there from now on (`dataloader.on_device`); samples read one at a time (`self[i]`)
+        stay on the host. False, and nothing changes, when the task cannot: it builds its
+        samples one by one (from files, from text). A task that gathers from tensors overrides
+        this and `fetch` together; its batches must stay the same wherever they are built."""
+        return False
+
     def texts(self, stream: str) -> Iterator[Any]:
         """Every sample's value of one output stream (default name), in sample order, for
         components that fit themselves to the training data (vocabularies). Text tasks

@@ -387,5 +387,7 @@ def build_search(
         )
     _, architecture = split_samplers(search)
     section = training.model_copy(update={"sampler": architecture})
-    data = SectionLoader("training", pipeline.tasks["training"], section, seed + 1, where)
+    data = SectionLoader(
+        "training", pipeline.tasks["training"], section, seed + 1, where, device=precision.device
+    )
     return ArchitectureSearch(search, pipeline, loss, precision, optimizer, data, where)

@@ -65,11 +65,14 @@ class SectionLoader:
         rank: int = 0,
         world: int = 1,
         reservoir: bool = False,
+        device: torch.device | None = None,
     ) -> None:
         """`rank`/`world`: this process's share of every global batch of `batch_size` (see
         RankShard); the config's batch size must divide among the processes. `reservoir`:
         draw from `dataloader.reservoir` when the config has one (a training run's loop;
-        passes that visit each sample once, such as `loom process`, read the task in order)."""
+        passes that visit each sample once, such as `loom process`, read the task in order).
+        `device`: where the batches go, and where `dataloader.on_device` holds the task's
+        data (the host when None)."""
         task.prepare()
         self.section = section
         self.task = task
@@ -98,6 +101,9 @@ class SectionLoader:
         self.shard = RankShard(self.sampler, batch, rank, world, self.config.drop_last)
         self.collate = RenamingCollate(task)
         self.pin_memory = pin_memory or self.config.pin_memory
+        if self.config.on_device:
+            self._hold_on(device or torch.device("cpu"), where)
+            self.pin_memory = False  # the batches are built where they are used
         self._loader: DataLoader[Any] | None = None
         self.reservoir: AsyncReservoir | None = None
         if self.config.reservoir is not None and section != "training":
@@ -109,6 +115,18 @@ class SectionLoader:
             )
         if reservoir and self.config.reservoir is not None:
             self.reservoir = self._reservoir(config, where)
+
+    def _hold_on(self, device: torch.device, where: Where) -> None:
+        """`dataloader.on_device`: the task keeps its data on `device` and gathers each batch
+        there (on the host too, so that a config means the same on every machine)."""
+        if not self.task.hold_on(device):
+            raise ConfigError.at(
+                where(self.section, "dataloader", "on_device"),
+                f"{self.section}.dataloader.on_device",
+                f"the task ({type(self.task).__name__}) builds its samples one by one, so "
+                "it cannot gather its batches on the device",
+                "remove on_device (pin_memory and num_workers speed up a host loader)",
+            )
 
     def _reservoir(self, config: SectionConfig, where: Where) -> AsyncReservoir:
         """`dataloader.reservoir` (training only, one process): its workers draw their

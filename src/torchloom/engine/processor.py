@@ -121,6 +121,7 @@ def process(
         0,
         loaded.where,
         pin_memory=torch_device.type == "cuda",
+        device=torch_device,
     )
     if run_dir is not None:
         folder = create_run_folder(run_dir, "process", section)

@@ -264,6 +264,7 @@ def _section_loader(
         rank=dist.rank,
         world=dist.world,
         reservoir=section == "training",
+        device=device,
     )
 
 

@@ -72,6 +72,7 @@ class ImageClassificationTask(Task):
         self._targets: list[int] = []
         self._target_tensor = torch.zeros(0, dtype=torch.int64)  # the same, for batches
         self._loaded = False
+        self._held: dict[str, torch.Tensor] = {}  # `hold_on`'s images and targets on a device
         self.publish_global("input_depth", depth)
         self.publish_global("input_height", self.transformer.height)
         self.publish_global("input_width", self.transformer.width)
@@ -164,17 +165,33 @@ class ImageClassificationTask(Task):
         if self._images is None:  # read from files, one by one
             return super().fetch(indices)
         positions = self.checked_positions(indices, len(self._targets))
-        images = self._images.index_select(0, positions)
+        host_targets = self._target_tensor[positions]
+        images, targets = self._images, host_targets
+        if self._held:  # the positions follow the data: a copy that does not wait for the GPU
+            positions = positions.to(self._held["images"].device, non_blocking=True)
+            images, targets = self._held["images"], self._held["targets"][positions]
+        images = images.index_select(0, positions)
         if images.dtype == torch.uint8:  # not precomputed: the same steps, on these images
             images = self.transformer.precompute(unit_floats(images))
         images = self.transformer.random_steps(images)
-        targets = self._target_tensor[positions]
         return {
             "indices": positions,
             "inputs": images,
             "targets": targets,
-            "labels": [self.class_names[target] for target in targets.tolist()],
+            # From the host's targets: reading a GPU's would wait for it at every batch.
+            "labels": [self.class_names[target] for target in host_targets.tolist()],
         }
+
+    def hold_on(self, device: torch.device) -> bool:
+        """The split's images and targets copied to `device` once, when held as a tensor."""
+        self.prepare()
+        if self._images is None:  # read from files, one by one
+            return False
+        self._held = {
+            "images": self._images.to(device),
+            "targets": self._target_tensor.to(device),
+        }
+        return True
 
 
 def unit_floats(images: torch.Tensor) -> torch.Tensor:

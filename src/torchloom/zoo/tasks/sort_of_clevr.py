@@ -72,6 +72,17 @@ class SortOfCLEVRParams(ComponentParams):
     )
 
 
+# The per-question arrays a batch gathers (answers, the colour asked about, the subtype).
+QUESTION_ARRAYS = ("colours", "subtypes", "answers")
+
+
+def scaled(images: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """uint8 pixels to floats, `pixel * scale + shift` ([0, 1], standardised with `normalize`).
+    Not addcmul: with uint8 input and broadcasting it is 15 times slower than a multiply then
+    an add."""
+    return images.float().mul_(scale).add_(shift)
+
+
 class SortOfCLEVR(Task):
     """Sort-of-CLEVR (Santoro et al. 2017, "A simple neural network module for relational
     reasoning"): images of six coloured squares and circles, each with non-relational and
@@ -132,6 +143,8 @@ class SortOfCLEVR(Task):
         self._arrays: dict[str, np.ndarray] | None = None
         self._images: torch.Tensor | None = None
         self._questions: dict[str, torch.Tensor] = {}
+        # `hold_on`'s copies on a device of what `fetch` gathers from and computes with.
+        self._held: dict[str, torch.Tensor] = {}
         # pixel * scale + shift: [0, 255] to [0, 1], standardised with `normalize`; one
         # multiply-add per sample, or per batch in `fetch`.
         mean = torch.tensor(PIXEL_MEAN if params.normalize else (0.0, 0.0, 0.0))
@@ -219,7 +232,7 @@ class SortOfCLEVR(Task):
         # Per sample (image-major, as the sample index): what samples and batches read.
         self._questions = {
             name: torch.from_numpy(arrays[name].reshape(-1).astype(np.int64))
-            for name in ("colours", "subtypes", "answers")
+            for name in QUESTION_ARRAYS
         }
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -239,12 +252,10 @@ class SortOfCLEVR(Task):
         self.prepare()
         assert self._images is not None
         index = self.checked_index(index, len(self))
-        colour, subtype, answer = (
-            int(self._questions[name][index]) for name in ("colours", "subtypes", "answers")
-        )
+        colour, subtype, answer = (int(self._questions[name][index]) for name in QUESTION_ARRAYS)
         return {
             "indices": index,
-            "images": self._scaled(self._images[index // self.per_image]),
+            "images": scaled(self._images[index // self.per_image], self._scale, self._shift),
             "questions": QUESTION_VECTORS[colour, subtype].clone(),
             "targets": answer,
             "question_types": subtype // 3,
@@ -253,11 +264,6 @@ class SortOfCLEVR(Task):
             "question_texts": QUESTION_TEXTS[subtype].format(COLOURS[colour]),
         }
 
-    def _scaled(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 pixels to floats (standardised with `normalize`). Not addcmul: with uint8
-        input and broadcasting it is 15 times slower than a multiply then an add."""
-        return images.float().mul_(self._scale).add_(self._shift)
-
     def fetch(self, indices: Sequence[int]) -> Batch:
         """The batch `collate` makes of these samples, gathered with a few tensor operations:
         the loaders' path, cheaper than building the samples one by one (see
@@ -265,24 +271,48 @@ class SortOfCLEVR(Task):
         self.prepare()
         assert self._images is not None
         positions = self.checked_positions(indices, len(self))
-        colours, subtypes, answers = (
-            self._questions[name][positions] for name in ("colours", "subtypes", "answers")
-        )
-        # index_select: ten times faster than advanced indexing for a uint8 gather.
-        images = self._images.index_select(0, positions // self.per_image)
-        return {
-            "indices": positions,
-            "images": self._scaled(images),
-            "questions": QUESTION_VECTORS[colours, subtypes],
-            "targets": answers,
-            "question_types": subtypes // 3,
-            "question_subtypes": subtypes,
+        # The words from the host's arrays: reading a GPU's would wait for it at every batch.
+        colours, subtypes, answers = (self._questions[name][positions] for name in QUESTION_ARRAYS)
+        texts = {
             "labels": [ANSWERS[answer] for answer in answers.tolist()],
             "question_texts": [
                 QUESTION_TEXTS[subtype].format(COLOURS[colour])
                 for colour, subtype in zip(colours.tolist(), subtypes.tolist(), strict=True)
             ],
         }
+        source = self._held or self._gathered_from()
+        if self._held:  # the positions follow the data: a copy that does not wait for the GPU
+            positions = positions.to(source["images"].device, non_blocking=True)
+            colours, subtypes, answers = (source[name][positions] for name in QUESTION_ARRAYS)
+        # index_select: ten times faster than advanced indexing for a uint8 gather.
+        images = source["images"].index_select(0, positions // self.per_image)
+        return {
+            "indices": positions,
+            "images": scaled(images, source["scale"], source["shift"]),
+            "questions": source["question_vectors"][colours, subtypes],
+            "targets": answers,
+            "question_types": subtypes // 3,
+            "question_subtypes": subtypes,
+            **texts,
+        }
+
+    def _gathered_from(self) -> dict[str, torch.Tensor]:
+        """What `fetch` gathers from and computes with: the images, the questions' arrays,
+        the one-hot question vectors and the pixels' scale and shift."""
+        assert self._images is not None
+        return {
+            "images": self._images,
+            **self._questions,
+            "question_vectors": QUESTION_VECTORS,
+            "scale": self._scale,
+            "shift": self._shift,
+        }
+
+    def hold_on(self, device: torch.device) -> bool:
+        """`_gathered_from`, copied to `device` once."""
+        self.prepare()
+        self._held = {name: tensor.to(device) for name, tensor in self._gathered_from().items()}
+        return True
 
     def collate(self, samples: list[Batch]) -> Batch:
         # The batch built directly: torch's default_collate costs as much as the samples.
