@@ -141,14 +141,17 @@ def test_two_workers_share_one_journal_and_stop_together_on_ctrl_c(
     process.send_signal(signal.SIGINT)  # the parent alone, as a terminal's Ctrl-C now is
     out, _ = process.communicate(timeout=120)
     assert process.returncode == 130, out
-    interrupted = [r for r in _rows(search_dir) if r["reason"].startswith("interrupted")]
-    assert interrupted, _rows(search_dir)  # each worker stopped its trial, queued it
+    stopped_rows = _rows(search_dir)
+    interrupted = [r for r in stopped_rows if r["reason"].startswith("interrupted")]
+    assert interrupted, stopped_rows  # each worker stopped its trial, queued it
     assert main(["search", "--resume", str(search_dir), "--workers", "2"]) == 0
     rows = _rows(search_dir)
     complete = [r for r in rows if r["state"] == "complete"]
     assert len(complete) == 4 and len({r["run_dir"] for r in complete}) == 4
     retried = {r["retry_of"] for r in rows if r["retry_of"]}
-    assert retried == {r["number"] for r in interrupted}  # each stopped trial ran again, once
+    # Each stopped trial ran again, once. (Failed once in 17 runs, under load, with a trial
+    # retried whose row did not say interrupted: both tables say which state it was left in.)
+    assert retried == {r["number"] for r in interrupted}, (stopped_rows, rows)
     pids = {t.user_attrs["pid"] for t in _study(search_dir).trials}
     assert len(pids) >= 2  # several processes ran trials of the one study
 

@@ -125,7 +125,7 @@ class SectionLoader:
                 f"{self.section}.dataloader.on_device",
                 f"the task ({type(self.task).__name__}) builds its samples one by one, so "
                 "it cannot gather its batches on the device",
-                "remove on_device (pin_memory and num_workers speed up a host loader)",
+                "remove on_device; pin_memory and num_workers speed up a host loader",
             )
 
     def _reservoir(self, config: SectionConfig, where: Where) -> AsyncReservoir:
