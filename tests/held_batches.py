@@ -39,7 +39,5 @@ def check_batches_held_on_devices(make_task: Callable[[], Task], indices: Sequen
                 continue
             assert batch[key].device.type == device, key
             assert (batch[key].dtype, batch[key].shape) == (value.dtype, value.shape), key
-            if device == "cpu":
-                assert torch.equal(batch[key], value), key
-            elif device == "cuda":  # a GPU's resize may round its sums in another order
-                assert torch.allclose(batch[key].cpu(), value, rtol=0, atol=1e-5), key
+            if device != "meta":
+                assert torch.equal(batch[key].cpu(), value), (device, key)

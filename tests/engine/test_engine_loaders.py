@@ -108,15 +108,15 @@ def test_a_reservoir_smaller_than_a_batch_is_refused_by_the_schema() -> None:
 
 
 class HoldingToyTask(FetchingToyTask):
-    """Gathers its batches from a copy of its tensors on the device it is held on."""
+    """Gathers its batches from the copy of its tensors held on a device, once held."""
 
-    def hold_on(self, device: torch.device) -> bool:
-        self.inputs, self.targets = self.inputs.to(device), self.targets.to(device)
-        return True
+    def tensors_to_hold(self) -> dict[str, torch.Tensor]:
+        return {"inputs": self.inputs, "targets": self.targets}
 
     def fetch(self, indices: Sequence[int]) -> Batch:
-        positions = torch.tensor(list(indices), device=self.inputs.device)
-        return {"inputs": self.inputs[positions], "targets": self.targets[positions]}
+        tensors = self.held or self.tensors_to_hold()
+        positions = self.positions_on(torch.tensor(list(indices)), tensors["inputs"].device)
+        return {"inputs": tensors["inputs"][positions], "targets": tensors["targets"][positions]}
 
 
 def on_device_section(**dataloader: object) -> SectionConfig:
@@ -139,17 +139,43 @@ def test_on_device_holds_the_task_on_the_runs_device_and_pins_nothing() -> None:
     assert next(iter(on_host.epoch(0)))["inputs"].device.type == "cpu"  # no device: the host's
 
 
+def test_a_task_held_again_on_its_device_keeps_its_copy() -> None:
+    """A second loader of the same task (architecture search's) holds no second copy."""
+    task = HoldingToyTask.create(size=10)
+    assert task.hold_on(torch.device("meta"))
+    copy = task.held["inputs"]
+    assert task.hold_on(torch.device("meta")) and task.held["inputs"] is copy
+    assert task.hold_on(torch.device("cpu")) and task.held["inputs"].device.type == "cpu"
+    assert not HoldingToyTask.create(size=10).held  # each task its own
+
+
 def test_on_device_for_a_task_that_builds_samples_one_by_one_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="builds its samples one by one") as error:
         SectionLoader("training", ToyTask.create(size=10), on_device_section(), 3, where)
     assert "cfg.yml:training.dataloader.on_device" in str(error.value)
 
 
+def test_data_too_large_for_the_device_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A split larger than the GPU's free memory: the key named, not CUDA's traceback."""
+
+    def out_of_memory(self: HoldingToyTask, device: torch.device) -> bool:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore")
+
+    monkeypatch.setattr(HoldingToyTask, "hold_on", out_of_memory)
+    task = HoldingToyTask.create(size=10)
+    with pytest.raises(ConfigError, match="does not fit in the memory of cuda") as error:
+        SectionLoader("training", task, on_device_section(), 3, where, device=torch.device("cuda"))
+    message = str(error.value)
+    assert "cfg.yml:training.dataloader.on_device" in message
+    assert "Tried to allocate 20.00 GiB" in message and "more" not in message
+
+
 @pytest.mark.parametrize(
     ("dataloader", "message"),
     [
-        ({"num_workers": 2}, "on_device gathers batches in the training process"),
+        ({"num_workers": 2}, "on_device gathers batches in this process"),
         ({"reservoir": {"size": 8}}, "on_device and reservoir cannot be combined"),
+        ({"pin_memory": True}, "on_device leaves nothing to pin"),
     ],
 )
 def test_on_device_with_workers_is_refused_by_the_schema(

@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from torchloom.api import Hook, RunView
-from torchloom.engine.checkpoint import load_checkpoint
+from torchloom.engine.checkpoint import load_checkpoint, set_deterministic
 from torchloom.engine.setup import prepare_training
 from torchloom.engine.state import StopSignals, TrainOptions
 from torchloom.engine.step import Diverged
+from torchloom.errors import ConfigError
 from toy_runs import StopAt, model_weights, only_run, summary, toy_config, train, write
 
 # toy_config: 40 training samples in batches of 8, i.e. 5 batches an epoch.
@@ -174,3 +175,28 @@ def test_the_tensorboard_writer_is_open_before_the_first_step(tmp_path: Path) ->
     prepared = prepare_training(write(tmp_path, toy_config(epochs=1)), (), options)
     prepared.run()  # type: ignore[union-attr]  # a fresh run
     assert spy.counts == [1] * 5  # 5 batches: the events file exists from the first on
+
+
+def test_deterministic_mode_sets_the_cublas_workspace_a_gpu_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`training.deterministic` on a GPU: torch refuses a deterministic matrix product on CUDA
+    unless CUBLAS_WORKSPACE_CONFIG is one of cuBLAS's two reproducible settings. Set-up sets
+    one when the environment has none, keeps a valid one, and names a wrong one on a machine
+    with CUDA instead of failing at the first step."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # so that the test's end restores it
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        set_deterministic(True)
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        set_deterministic(True)
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":0:0")
+        set_deterministic(True)  # no GPU: nothing reads it
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        with pytest.raises(ConfigError, match="the environment sets it to ':0:0'") as error:
+            set_deterministic(True)
+        assert "training.deterministic" in str(error.value)
+    finally:
+        set_deterministic(False)

@@ -72,17 +72,25 @@ class DataLoaderConfig(_Strict):
     @model_validator(mode="after")
     def _on_device_reads_in_this_process(self) -> DataLoaderConfig:
         # Batches gathered on a GPU cannot come from worker processes (CUDA does not cross
-        # a fork) nor from the reservoir's (they build samples on the host).
-        if self.on_device and self.num_workers:
+        # a fork) nor from the reservoir's (they build samples on the host), and are never
+        # in host memory to pin: each of these keys would be ignored, so each is refused.
+        if not self.on_device:
+            return self
+        if self.num_workers:
             raise ValueError(
-                f"on_device gathers batches in the training process, so num_workers "
+                f"on_device gathers batches in this process, so num_workers "
                 f"{self.num_workers} would have nothing to do: set num_workers: 0 or "
                 "on_device: false"
             )
-        if self.on_device and self.reservoir is not None:
+        if self.reservoir is not None:
             raise ValueError(
                 "on_device and reservoir cannot be combined (the reservoir's workers build "
                 "samples on the host): remove one"
+            )
+        if self.pin_memory:
+            raise ValueError(
+                "on_device leaves nothing to pin (no batch is in host memory): remove "
+                "pin_memory or on_device"
             )
         return self
 

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
@@ -341,13 +342,37 @@ class Task(Component, torch.utils.data.Dataset):
         per sample (the same batch, which a test of such a task should check)."""
         return self.collate([self[index] for index in indices])
 
+    # What `hold_on` copied to a device, by name: what `fetch` gathers from there when not
+    # empty. Read-only here; `hold_on` gives the task a dict of its own.
+    held: Mapping[str, torch.Tensor] = MappingProxyType({})
+
+    def tensors_to_hold(self) -> dict[str, torch.Tensor] | None:
+        """The host's tensors `fetch` gathers from and computes with, by name, which
+        `dataloader.on_device` copies to the run's device (`hold_on`); None, the default,
+        when the task builds its samples one by one (from files, from text)."""
+        return None
+
     def hold_on(self, device: torch.device) -> bool:
-        """Keep a copy of the tensors `fetch` gathers from on `device`, and gather its batches
-        there from now on (`dataloader.on_device`); samples read one at a time (`self[i]`)
-        stay on the host. False, and nothing changes, when the task cannot: it builds its
-        samples one by one (from files, from text). A task that gathers from tensors overrides
-        this and `fetch` together; its batches must stay the same wherever they are built."""
-        return False
+        """Copy `tensors_to_hold` to `device` once, so that `fetch` gathers its batches there
+        (`dataloader.on_device`); samples read one at a time (`self[i]`) stay on the host.
+        False, and nothing changes, when the task cannot. A task that overrides
+        `tensors_to_hold` reads `held` in its `fetch`, whose batches must stay the same
+        wherever they are built."""
+        tensors = self.tensors_to_hold()
+        if tensors is None:
+            return False
+        on = next(iter(self.held.values()), None)
+        if on is None or not _on_the_device(on, device):  # a second loader of the same task
+            self.held = {name: tensor.to(device) for name, tensor in tensors.items()}
+        return True
+
+    @staticmethod
+    def positions_on(positions: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """`checked_positions` copied to the device a held task gathers on: through pinned
+        memory to a GPU, since a copy from pageable memory may wait for the device's queue."""
+        if device.type == "cuda":
+            positions = positions.pin_memory()
+        return positions.to(device, non_blocking=True)
 
     def texts(self, stream: str) -> Iterator[Any]:
         """Every sample's value of one output stream (default name), in sample order, for
@@ -356,6 +381,14 @@ class Task(Component, torch.utils.data.Dataset):
         self.prepare()
         for index in range(len(self)):
             yield self[index][stream]
+
+
+def _on_the_device(tensor: torch.Tensor, device: torch.device) -> bool:
+    """Whether `tensor` lies on `device` (`cuda` without an index: the current GPU)."""
+    index = device.index
+    if index is None and device.type == "cuda":
+        index = torch.cuda.current_device()
+    return tensor.device.type == device.type and (index is None or tensor.device.index == index)
 
 
 # The bases themselves, and what each family must implement: what the workers call on it.

@@ -29,7 +29,7 @@ import torch
 
 from torchloom.data.atomic_files import atomic_file, sync_folder
 from torchloom.engine import sharded
-from torchloom.errors import DataError, StorageError
+from torchloom.errors import ConfigError, DataError, StorageError
 
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)  # format 1: before digests (still resumable)
@@ -229,7 +229,26 @@ def worker_init(worker_id: int) -> None:
     np.random.seed(seed)
 
 
+# The two cuBLAS workspace settings whose matrix products are reproducible on a GPU: torch
+# refuses a deterministic one on CUDA unless CUBLAS_WORKSPACE_CONFIG names one of them.
+DETERMINISTIC_CUBLAS_WORKSPACES = (":4096:8", ":16:8")
+
+
 def set_deterministic(enabled: bool) -> None:
+    """`training.deterministic`: deterministic algorithms only, cuDNN's included, and on a GPU
+    the cuBLAS workspace they need, set here when the environment does not set it. cuBLAS
+    reads it when the process makes its first matrix product on the GPU, which a run's
+    set-up, where this is called, comes before."""
+    if enabled:
+        workspace = os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        if workspace not in DETERMINISTIC_CUBLAS_WORKSPACES and torch.cuda.is_available():
+            raise ConfigError.at(
+                "environment",
+                "training.deterministic",
+                "needs CUBLAS_WORKSPACE_CONFIG to be :4096:8 or :16:8 for reproducible matrix "
+                f"products on a GPU, and the environment sets it to {workspace!r}",
+                "unset it (torchloom then sets :4096:8) or set it to :4096:8",
+            )
     torch.use_deterministic_algorithms(enabled, warn_only=False)
     torch.backends.cudnn.benchmark = not enabled
     torch.backends.cudnn.deterministic = enabled

@@ -71,8 +71,8 @@ class SectionLoader:
         RankShard); the config's batch size must divide among the processes. `reservoir`:
         draw from `dataloader.reservoir` when the config has one (a training run's loop;
         passes that visit each sample once, such as `loom process`, read the task in order).
-        `device`: where the batches go, and where `dataloader.on_device` holds the task's
-        data (the host when None)."""
+        `device`: the run's device, where `dataloader.on_device` holds the task's data (the
+        host when None)."""
         task.prepare()
         self.section = section
         self.task = task
@@ -119,9 +119,20 @@ class SectionLoader:
     def _hold_on(self, device: torch.device, where: Where) -> None:
         """`dataloader.on_device`: the task keeps its data on `device` and gathers each batch
         there (on the host too, so that a config means the same on every machine)."""
-        if not self.task.hold_on(device):
+        key = where(self.section, "dataloader", "on_device")
+        try:
+            held = self.task.hold_on(device)
+        except torch.OutOfMemoryError as error:
             raise ConfigError.at(
-                where(self.section, "dataloader", "on_device"),
+                key,
+                f"{self.section}.dataloader.on_device",
+                f"the task's data does not fit in the memory of {device} "
+                f"({str(error).splitlines()[0]})",
+                "remove on_device, or train on a smaller split (task.subset)",
+            ) from None
+        if not held:
+            raise ConfigError.at(
+                key,
                 f"{self.section}.dataloader.on_device",
                 f"the task ({type(self.task).__name__}) builds its samples one by one, so "
                 "it cannot gather its batches on the device",

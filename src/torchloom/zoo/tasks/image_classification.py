@@ -72,7 +72,6 @@ class ImageClassificationTask(Task):
         self._targets: list[int] = []
         self._target_tensor = torch.zeros(0, dtype=torch.int64)  # the same, for batches
         self._loaded = False
-        self._held: dict[str, torch.Tensor] = {}  # `hold_on`'s images and targets on a device
         self.publish_global("input_depth", depth)
         self.publish_global("input_height", self.transformer.height)
         self.publish_global("input_width", self.transformer.width)
@@ -166,13 +165,14 @@ class ImageClassificationTask(Task):
             return super().fetch(indices)
         positions = self.checked_positions(indices, len(self._targets))
         host_targets = self._target_tensor[positions]
-        images, targets = self._images, host_targets
-        if self._held:  # the positions follow the data: a copy that does not wait for the GPU
-            positions = positions.to(self._held["images"].device, non_blocking=True)
-            images, targets = self._held["images"], self._held["targets"][positions]
+        images, targets, divisor = self._images, host_targets, None
+        if self.held:  # `dataloader.on_device`: gathered where the data is held
+            positions = self.positions_on(positions, self.held["images"].device)
+            images, targets = self.held["images"], self.held["targets"][positions]
+            divisor = self.held["divisor"]
         images = images.index_select(0, positions)
         if images.dtype == torch.uint8:  # not precomputed: the same steps, on these images
-            images = self.transformer.precompute(unit_floats(images))
+            images = self.transformer.precompute(unit_floats(images, divisor))
         images = self.transformer.random_steps(images)
         return {
             "indices": positions,
@@ -182,19 +182,16 @@ class ImageClassificationTask(Task):
             "labels": [self.class_names[target] for target in host_targets.tolist()],
         }
 
-    def hold_on(self, device: torch.device) -> bool:
-        """The split's images and targets copied to `device` once, when held as a tensor."""
+    def tensors_to_hold(self) -> dict[str, torch.Tensor] | None:
+        """The split's images and targets, when held as a tensor, and 255 (see unit_floats)."""
         self.prepare()
         if self._images is None:  # read from files, one by one
-            return False
-        self._held = {
-            "images": self._images.to(device),
-            "targets": self._target_tensor.to(device),
-        }
-        return True
+            return None
+        divisor = torch.tensor(255.0)
+        return {"images": self._images, "targets": self._target_tensor, "divisor": divisor}
 
 
-def unit_floats(images: torch.Tensor) -> torch.Tensor:
+def unit_floats(images: torch.Tensor, divisor: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 pixels as float32 in [0, 1], divided by 255.
 
     Tasks convert before the transformer (which takes float images as converted, and then only
@@ -202,8 +199,12 @@ def unit_floats(images: torch.Tensor) -> torch.Tensor:
     instead: that differs in the last bit for 126 of the 256 values, and 255 times it is not
     always the pixel back. MNIST has always divided: its samples stay bit-identical to those
     of earlier versions.
+
+    `divisor`: 255 as a tensor on the images' device, for images on a GPU: there torch divides
+    by a Python number by multiplying by its reciprocal (the bit lost above), and by a tensor
+    on the device truly.
     """
-    return images.to(torch.float32).div_(255.0)
+    return images.to(torch.float32).div_(255.0 if divisor is None else divisor)
 
 
 class FixedSplitParams(ComponentParams):

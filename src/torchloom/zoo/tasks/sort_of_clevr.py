@@ -6,7 +6,7 @@ served as (image, question) samples.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -143,8 +143,6 @@ class SortOfCLEVR(Task):
         self._arrays: dict[str, np.ndarray] | None = None
         self._images: torch.Tensor | None = None
         self._questions: dict[str, torch.Tensor] = {}
-        # `hold_on`'s copies on a device of what `fetch` gathers from and computes with.
-        self._held: dict[str, torch.Tensor] = {}
         # pixel * scale + shift: [0, 255] to [0, 1], standardised with `normalize`; one
         # multiply-add per sample, or per batch in `fetch`.
         mean = torch.tensor(PIXEL_MEAN if params.normalize else (0.0, 0.0, 0.0))
@@ -280,10 +278,13 @@ class SortOfCLEVR(Task):
                 for colour, subtype in zip(colours.tolist(), subtypes.tolist(), strict=True)
             ],
         }
-        source = self._held or self._gathered_from()
-        if self._held:  # the positions follow the data: a copy that does not wait for the GPU
-            positions = positions.to(source["images"].device, non_blocking=True)
+        source: Mapping[str, torch.Tensor]
+        if self.held:  # `dataloader.on_device`: gathered where the data is held
+            source = self.held
+            positions = self.positions_on(positions, source["images"].device)
             colours, subtypes, answers = (source[name][positions] for name in QUESTION_ARRAYS)
+        else:
+            source = self.tensors_to_hold()
         # index_select: ten times faster than advanced indexing for a uint8 gather.
         images = source["images"].index_select(0, positions // self.per_image)
         return {
@@ -296,9 +297,10 @@ class SortOfCLEVR(Task):
             **texts,
         }
 
-    def _gathered_from(self) -> dict[str, torch.Tensor]:
+    def tensors_to_hold(self) -> dict[str, torch.Tensor]:
         """What `fetch` gathers from and computes with: the images, the questions' arrays,
         the one-hot question vectors and the pixels' scale and shift."""
+        self.prepare()
         assert self._images is not None
         return {
             "images": self._images,
@@ -307,12 +309,6 @@ class SortOfCLEVR(Task):
             "scale": self._scale,
             "shift": self._shift,
         }
-
-    def hold_on(self, device: torch.device) -> bool:
-        """`_gathered_from`, copied to `device` once."""
-        self.prepare()
-        self._held = {name: tensor.to(device) for name, tensor in self._gathered_from().items()}
-        return True
 
     def collate(self, samples: list[Batch]) -> Batch:
         # The batch built directly: torch's default_collate costs as much as the samples.
