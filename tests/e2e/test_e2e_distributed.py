@@ -512,32 +512,39 @@ def test_a_failure_on_another_rank_reaches_rank_0s_log(tmp_path: Path, user_erro
 
 
 def test_torchrun_runs_torchloom_as_a_module(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "torchloom",
-            "train",
-            str(toy_config(tmp_path, epochs=1)),
-            "--expdir",
-            str(tmp_path / "runs"),
-            "--quiet",
-        ],
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    run = only_run(tmp_path / "runs")
-    assert summary(run)["status"] == "epoch_limit"
-    assert "2 processes train" in (run / "run.log").read_text()
+    """Three times over: the workers' interpreter teardown, with gloo's threads still alive
+    after destroy_process_group, aborted one now and then (SIGABRT: "terminate called without
+    an active exception") after a finished run, in about one launch in four here; a worker
+    now ends with os._exit once everything is written (engine/distributed.py)."""
+    config = str(toy_config(tmp_path, epochs=1))
+    for attempt in range(3):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                "2",
+                "-m",
+                "torchloom",
+                "train",
+                config,
+                "--expdir",
+                str(tmp_path / f"runs{attempt}"),
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            env=ENV,
+            timeout=240,
+            check=False,
+        )
+        assert done.returncode == 0, (attempt, done.stderr[-2000:])
+        run = only_run(tmp_path / f"runs{attempt}")
+        assert summary(run)["status"] == "epoch_limit"
+        assert "2 processes train" in (run / "run.log").read_text()
+        assert "test accuracy" in done.stdout  # rank 0's report, written before it ended
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

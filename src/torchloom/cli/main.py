@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -75,6 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # multiprocessing's atexit callbacks ("Exception ignored in atexit callback"):
         # ignore it and let the interpreter finish.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        distributed = sys.modules.get("torchloom.engine.distributed")  # imported if it ran
+        if distributed is not None and distributed.joined_a_group():
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)  # see joined_a_group
     return status
 
 

@@ -85,6 +85,21 @@ def started_by_a_launcher() -> bool:
     )
 
 
+# Whether this process joined a process group (`join`): its exit must skip the interpreter's
+# teardown (`joined_a_group`, cli/main.py).
+_joined = False
+
+
+def joined_a_group() -> bool:
+    """Whether this process joined a process group. Such a process ends with os._exit once
+    everything is written: gloo's threads outlive destroy_process_group (torch still holds
+    the group from C++), and the interpreter's teardown then destroys them in an order that
+    now and then aborts the process ("terminate called without an active exception",
+    SIGABRT: a failed worker to torchrun, after a run that finished). torch's own launcher
+    ends its workers so too (multiprocessing's children end with os._exit)."""
+    return _joined
+
+
 def join(device: str | None) -> Distributed:
     """Join the process group of a launched worker (gloo on the CPU, NCCL on GPUs, one GPU
     per local process); the single-process context when not launched."""
@@ -96,6 +111,8 @@ def join(device: str | None) -> Distributed:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         backend = "nccl" if cuda else "gloo"
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        global _joined
+        _joined = True
         if attempt == 0:
             torch.distributed.init_process_group(backend)
         else:
