@@ -19,6 +19,11 @@ TESTS = Path(__file__).parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+# cuBLAS takes this setting at a process's first matrix product on a GPU. The suite's runs
+# share one process, so a deterministic run's set-up (set_deterministic, which sets it for a
+# `loom` process) may come after other tests' products on the GPU: set it before any.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
 
 @pytest.fixture
 def one_thread() -> Iterator[None]:
