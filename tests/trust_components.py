@@ -211,3 +211,12 @@ class DiesOnce(Component):
             if self.calls == self.params.at and first_attempt and mine:
                 os.kill(os.getpid(), signal.SIGKILL)
         return {}
+
+
+class PutsInPlace(ToyLinear):
+    """A ToyLinear whose forward also calls `put_`, which torch has no deterministic version
+    of on any device: a component that `training.deterministic` cannot run."""
+
+    def forward(self, inputs: Batch) -> Batch:
+        torch.zeros(3).put_(torch.tensor([1]), torch.tensor([2.0]))
+        return super().forward(inputs)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import torchloom
-from torchloom.engine.checkpoint import DIGEST_KEY, load_checkpoint
+from torchloom.engine.checkpoint import DIGEST_KEY, load_checkpoint, set_deterministic
 from torchloom.engine.run_folder import RunLock, run_liveness
 from torchloom.engine.state import Hook, RunView
 from torchloom.errors import ComponentError, ConfigError, DataError, StorageError, WeightsError
@@ -40,6 +40,28 @@ def test_a_component_bug_ends_the_run_as_failed_with_its_message(tmp_path: Path)
     assert ended["episodes"] == 2  # the step that failed did not count
     assert not run_liveness(run).alive  # the lock went with the run
     assert "failed: RuntimeError: boom at step 3" in (run / "run.log").read_text()
+
+
+def test_an_operation_without_a_deterministic_version_names_training_deterministic(
+    tmp_path: Path,
+) -> None:
+    """In deterministic mode torch refuses an operation it has no deterministic version of
+    (here `put_`; on a GPU, the backward pass of several layers): that is the config asking
+    for what the pipeline cannot do, a config error naming the key, not an internal bug."""
+    config = toy_config(deterministic=True)
+    config["pipeline"]["model"]["type"] = "trust_components:PutsInPlace"
+    try:
+        with pytest.raises(ConfigError, match=r"training\.deterministic") as error:
+            train(write(tmp_path, config), tmp_path / "runs")
+    finally:
+        set_deterministic(False)  # the run turned it on for this whole process
+    message = str(error.value)
+    assert "no deterministic version of put_" in message
+    assert "set training.deterministic: false" in message
+    run = only_run(tmp_path / "runs")
+    assert f"{run / 'config.yaml'}: training.deterministic" in message
+    ended = summary(run)
+    assert ended["status"] == "failed" and ended["reason"].startswith("config error:")
 
 
 def test_a_crash_in_a_hook_ends_the_run_as_failed(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torchloom.engine.checkpoint import seed_everything
+from torchloom.engine.checkpoint import nondeterministic_refusal, seed_everything
 from torchloom.engine.evaluation import (
     PassInterrupted,
     TrainingStatistics,
@@ -296,7 +296,8 @@ class TrainingLoop:
         setup = self.setup
         try:
             result, diverged = self._run()
-        except BaseException as error:
+        except BaseException as raised:
+            error = nondeterministic_refusal(raised, str(setup.run_dir / "config.yaml")) or raised
             status = Status.INTERRUPTED if isinstance(error, KeyboardInterrupt) else Status.FAILED
             reason = (
                 "stopped at once by a second signal; last.pt holds the last save"
@@ -310,6 +311,8 @@ class TrainingLoop:
                 setup.log.error("summary.json could not be written: %s", secondary)
             if isinstance(error, OSError) and not isinstance(error, LoomError):
                 raise StorageError.from_os(error.filename or setup.run_dir, error) from error
+            if error is not raised:
+                raise error from raised
             raise
         finally:
             self.close()
