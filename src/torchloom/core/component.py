@@ -361,8 +361,8 @@ class Task(Component, torch.utils.data.Dataset):
         tensors = self.tensors_to_hold()
         if tensors is None:
             return False
-        on = next(iter(self.held.values()), None)
-        if on is None or not _on_the_device(on, device):  # a second loader of the same task
+        already = next(iter(self.held.values()), None)
+        if already is None or not _on_the_device(already, device):  # else a second loader's
             self.held = {name: tensor.to(device) for name, tensor in tensors.items()}
         return True
 

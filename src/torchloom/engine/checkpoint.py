@@ -254,6 +254,10 @@ def set_deterministic(enabled: bool) -> None:
     torch.backends.cudnn.deterministic = enabled
 
 
+# How torch words its refusal of an operation in deterministic mode (torch/__init__.py).
+NO_DETERMINISTIC_VERSION = "does not have a deterministic implementation"
+
+
 def nondeterministic_refusal(error: BaseException, config_file: str) -> ConfigError | None:
     """torch's refusal, in deterministic mode, of an operation that has no deterministic
     version (on this device), as the config error it is: `training.deterministic` asks for
@@ -269,10 +273,6 @@ def nondeterministic_refusal(error: BaseException, config_file: str) -> ConfigEr
         "runs on this device",
         "set training.deterministic: false, or replace the component that uses it",
     )
-
-
-# How torch words that refusal (torch/__init__.py, use_deterministic_algorithms).
-NO_DETERMINISTIC_VERSION = "does not have a deterministic implementation"
 
 
 def capture_rng_state() -> dict[str, Any]:
