@@ -159,7 +159,7 @@ class ImageClassificationTask(Task):
         a batch of 256 built sample by sample cost a millisecond of Python (a quarter of a
         CUDA-graphed ResNet-18 step on 32x32 images; docs/benchmarks.md). Random transforms
         still run per sample, in the same order, so the batch is the same, random draws
-        included."""
+        included. Held on a device (`dataloader.on_device`), the batch is gathered there."""
         self.prepare()
         if self._images is None:  # read from files, one by one
             return super().fetch(indices)

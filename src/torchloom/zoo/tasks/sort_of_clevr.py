@@ -265,7 +265,8 @@ class SortOfCLEVR(Task):
     def fetch(self, indices: Sequence[int]) -> Batch:
         """The batch `collate` makes of these samples, gathered with a few tensor operations:
         the loaders' path, cheaper than building the samples one by one (see
-        benchmarks/input_pipeline.py)."""
+        benchmarks/input_pipeline.py); held on a device (`dataloader.on_device`), gathered
+        there."""
         self.prepare()
         assert self._images is not None
         positions = self.checked_positions(indices, len(self))
