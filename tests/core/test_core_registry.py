@@ -9,8 +9,14 @@ from pathlib import Path
 import pytest
 
 import toy_components
-from torchloom.core.component import Component, missing_methods
-from torchloom.core.registry import all_components, clear_cache, registered_names, resolve
+from torchloom.core.component import Component
+from torchloom.core.registry import (
+    all_components,
+    clear_cache,
+    missing_methods,
+    registered_names,
+    resolve,
+)
 from torchloom.errors import ComponentError
 
 

@@ -16,7 +16,6 @@ components (tokenizers, reshapers, viewers, ...).
 
 from __future__ import annotations
 
-import inspect
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -389,36 +388,3 @@ def _on_the_device(tensor: torch.Tensor, device: torch.device) -> bool:
     if index is None and device.type == "cuda":
         index = torch.cuda.current_device()
     return tensor.device.type == device.type and (index is None or tensor.device.index == index)
-
-
-# The bases themselves, and what each family must implement: what the workers call on it.
-FAMILY_BASES: tuple[type[Component], ...] = (Component, Model, Loss, Statistic, Task)
-REQUIRED_METHODS: dict[type[Component], tuple[str, ...]] = {
-    Task: ("__len__", "__getitem__", "output_specs"),
-    Statistic: ("update", "compute", "reset"),
-    Component: ("forward",),  # models, losses and plain components
-}
-
-
-def missing_methods(cls: type[Component]) -> str:
-    """Why `cls` cannot be built and run ('is an abstract base ...', 'does not implement
-    forward() ...'), or '' when it can. Checked when a config names it, so that a class that
-    would only fail at the first step (`Component.forward` raises NotImplementedError) is
-    refused by `loom check`."""
-    if cls in FAMILY_BASES:
-        what = "component" if cls is Component else cls.family
-        return f"is the base class of every {what}, not a component to build"
-    if inspect.isabstract(cls):
-        abstract = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
-        return f"is abstract: it leaves {abstract} unimplemented"
-    family = next(base for base in REQUIRED_METHODS if issubclass(cls, base))
-    bases = (*FAMILY_BASES, nn.Module, torch.utils.data.Dataset, object)
-    missing = [
-        name
-        for name in REQUIRED_METHODS[family]
-        if next(k for k in cls.__mro__ if name in vars(k)) in bases
-    ]
-    if not missing:
-        return ""
-    names = ", ".join(f"{name}()" for name in missing)
-    return f"does not implement {names}, which every {cls.family} needs"

@@ -16,6 +16,9 @@ from __future__ import annotations
 import importlib
 import inspect
 
+from torch import nn
+from torch.utils.data import Dataset
+
 from torchloom.core.catalog import (
     claims,
     clear_cache,
@@ -23,7 +26,7 @@ from torchloom.core.catalog import (
     registered_entry_points,
     registered_names,
 )
-from torchloom.core.component import Component, missing_methods
+from torchloom.core.component import Component, Loss, Model, Statistic, Task
 from torchloom.errors import ComponentError, Problem, did_you_mean
 
 __all__ = [
@@ -33,6 +36,39 @@ __all__ = [
     "registered_names",
     "resolve",
 ]
+
+
+# The bases themselves, and what each family must implement: what the workers call on it.
+FAMILY_BASES: tuple[type[Component], ...] = (Component, Model, Loss, Statistic, Task)
+REQUIRED_METHODS: dict[type[Component], tuple[str, ...]] = {
+    Task: ("__len__", "__getitem__", "output_specs"),
+    Statistic: ("update", "compute", "reset"),
+    Component: ("forward",),  # models, losses and plain components
+}
+
+
+def missing_methods(cls: type[Component]) -> str:
+    """Why `cls` cannot be built and run ('is an abstract base ...', 'does not implement
+    forward() ...'), or '' when it can. Checked when a config names it, so that a class that
+    would only fail at the first step (`Component.forward` raises NotImplementedError) is
+    refused by `loom check`."""
+    if cls in FAMILY_BASES:
+        what = "component" if cls is Component else cls.family
+        return f"is the base class of every {what}, not a component to build"
+    if inspect.isabstract(cls):
+        abstract = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        return f"is abstract: it leaves {abstract} unimplemented"
+    family = next(base for base in REQUIRED_METHODS if issubclass(cls, base))
+    bases = (*FAMILY_BASES, nn.Module, Dataset, object)
+    missing = [
+        name
+        for name in REQUIRED_METHODS[family]
+        if next(k for k in cls.__mro__ if name in vars(k)) in bases
+    ]
+    if not missing:
+        return ""
+    names = ", ".join(f"{name}()" for name in missing)
+    return f"does not implement {names}, which every {cls.family} needs"
 
 
 def _refuse(type_name: str, where: str, message: str, suggestion: str = "") -> ComponentError:

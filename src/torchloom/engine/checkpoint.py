@@ -254,27 +254,6 @@ def set_deterministic(enabled: bool) -> None:
     torch.backends.cudnn.deterministic = enabled
 
 
-# How torch words its refusal of an operation in deterministic mode (torch/__init__.py).
-NO_DETERMINISTIC_VERSION = "does not have a deterministic implementation"
-
-
-def nondeterministic_refusal(error: BaseException, config_file: str) -> ConfigError | None:
-    """torch's refusal, in deterministic mode, of an operation that has no deterministic
-    version (on this device), as the config error it is: `training.deterministic` asks for
-    what the pipeline cannot give. None for any other error."""
-    message = str(error)
-    if not isinstance(error, RuntimeError) or NO_DETERMINISTIC_VERSION not in message:
-        return None
-    operation = message.split()[0]
-    return ConfigError.at(
-        config_file,
-        "training.deterministic",
-        f"is true, and torch has no deterministic version of {operation}, which the pipeline "
-        "runs on this device",
-        "set training.deterministic: false, or replace the component that uses it",
-    )
-
-
 def capture_rng_state() -> dict[str, Any]:
     name, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
     version, internal, gauss = random.getstate()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchloom.data.atomic_files import write_text_atomic
-from torchloom.errors import ConfigError, LoomError
+from torchloom.errors import ConfigError, LoomError, StorageError
 from torchloom.run_names import folder_part, run_name_problem, run_tag_problem, shown
 
 __all__ = [
@@ -341,6 +341,31 @@ def failure_reason(error: BaseException) -> str:
         return error.format().splitlines()[0]
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+# How torch words its refusal of an operation in deterministic mode (torch/__init__.py).
+NO_DETERMINISTIC_VERSION = "does not have a deterministic implementation"
+
+
+def as_user_error(error: BaseException, run_dir: Path) -> BaseException:
+    """What ended a run, as the user error it is when it is one: a failed write (OSError) a
+    StorageError naming the path; torch's refusal, under `training.deterministic`, of an
+    operation it has no deterministic version of a ConfigError naming the key, since the
+    config asks for what the pipeline cannot give. Any other error as it is."""
+    if isinstance(error, LoomError):
+        return error
+    if isinstance(error, OSError):
+        return StorageError.from_os(error.filename or run_dir, error)
+    message = str(error)
+    if isinstance(error, RuntimeError) and NO_DETERMINISTIC_VERSION in message:
+        return ConfigError.at(
+            str(run_dir / "config.yaml"),
+            "training.deterministic",
+            f"is true, and torch has no deterministic version of {message.split()[0]}, which "
+            "the pipeline runs on this device",
+            "set training.deterministic: false, or replace the component that uses it",
+        )
+    return error
 
 
 def write_running(run_dir: Path, name: str) -> None:

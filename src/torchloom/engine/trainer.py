@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torchloom.engine.checkpoint import nondeterministic_refusal, seed_everything
+from torchloom.engine.checkpoint import seed_everything
 from torchloom.engine.evaluation import (
     PassInterrupted,
     TrainingStatistics,
@@ -35,6 +35,7 @@ from torchloom.engine.reporting import close_logger, format_statistics, progress
 from torchloom.engine.run_folder import (
     RunResult,
     Status,
+    as_user_error,
     failure_reason,
     read_started_by,
     write_running,
@@ -43,7 +44,6 @@ from torchloom.engine.run_folder import (
 from torchloom.engine.state import Progress, RunSetup, RunView
 from torchloom.engine.step import Diverged, batch_size_of, clip_gradients, running_eagerly
 from torchloom.engine.terminal import converged, limit_reached
-from torchloom.errors import LoomError, StorageError
 
 
 class TrainingLoop:
@@ -297,7 +297,7 @@ class TrainingLoop:
         try:
             result, diverged = self._run()
         except BaseException as raised:
-            error = nondeterministic_refusal(raised, str(setup.run_dir / "config.yaml")) or raised
+            error = as_user_error(raised, setup.run_dir)
             status = Status.INTERRUPTED if isinstance(error, KeyboardInterrupt) else Status.FAILED
             reason = (
                 "stopped at once by a second signal; last.pt holds the last save"
@@ -309,8 +309,6 @@ class TrainingLoop:
                 self.write_summary(status, reason, None)
             except Exception as secondary:  # a full disk: the first error is what matters
                 setup.log.error("summary.json could not be written: %s", secondary)
-            if isinstance(error, OSError) and not isinstance(error, LoomError):
-                raise StorageError.from_os(error.filename or setup.run_dir, error) from error
             if error is not raised:
                 raise error from raised
             raise
