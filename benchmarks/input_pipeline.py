@@ -10,6 +10,11 @@ step (docs/benchmarks.md). Last line prints the median time ratio.
 
     python benchmarks/input_pipeline.py [--rounds 5] [--batches 200] [--data ~/data/sort_of_clevr]
     python benchmarks/input_pipeline.py --task fashion-mnist [--data ~/data/fashion-mnist]
+    python benchmarks/input_pipeline.py --task fashion-mnist --augment   # CIFAR's recipe
+
+`--augment` (Fashion-MNIST) adds random steps, DARTS's CIFAR-10 recipe: a 32x32 crop after
+padding 4, a flip with probability 0.5 and a cutout of 16; both ways then draw from torch's
+generator, seeded alike before each.
 """
 
 from __future__ import annotations
@@ -30,16 +35,22 @@ from torchloom.zoo.tasks.sort_of_clevr import SortOfCLEVR
 # task: (what it is built from the data folder, default folder, default batch size)
 TASKS = {
     "sort-of-clevr": (
-        lambda folder: SortOfCLEVR.create(split="train", images=9800, data_folder=folder, seed=0),
+        lambda folder, **params: SortOfCLEVR.create(
+            split="train", images=9800, data_folder=folder, seed=0, **params
+        ),
         "~/data/sort_of_clevr",
         64,
     ),
     "fashion-mnist": (
-        lambda folder: FashionMNIST.create(split="train", data_folder=folder, resize=[32, 32]),
+        lambda folder, **params: FashionMNIST.create(
+            split="train", data_folder=folder, resize=[32, 32], **params
+        ),
         "~/data/fashion-mnist",
         256,
     ),
 }
+# Random steps of the CIFAR-10 recipe DARTS trains with (`--augment`).
+AUGMENT = {"random_crop": {"size": [32, 32], "padding": 4}, "horizontal_flip": 0.5, "cutout": 16}
 
 
 def loaders(task: Task, batch_size: int, seed: int) -> dict[str, DataLoader[Any]]:
@@ -86,17 +97,21 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=200)
     parser.add_argument("--batch-size", type=int, help="64 for Sort-of-CLEVR, 256 else")
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--augment", action="store_true", help="random steps (Fashion-MNIST)")
     args = parser.parse_args()
+    if args.augment and args.task != "fashion-mnist":
+        parser.error("--augment is for --task fashion-mnist")
     if args.threads:
         torch.set_num_threads(args.threads)
     build, folder, batch_size = TASKS[args.task]
-    task = build(args.data or folder)
+    task = build(args.data or folder, **({"transforms": AUGMENT} if args.augment else {}))
     task.prepare()  # loads (Sort-of-CLEVR: generates and caches) the split on first use
     batch_size = args.batch_size or batch_size
     times: dict[str, list[float]] = {}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         kept = {}
         for name, loader in loaders(task, batch_size, seed=round_).items():
+            torch.manual_seed(round_)  # the same random steps both ways
             seconds, kept[name] = timed(loader, args.batches)
             if round_:
                 times.setdefault(name, []).append(seconds)

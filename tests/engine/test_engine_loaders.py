@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torchloom.config.schema import SectionConfig
-from torchloom.core.component import Batch
+from torchloom.core.component import Batch, host_to_device
 from torchloom.engine.loaders import SectionLoader
 from torchloom.errors import ConfigError
 from toy_components import ToyTask
@@ -115,7 +115,7 @@ class HoldingToyTask(FetchingToyTask):
 
     def fetch(self, indices: Sequence[int]) -> Batch:
         tensors = self.held or self.tensors_to_hold()
-        positions = self.positions_on(torch.tensor(list(indices)), tensors["inputs"].device)
+        positions = host_to_device(torch.tensor(list(indices)), tensors["inputs"].device)
         return {"inputs": tensors["inputs"][positions], "targets": tensors["targets"][positions]}
 
 

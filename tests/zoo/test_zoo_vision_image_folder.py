@@ -138,3 +138,24 @@ def test_images_read_from_files_cannot_be_gathered_on_a_device(folder: Path) -> 
         SectionLoader("training", task, section, 0, lambda *keys: "run.yml:" + ".".join(keys))
     assert "run.yml:training.dataloader.on_device" in str(error.value)
     assert "remove on_device" in str(error.value)
+
+
+def test_a_fetched_batch_of_files_is_the_samples_collated(folder: Path) -> None:
+    """Images read from files are read one by one and transformed as one batch: the batch the
+    samples give, random draws included, and torch's generator left where they leave it."""
+    augment = {"random_crop": {"size": [4, 4], "padding": 1}, "horizontal_flip": 0.5}
+    task = create(
+        folder, transforms={**augment, "cutout": 2, "normalize": {"mean": [0.5], "std": [0.2]}}
+    )
+    indices = [3, 0, -1, 3, 7, 12]
+    torch.manual_seed(5)
+    by_sample = task.collate([task[i] for i in indices])
+    after_samples = torch.rand(3)
+    torch.manual_seed(5)
+    fetched = task.fetch(indices)
+    assert torch.equal(torch.rand(3), after_samples)
+    assert torch.equal(fetched["inputs"], by_sample["inputs"])
+    assert torch.equal(fetched["indices"], by_sample["indices"])
+    assert torch.equal(fetched["targets"], by_sample["targets"])
+    assert fetched["labels"] == by_sample["labels"]
+    assert fetched["indices"].tolist() == [3, 0, 24, 3, 7, 12]

@@ -66,6 +66,63 @@ def test_random_steps_are_reproducible_under_torch_s_seed(images: torch.Tensor) 
     assert not torch.equal(a, c)
 
 
+# (transforms, the bounds of each image's draws in order: crop top, crop left, flip, cutout)
+BATCHED = {
+    "crop, flip, normalise, cut": (
+        {"random_crop": {"size": [7, 6], "padding": 2}, "horizontal_flip": 0.5, "cutout": 3},
+        {"top": 6, "left": 7, "flip": 0, "row": 7, "column": 6},
+    ),
+    "columns only, always flipped": (
+        {"random_crop": {"size": [8, 5]}, "horizontal_flip": 1.0},
+        {"left": 4},
+    ),
+}
+
+
+@pytest.mark.parametrize("settings, bounds", list(BATCHED.values()), ids=list(BATCHED))
+def test_a_batch_s_random_steps_are_each_image_s_own(
+    settings: dict[str, object], bounds: dict[str, int]
+) -> None:
+    """Cropped, flipped, normalised and cut out as one batch, each image is what torchvision's
+    functional steps make of it alone with the numbers it drew: one row of torch.rand per
+    image, a value per draw in order, scaled to its bound (a flip: below its chance). A crop
+    that keeps a side whole draws nothing for it, and a flip of probability 1 nothing."""
+    from torchvision.transforms.v2 import functional as F
+
+    mean, std = [0.4, 0.5, 0.6], [0.2, 0.3, 0.25]
+    steps = transformer(normalization=Normalization(mean=mean, std=std), **settings)
+    images = torch.rand(40, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(3)
+    batch = steps.random_steps(images)
+    after = torch.rand(2)
+    torch.manual_seed(3)
+    drawn = torch.rand(len(images), len(bounds)).double()
+    assert torch.equal(torch.rand(2), after)  # those draws, no more
+    crop = settings["random_crop"]
+    assert isinstance(crop, dict)
+    flips = set()
+    for image, numbers, out in zip(images, drawn, batch, strict=True):
+        scaled = (numbers * torch.tensor(list(bounds.values()))).long().tolist()
+        at = dict(zip(bounds, scaled, strict=True))
+        expected = F.pad(image, [crop.get("padding", 0)])
+        expected = F.crop(expected, at.get("top", 0), at.get("left", 0), *crop["size"])
+        flip = (
+            settings["horizontal_flip"] == 1.0 or float(numbers[list(bounds).index("flip")]) < 0.5
+        )
+        flips.add(flip)
+        if flip:
+            expected = F.horizontal_flip(expected)
+        expected = F.normalize(expected, mean, std)
+        if "row" in at:  # a square of 3 centred on the drawn pixel, clipped at the borders
+            row, column = at["row"], at["column"]
+            expected[:, max(row - 1, 0) : row + 2, max(column - 1, 0) : column + 2] = 0
+        assert torch.equal(out, expected)
+    assert flips == ({True, False} if "flip" in bounds else {True})
+    # One image alone draws its own row: a batch is its samples, one after the other.
+    torch.manual_seed(3)
+    assert torch.equal(torch.stack([steps(image) for image in images]), batch)
+
+
 def test_padding_is_black_before_normalisation() -> None:
     normalization = Normalization(mean=[0.5], std=[0.25])
     steps = transformer(

@@ -365,14 +365,6 @@ class Task(Component, torch.utils.data.Dataset):
             self.held = {name: tensor.to(device) for name, tensor in tensors.items()}
         return True
 
-    @staticmethod
-    def positions_on(positions: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """`checked_positions` copied to the device a held task gathers on: through pinned
-        memory to a GPU, since a copy from pageable memory may wait for the device's queue."""
-        if device.type == "cuda":
-            positions = positions.pin_memory()
-        return positions.to(device, non_blocking=True)
-
     def texts(self, stream: str) -> Iterator[Any]:
         """Every sample's value of one output stream (default name), in sample order, for
         components that fit themselves to the training data (vocabularies). Text tasks
@@ -380,6 +372,15 @@ class Task(Component, torch.utils.data.Dataset):
         self.prepare()
         for index in range(len(self)):
             yield self[index][stream]
+
+
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor made for one batch (`checked_positions`, random draws) copied to the
+    device a held task gathers on: through pinned memory to a GPU, since a copy from pageable
+    memory waits for the device's queue, which the host should keep ahead of."""
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 def _on_the_device(tensor: torch.Tensor, device: torch.device) -> bool:

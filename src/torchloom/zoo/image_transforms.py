@@ -12,10 +12,11 @@ The steps always run in one order: pixels to floats in [0, 1] -> `resize` -> `ra
 `cutout`.
 The deterministic steps before the first random one are computed once when the data is
 loaded (when the result fits in memory and they do more than convert to floats), the others
-per sample. Random steps draw from
-torch's global generator, which the engine seeds (and DataLoader workers derive their seeds
-from), so augmented epochs are reproducible. Augmentation happens only where a config asks for
-it: put random steps in the training task, not in validation or test.
+on each batch, all its images at once. Random steps draw from torch's global generator, which
+the engine seeds (and DataLoader workers derive their seeds from), so augmented epochs are
+reproducible; each image draws its own numbers, the same whether it comes alone or in a
+batch. Augmentation happens only where a config asks for it: put random steps in the training
+task, not in validation or test.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Annotated, Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from torchloom.core.component import host_to_device
 from torchloom.errors import ComponentError, Problem
 
 Size2D = Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]
@@ -87,33 +89,21 @@ class ImageTransforms(_Strict):
     )
 
 
-class Cutout:
-    """Zeroes a `size` x `size` square centred on a random pixel of the image, clipped at
-    its borders (so near an edge less is cut), as the DARTS reference's `Cutout` does; its
-    centre is drawn from torch's global generator like the other random steps."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-
-    def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        height, width = image.shape[-2:]
-        y = int(torch.randint(height, ()))
-        x = int(torch.randint(width, ()))
-        half = self.size // 2
-        top, bottom = max(y - half, 0), min(y + self.size - half, height)
-        left, right = max(x - half, 0), min(x + self.size - half, width)
-        image = image.clone()
-        image[..., top:bottom, left:right] = 0
-        return image
-
-
 class ImageTransformer:
     """The transforms of one task for images of a known depth and size.
 
     `precompute(images)` takes the whole [count, depth, height, width] uint8 set and returns
-    what the task should keep; `__call__` takes one kept image and returns the sample. A kept
-    image that is still uint8 (the set was too large to precompute, or there was nothing but
-    the conversion to floats to precompute) runs every step.
+    what the task should keep; `__call__` takes one kept image and returns the sample, and
+    `random_steps` a batch of them. A kept image that is still uint8 (the set was too large to
+    precompute, or there was nothing but the conversion to floats to precompute) runs every
+    step.
+
+    The random steps draw each image's numbers in one row of `torch.rand` on the host, in
+    image order (`_draws`), and then crop, flip and cut the whole batch at once, on whatever
+    device it lies: a sample drawn alone and the same sample in a batch get the same numbers
+    (torch's generator gives rand(1, k) n times as it gives rand(n, k) once), so a batch is
+    its samples collated, on the host or on a GPU, where a step per image would be several
+    kernel launches each.
     """
 
     def __init__(
@@ -129,52 +119,78 @@ class ImageTransformer:
         # Size after the deterministic steps (what precompute keeps), then the output size.
         self.resized_height, self.resized_width = transforms.resize or (height, width)
         self.height, self.width = self.resized_height, self.resized_width
-        if transforms.random_crop is not None:
-            self.height, self.width = transforms.random_crop.size
+        crop = transforms.random_crop
+        if crop is not None:
+            self.height, self.width = crop.size
         self.normalization = normalization
+        self.random = crop is not None or transforms.horizontal_flip > 0 or bool(transforms.cutout)
         # With nothing but the conversion to floats before the random steps, keeping the set
         # as uint8 (4 times smaller) costs next to nothing per sample. Normalising joins the
-        # precomputed part when no step is random (see _compose).
-        random = (
-            transforms.random_crop is not None
-            or transforms.horizontal_flip > 0
-            or transforms.cutout is not None
-        )
+        # precomputed part when no step is random; else it runs after the crop and flip, so
+        # padded pixels are black as in the usual CIFAR recipe, and before the cutout.
         self._worth_precomputing = transforms.resize is not None or (
-            normalization is not None and not random
+            normalization is not None and not self.random
         )
-        self._steps: tuple[Any, Any] | None = None  # made on first use: see _compose
+        self._draws = self._numbers_drawn()
+        self._bounds = torch.tensor(list(self._draws.values()), dtype=torch.float64)
+        self._flip_column = list(self._draws).index("flip") if "flip" in self._draws else None
+        self._aranges: dict[tuple[torch.device, int], torch.Tensor] = {}
+        self._resize: Any = None  # made on first use: see _resized
+        self._standardisers: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def _compose(self) -> tuple[Any, Any]:
-        """(deterministic, random or None) torchvision pipelines. Made on first use, when
-        data is loaded: importing torchvision costs over a second (it imports torch._dynamo),
-        which `loom check` does not pay."""
-        if self._steps is not None:
-            return self._steps
-        from torchvision.transforms import v2
+    def _numbers_drawn(self) -> dict[str, int]:
+        """What each image draws, in order: a name and how many values it takes (a flip's
+        chance: 0). A crop draws no offset along a side it does not shorten, and a flip of
+        probability 1 draws nothing."""
+        transforms, draws = self.transforms, dict[str, int]()
+        crop = transforms.random_crop
+        if crop is not None:
+            spare_height = self.resized_height + 2 * crop.padding - crop.size[0]
+            spare_width = self.resized_width + 2 * crop.padding - crop.size[1]
+            if spare_height:
+                draws["top"] = spare_height + 1
+            if spare_width:
+                draws["left"] = spare_width + 1
+        if 0 < transforms.horizontal_flip < 1:
+            draws["flip"] = 0
+        if transforms.cutout:
+            draws["cutout_row"], draws["cutout_column"] = self.height, self.width
+        return draws
 
-        transforms, normalization = self.transforms, self.normalization
-        deterministic: list[Any] = [v2.ToDtype(torch.float32, scale=True)]
-        if transforms.resize is not None:
-            deterministic.append(v2.Resize(list(transforms.resize), antialias=True))
-        random: list[Any] = []
-        if transforms.random_crop is not None:
-            crop = transforms.random_crop
-            random.append(v2.RandomCrop(list(crop.size), padding=crop.padding or None))
-        if transforms.horizontal_flip > 0:
-            random.append(v2.RandomHorizontalFlip(transforms.horizontal_flip))
-        if normalization is not None:
-            # Normalise last, after any padding, so padded pixels are black as in the usual
-            # CIFAR recipe; with no random step it joins the precomputed part.
-            normalize = v2.Normalize(
-                _per_channel(normalization.mean, self.depth),
-                _per_channel(normalization.std, self.depth),
+    def _resized(self, images: torch.Tensor) -> torch.Tensor:
+        """`transforms.resize` (bilinear, antialiased), through torchvision, imported on first
+        use: importing it costs over a second (it imports torch._dynamo), which `loom check`
+        does not pay."""
+        if self.transforms.resize is None:
+            return images
+        if self._resize is None:
+            from torchvision.transforms import v2
+
+            self._resize = v2.Resize(list(self.transforms.resize), antialias=True)
+        return self._resize(images)
+
+    def _standardised(self, images: torch.Tensor) -> torch.Tensor:
+        """(pixel - mean) / std, as torchvision's Normalize computes it, with the mean and std
+        made once per device: built from the config's lists at every batch, they would be a
+        blocking copy to a GPU each time."""
+        if self.normalization is None:
+            return images
+        device = images.device
+        if device not in self._standardisers:
+            mean = _per_channel(self.normalization.mean, self.depth)
+            std = _per_channel(self.normalization.std, self.depth)
+            self._standardisers[device] = (
+                torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1).to(device),
+                torch.tensor(std, dtype=torch.float32).view(-1, 1, 1).to(device),
             )
-            (random if random or transforms.cutout else deterministic).append(normalize)
-        if transforms.cutout is not None:
-            random.append(Cutout(transforms.cutout))
-        self._steps = (v2.Compose(deterministic), v2.Compose(random) if random else None)
-        return self._steps
+        mean, std = self._standardisers[device]
+        return images.sub(mean).div_(std)
+
+    def _deterministic_steps(self, images: torch.Tensor) -> torch.Tensor:
+        if images.dtype == torch.uint8:  # tasks convert first (see unit_floats); tests may not
+            images = images.to(torch.float32).mul_(1 / 255)
+        images = self._resized(images)
+        return images if self.random else self._standardised(images)
 
     def precompute(self, images: torch.Tensor) -> torch.Tensor:
         """The deterministic steps on a whole uint8 set, unless the result would be too big or
@@ -183,25 +199,100 @@ class ImageTransformer:
         float_bytes = count * self.depth * self.resized_height * self.resized_width * 4
         if not self._worth_precomputing or float_bytes > PRECOMPUTE_LIMIT_BYTES:
             return images
-        deterministic, _ = self._compose()
-        return deterministic(images).contiguous()
+        return self._deterministic_steps(images).contiguous()
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
-        deterministic, random = self._compose()
         if image.dtype == torch.uint8:
-            image = deterministic(image)
-        if random is not None:
-            image = random(image)
-        return image
+            image = self._deterministic_steps(image.unsqueeze(0))[0]
+        return self.random_steps(image.unsqueeze(0))[0]
 
     def random_steps(self, images: torch.Tensor) -> torch.Tensor:
         """A batch [count, depth, height, width] of deterministically transformed images
-        through the random steps, each image drawing its own (torchvision's v2 transforms
-        would draw once for a whole batch), in order: the draws of `__call__` one by one."""
-        _, random = self._compose()
-        if random is None:
+        through the random steps, in order: crop, flip, normalisation, cutout. Each image
+        draws its own numbers (torchvision's v2 transforms would draw once for a batch)."""
+        if not self.random:
             return images
-        return torch.stack([random(image) for image in images])
+        drawn = self._draw(len(images), images.device)
+        transforms, count = self.transforms, len(images)
+        crop = transforms.random_crop
+        if crop is not None:
+            if crop.padding:
+                images = torch.nn.functional.pad(images, [crop.padding] * 4)  # black
+            images = self._cropped(images, drawn.get("top"), drawn.get("left"), crop.size)
+        if transforms.horizontal_flip == 1:
+            images = images.flip(-1)
+        elif "flip" in drawn:
+            flipped = drawn["flip"].bool().view(count, 1, 1, 1)
+            images = torch.where(flipped, images.flip(-1), images)
+        images = self._standardised(images)
+        if transforms.cutout:
+            images = self._cut_out(images, drawn["cutout_row"], drawn["cutout_column"])
+        return images
+
+    def _draw(self, count: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """Each image's numbers: one row of uniform [0, 1) floats from torch's global
+        generator (on the host, as every random step of torchloom), turned into integer
+        positions below each draw's bound, or a flip when below its chance; copied to
+        `device` at once."""
+        if not self._draws:
+            return {}
+        uniform = torch.rand(count, len(self._draws)).double()  # bounds are small: exact
+        positions = (uniform * self._bounds).long()  # below each bound, since uniform < 1
+        if self._flip_column is not None:
+            chance = self.transforms.horizontal_flip
+            positions[:, self._flip_column] = uniform[:, self._flip_column] < chance
+        positions = host_to_device(positions, device)
+        return {name: positions[:, index] for index, name in enumerate(self._draws)}
+
+    def _counting(self, length: int, device: torch.device) -> torch.Tensor:
+        """0, 1, ..., length - 1 on `device`, made once (on a GPU each is a kernel launch)."""
+        key = (device, length)
+        if key not in self._aranges:
+            self._aranges[key] = torch.arange(length, device=device)
+        return self._aranges[key]
+
+    def _cropped(
+        self,
+        images: torch.Tensor,
+        top: torch.Tensor | None,
+        left: torch.Tensor | None,
+        size: list[int],
+    ) -> torch.Tensor:
+        """Each image's window of `size` at its own top and left (None: 0, the side not
+        being shortened), gathered for the whole batch at once."""
+        count, depth, _, width = images.shape
+        height, cropped_width = size
+        if top is not None:
+            rows = top.view(count, 1, 1, 1) + self._counting(height, images.device).view(
+                1, 1, height, 1
+            )
+            images = images.gather(2, rows.expand(count, depth, height, width))
+        if left is not None:
+            columns = left.view(count, 1, 1, 1) + self._counting(cropped_width, images.device).view(
+                1, 1, 1, cropped_width
+            )
+            images = images.gather(3, columns.expand(count, depth, height, cropped_width))
+        return images
+
+    def _cut_out(
+        self, images: torch.Tensor, rows: torch.Tensor, columns: torch.Tensor
+    ) -> torch.Tensor:
+        """Cutout (DeVries & Taylor 2017) as the DARTS reference's: zeroes a square of side
+        `cutout` centred on each image's drawn pixel, clipped at its borders (so near an edge
+        less is cut)."""
+        count, _, height, width = images.shape
+        size = self.transforms.cutout
+        assert size is not None
+
+        def inside(centres: torch.Tensor, length: int) -> torch.Tensor:
+            first = (centres - size // 2).view(count, 1)
+            pixels = self._counting(length, images.device).view(1, length)
+            return (pixels >= first) & (pixels < first + size)
+
+        square = inside(rows, height).view(count, 1, height, 1) & inside(columns, width).view(
+            count, 1, 1, width
+        )
+        return images.masked_fill(square, 0.0)
 
 
 def _per_channel(values: Sequence[float], depth: int) -> list[float]:

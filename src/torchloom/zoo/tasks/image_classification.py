@@ -21,7 +21,13 @@ from typing import Any, ClassVar, Literal
 import torch
 from pydantic import Field, PositiveInt, field_validator
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams, Task
+from torchloom.core.component import (
+    Batch,
+    BuildContext,
+    ComponentParams,
+    Task,
+    host_to_device,
+)
 from torchloom.core.streams import StreamSpec
 from torchloom.errors import ComponentError, DataError, Problem
 from torchloom.zoo.image_transforms import (
@@ -157,20 +163,22 @@ class ImageClassificationTask(Task):
         """The batch `collate` makes of these samples, gathered with one tensor index when the
         split is held as a tensor: the loaders' path, run on the host between two steps, where
         a batch of 256 built sample by sample cost a millisecond of Python (a quarter of a
-        CUDA-graphed ResNet-18 step on 32x32 images; docs/benchmarks.md). Random transforms
-        still run per sample, in the same order, so the batch is the same, random draws
-        included. Held on a device (`dataloader.on_device`), the batch is gathered there."""
+        CUDA-graphed ResNet-18 step on 32x32 images; docs/benchmarks.md). Images read from
+        files are read one by one. The random transforms run on the whole batch, each image
+        with the numbers it draws alone, so the batch is the same, random draws included.
+        Held on a device (`dataloader.on_device`), the batch is gathered there."""
         self.prepare()
-        if self._images is None:  # read from files, one by one
-            return super().fetch(indices)
         positions = self.checked_positions(indices, len(self._targets))
         host_targets = self._target_tensor[positions]
-        images, targets, divisor = self._images, host_targets, None
-        if self.held:  # `dataloader.on_device`: gathered where the data is held
-            positions = self.positions_on(positions, self.held["images"].device)
-            images, targets = self.held["images"], self.held["targets"][positions]
-            divisor = self.held["divisor"]
-        images = images.index_select(0, positions)
+        targets, divisor = host_targets, None
+        if self._images is None:  # read from files, one by one
+            images = torch.stack([self._read_image(index) for index in positions.tolist()])
+        elif self.held:  # `dataloader.on_device`: gathered where the data is held
+            positions = host_to_device(positions, self.held["images"].device)
+            images = self.held["images"].index_select(0, positions)
+            targets, divisor = self.held["targets"][positions], self.held["divisor"]
+        else:
+            images = self._images.index_select(0, positions)
         if images.dtype == torch.uint8:  # not precomputed: the same steps, on these images
             images = self.transformer.precompute(unit_floats(images, divisor))
         images = self.transformer.random_steps(images)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from pydantic import Field, PositiveInt
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams, Task
+from torchloom.core.component import Batch, BuildContext, ComponentParams, Task, host_to_device
 from torchloom.core.streams import StreamSpec
 from torchloom.data.sort_of_clevr_scenes import (
     ANSWERS,
@@ -282,7 +282,7 @@ class SortOfCLEVR(Task):
         source: Mapping[str, torch.Tensor]
         if self.held:  # `dataloader.on_device`: gathered where the data is held
             source = self.held
-            positions = self.positions_on(positions, source["images"].device)
+            positions = host_to_device(positions, source["images"].device)
             colours, subtypes, answers = (source[name][positions] for name in QUESTION_ARRAYS)
         else:
             source = self.tensors_to_hold()
