@@ -26,6 +26,9 @@ from torchloom.analysis.build import build_hooks
 from torchloom.config.loading import ConfigSource
 from torchloom.engine.assemble import load_and_validate as load_and_validate
 from torchloom.engine.assemble import pipeline_name as pipeline_name
+from torchloom.engine.checkpoint import (
+    reproducible_cublas_workspace as reproducible_cublas_workspace,
+)
 from torchloom.engine.code_first import CodeFirstTrainer
 from torchloom.engine.processor import ProcessResult
 from torchloom.engine.processor import process as _process
@@ -131,6 +134,8 @@ def export(run_dir: str | os.PathLike[str], format: str = "onnx", **options: Any
 #   prepare_training(config, overrides, options)   a run set up as `loom train` sets it up
 #   TrainOptions, Hook, RunView, RunResult         its options, hooks, live view and result
 #   failure_reason(error)                          one line for why a run failed
+#   reproducible_cublas_workspace()                before a process's first training: a later
+#                                                  deterministic one is reproducible on a GPU
 #   load_and_validate(config), pipeline_name(...)  a config read and checked; its run name
 #   create_run_folder(parent, name)                a dated run folder
 #   check_training(config, overrides)              what `loom train` checks before any data

@@ -3,6 +3,7 @@ builder whose `hp.float` / `hp.int` / `hp.choice` calls are the space."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,28 @@ def test_a_builder_that_returns_no_config_is_told_what_to_return(tmp_path: Path)
     with pytest.raises(ConfigError, match="returned Linear, not a config") as refused:
         torchloom.search(build, trials=1, expdir=str(tmp_path / "runs"))
     assert "type: my_module:MyModel" in refused.value.format()
+
+
+def test_a_search_worker_sets_the_cublas_workspace_before_its_first_trial(
+    tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cuBLAS reads CUBLAS_WORKSPACE_CONFIG at a process's first GPU matrix product, and a
+    search worker runs every trial in one process: one whose space turns
+    training.deterministic on after other trials ran would get it too late. The worker sets
+    it before the first trial (when the environment has none)."""
+    import torchloom.search.worker as worker
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # so that the test's end restores it
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    seen = []
+    run_trial = worker.run_trial
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        seen.append(os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
+        return run_trial(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "run_trial", observed)
+    space = {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}}
+    config = tiny_config(tmp_path, mnist_folder)
+    torchloom.search(config, space=space, trials=1, expdir=str(tmp_path / "runs"))
+    assert seen == [":4096:8"]

@@ -234,13 +234,19 @@ def worker_init(worker_id: int) -> None:
 DETERMINISTIC_CUBLAS_WORKSPACES = (":4096:8", ":16:8")
 
 
+def reproducible_cublas_workspace() -> str:
+    """CUBLAS_WORKSPACE_CONFIG, set to :4096:8 when the environment does not set it. cuBLAS
+    reads it once, when the process makes its first matrix product on a GPU: a run's set-up
+    comes before that, and a process that runs many trainings (a search worker) calls this
+    before its first, in case a later one is deterministic."""
+    return os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS_WORKSPACES[0])
+
+
 def set_deterministic(enabled: bool) -> None:
     """`training.deterministic`: deterministic algorithms only, cuDNN's included, and on a GPU
-    the cuBLAS workspace they need, set here when the environment does not set it. cuBLAS
-    reads it when the process makes its first matrix product on the GPU, which a run's
-    set-up, where this is called, comes before."""
+    the cuBLAS workspace they need (`reproducible_cublas_workspace`)."""
     if enabled:
-        workspace = os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        workspace = reproducible_cublas_workspace()
         if workspace not in DETERMINISTIC_CUBLAS_WORKSPACES and torch.cuda.is_available():
             raise ConfigError.at(
                 "environment",

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchloom.api import TrainOptions, failure_reason
+from torchloom.api import TrainOptions, failure_reason, reproducible_cublas_workspace
 from torchloom.config import load_config
 from torchloom.errors import LoomError
 from torchloom.search.checking import read_space, trial_overrides
@@ -90,6 +90,8 @@ def work(
     whether the `loom search` that started this worker is gone (then it stops)."""
     from optuna.storages._heartbeat import get_heartbeat_thread
 
+    # Trials share this process: one may turn training.deterministic on after others ran.
+    reproducible_cublas_workspace()
     space, epochs = None, None
     if propose is None:
         propose, space, epochs = yaml_proposer(search_dir, record)
