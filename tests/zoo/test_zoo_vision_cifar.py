@@ -23,6 +23,7 @@ from torchloom.data import cifar_files
 from torchloom.data.atomic_files import FolderNotWritable
 from torchloom.data.sources import md5_of
 from torchloom.errors import ComponentError, DataError
+from torchloom.zoo import image_transforms
 from torchloom.zoo.tasks.cifar import (
     CIFAR10,
     CIFAR100,
@@ -281,6 +282,25 @@ def test_a_fetched_batch_is_the_samples_collated(
     assert fetched["indices"].tolist() == [5, 0, TEST_SIZE - 1, 5, 2]
     with pytest.raises(IndexError, match="out of range"):
         task.fetch([0, TEST_SIZE])
+
+
+@pytest.mark.parametrize("transforms", [{}, {"resize": [20, 20], "horizontal_flip": 0.5}])
+def test_a_set_kept_as_uint8_gets_the_deterministic_steps_in_every_batch(
+    cifar10_folder: str, transforms: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A set too large to keep as floats is kept as uint8, and each batch (or sample) is then
+    resized and normalised on its own, however large: the size limit is the whole set's."""
+    torch.manual_seed(0)
+    floats = CIFAR10.create(data_folder=cifar10_folder, split="test", transforms=transforms)
+    expected = floats.fetch(range(TEST_SIZE))["inputs"]
+    monkeypatch.setattr(image_transforms, "PRECOMPUTE_LIMIT_BYTES", 0)
+    kept = CIFAR10.create(data_folder=cifar10_folder, split="test", transforms=transforms)
+    kept.prepare()
+    assert kept._images is not None and kept._images.dtype == torch.uint8
+    torch.manual_seed(0)
+    assert torch.allclose(kept.fetch(range(TEST_SIZE))["inputs"], expected, atol=1e-6)
+    if not transforms:  # no draws: one sample alone is the batch's
+        assert torch.equal(kept[3]["inputs"], expected[3])
 
 
 @pytest.mark.parametrize("settings", list(FETCH_SETTINGS.values()), ids=list(FETCH_SETTINGS))

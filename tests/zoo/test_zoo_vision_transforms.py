@@ -4,6 +4,7 @@ precomputed and the per-sample paths agreeing, and the build errors."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pydantic
 import pytest
@@ -76,12 +77,13 @@ BATCHED = {
         {"random_crop": {"size": [8, 5]}, "horizontal_flip": 1.0},
         {"left": 4},
     ),
+    "an even cutout alone": ({"cutout": 4}, {"row": 8, "column": 8}),
 }
 
 
 @pytest.mark.parametrize("settings, bounds", list(BATCHED.values()), ids=list(BATCHED))
 def test_a_batch_s_random_steps_are_each_image_s_own(
-    settings: dict[str, object], bounds: dict[str, int]
+    settings: dict[str, Any], bounds: dict[str, int]
 ) -> None:
     """Cropped, flipped, normalised and cut out as one batch, each image is what torchvision's
     functional steps make of it alone with the numbers it drew: one row of torch.rand per
@@ -98,29 +100,43 @@ def test_a_batch_s_random_steps_are_each_image_s_own(
     torch.manual_seed(3)
     drawn = torch.rand(len(images), len(bounds)).double()
     assert torch.equal(torch.rand(2), after)  # those draws, no more
-    crop = settings["random_crop"]
-    assert isinstance(crop, dict)
+    crop, chance, side = (settings.get(key) for key in ("random_crop", "horizontal_flip", "cutout"))
     flips = set()
     for image, numbers, out in zip(images, drawn, batch, strict=True):
         scaled = (numbers * torch.tensor(list(bounds.values()))).long().tolist()
         at = dict(zip(bounds, scaled, strict=True))
-        expected = F.pad(image, [crop.get("padding", 0)])
-        expected = F.crop(expected, at.get("top", 0), at.get("left", 0), *crop["size"])
-        flip = (
-            settings["horizontal_flip"] == 1.0 or float(numbers[list(bounds).index("flip")]) < 0.5
+        expected = image
+        if crop is not None:
+            expected = F.pad(expected, [crop.get("padding", 0)])
+            expected = F.crop(expected, at.get("top", 0), at.get("left", 0), *crop["size"])
+        flip = chance == 1.0 or (
+            "flip" in at and float(numbers[list(bounds).index("flip")]) < chance
         )
         flips.add(flip)
         if flip:
             expected = F.horizontal_flip(expected)
         expected = F.normalize(expected, mean, std)
-        if "row" in at:  # a square of 3 centred on the drawn pixel, clipped at the borders
-            row, column = at["row"], at["column"]
-            expected[:, max(row - 1, 0) : row + 2, max(column - 1, 0) : column + 2] = 0
+        if side is not None:  # a square centred on the drawn pixel, clipped at the borders
+            top, left = at["row"] - side // 2, at["column"] - side // 2
+            expected[:, max(top, 0) : top + side, max(left, 0) : left + side] = 0
         assert torch.equal(out, expected)
-    assert flips == ({True, False} if "flip" in bounds else {True})
+    assert flips == ({True, False} if "flip" in bounds else {chance == 1.0})
     # One image alone draws its own row: a batch is its samples, one after the other.
     torch.manual_seed(3)
     assert torch.equal(torch.stack([steps(image) for image in images]), batch)
+
+
+def test_steps_first_taken_in_an_evaluation_pass_serve_training_too() -> None:
+    """What the steps make once per device (the mean and std, position ranges) is made the
+    first time they run, which may be under torch.inference_mode (validation): such tensors
+    could not be saved for a backward pass later."""
+    steps = transformer(
+        normalization=Normalization(mean=[0.5], std=[0.25]), random_crop={"size": [6, 6]}
+    )
+    images = torch.rand(4, 3, 8, 8)
+    with torch.inference_mode():
+        steps.random_steps(images)
+    steps.random_steps(images.clone().requires_grad_()).sum().backward()
 
 
 def test_padding_is_black_before_normalisation() -> None:

@@ -179,31 +179,35 @@ class ImageTransformer:
         if device not in self._standardisers:
             mean = _per_channel(self.normalization.mean, self.depth)
             std = _per_channel(self.normalization.std, self.depth)
-            self._standardisers[device] = (
-                torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1).to(device),
-                torch.tensor(std, dtype=torch.float32).view(-1, 1, 1).to(device),
-            )
+            with torch.inference_mode(False):  # made in an evaluation pass, used in training
+                self._standardisers[device] = (
+                    torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1).to(device),
+                    torch.tensor(std, dtype=torch.float32).view(-1, 1, 1).to(device),
+                )
         mean, std = self._standardisers[device]
         return images.sub(mean).div_(std)
 
-    def _deterministic_steps(self, images: torch.Tensor) -> torch.Tensor:
+    def deterministic_steps(self, images: torch.Tensor) -> torch.Tensor:
+        """The steps before the random ones (resize; normalisation when no step is random)
+        on a batch of any size: what `precompute` keeps for a set it did not keep."""
         if images.dtype == torch.uint8:  # tasks convert first (see unit_floats); tests may not
             images = images.to(torch.float32).mul_(1 / 255)
         images = self._resized(images)
         return images if self.random else self._standardised(images)
 
     def precompute(self, images: torch.Tensor) -> torch.Tensor:
-        """The deterministic steps on a whole uint8 set, unless the result would be too big or
-        they only convert to floats."""
+        """The deterministic steps on a whole set, unless the result would be too big or they
+        only convert to floats: then the set is given back, and each batch of it goes through
+        `deterministic_steps`."""
         count = images.shape[0]
         float_bytes = count * self.depth * self.resized_height * self.resized_width * 4
         if not self._worth_precomputing or float_bytes > PRECOMPUTE_LIMIT_BYTES:
             return images
-        return self._deterministic_steps(images).contiguous()
+        return self.deterministic_steps(images).contiguous()
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:
         if image.dtype == torch.uint8:
-            image = self._deterministic_steps(image.unsqueeze(0))[0]
+            image = self.deterministic_steps(image.unsqueeze(0))[0]
         return self.random_steps(image.unsqueeze(0))[0]
 
     def random_steps(self, images: torch.Tensor) -> torch.Tensor:
@@ -248,7 +252,8 @@ class ImageTransformer:
         """0, 1, ..., length - 1 on `device`, made once (on a GPU each is a kernel launch)."""
         key = (device, length)
         if key not in self._aranges:
-            self._aranges[key] = torch.arange(length, device=device)
+            with torch.inference_mode(False):  # made in an evaluation pass, used in training
+                self._aranges[key] = torch.arange(length, device=device)
         return self._aranges[key]
 
     def _cropped(

@@ -149,7 +149,7 @@ class ImageClassificationTask(Task):
         index = self.checked_index(index, len(self._targets))
         image = self._images[index] if self._images is not None else self._read_image(index)
         if image.dtype == torch.uint8:  # not precomputed: the same steps, on this image alone
-            image = self.transformer.precompute(unit_floats(image).unsqueeze(0))[0]
+            image = self.transformer.deterministic_steps(unit_floats(image).unsqueeze(0))[0]
         target = self._targets[index]
         sample: dict[str, Any] = {
             "indices": index,
@@ -180,7 +180,7 @@ class ImageClassificationTask(Task):
         else:
             images = self._images.index_select(0, positions)
         if images.dtype == torch.uint8:  # not precomputed: the same steps, on these images
-            images = self.transformer.precompute(unit_floats(images, divisor))
+            images = self.transformer.deterministic_steps(unit_floats(images, divisor))
         images = self.transformer.random_steps(images)
         return {
             "indices": positions,
