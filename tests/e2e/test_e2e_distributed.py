@@ -268,34 +268,24 @@ def test_an_elastic_restart_after_a_worker_dies_resumes_from_last_pt(
 
 
 def test_two_nodes_on_one_machine_write_one_run_folder(tmp_path: Path) -> None:
+    """Node 1 started before node 0 waits for node 0's rendezvous, quietly (torch's store
+    client would print a C++ stack trace at every try), and both train one run."""
     config, expdir = str(toy_config(tmp_path, epochs=1)), str(tmp_path / "runs")
     endpoint = f"127.0.0.1:{free_port()}"
-    nodes = [
-        subprocess.Popen(
-            [
-                *LOOM,
-                "train",
-                config,
-                "--expdir",
-                expdir,
-                "--quiet",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(rank),
-                "--rdzv-endpoint",
-                endpoint,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=ENV,
+    nodes = []
+    for rank in (1, 0):
+        flags = ["--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", endpoint]
+        command = [*LOOM, "train", config, "--expdir", expdir, "--quiet", *flags]
+        nodes.append(
+            subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
+            )
         )
-        for rank in range(2)
-    ]
+        time.sleep(3.0)  # node 1 tries a closed port meanwhile
     outputs = [node.communicate(timeout=240) for node in nodes]
     assert [node.returncode for node in nodes] == [0, 0], [err for _, err in outputs]
     assert any("status: epoch_limit" in out for out, _ in outputs)
+    assert not any("frame #" in err or "Traceback" in err for _, err in outputs), outputs
     run = only_run(tmp_path / "runs")
     assert summary(run)["status"] == "epoch_limit"
 
@@ -408,6 +398,7 @@ def test_a_rendezvous_no_other_machine_joins_ends_at_its_timeout(tmp_path: Path)
     assert lonely.returncode == 2, lonely.stderr[-2000:]
     assert "node 0's rendezvous did not answer within --rdzv-timeout 3 s" in lonely.stderr
     assert "Traceback" not in done.stderr + lonely.stderr
+    assert "frame #" not in done.stderr + lonely.stderr  # torch's C++ stack traces
     assert not (tmp_path / "runs").exists()
 
 

@@ -225,6 +225,8 @@ def launch(
     endpoint = options.rdzv_endpoint or f"127.0.0.1:{free_port()}"
     if options.node_rank == 0:
         _check_port_free(endpoint)
+    else:
+        _wait_for_node_0(endpoint, options.rdzv_timeout)
     # The agent logs every worker's exit with a traceback; what failed is said by the caller
     # (a user error in a worker's own words, an internal one through WorkerFailed).
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
@@ -278,14 +280,7 @@ def launch(
             "every machine (each its own --node-rank), or raise --rdzv-timeout",
         ) from error
     if isinstance(error, Exception) and options.node_rank != 0:
-        raise LaunchFailed.at(
-            "command line",
-            f"--rdzv-endpoint {endpoint}",
-            f"node 0's rendezvous did not answer within --rdzv-timeout {options.rdzv_timeout} "
-            f"s: {_first_line(error)}",
-            "start node 0 (--node-rank 0) with the same --rdzv-endpoint, and check that this "
-            "machine reaches that address and port",
-        ) from error
+        raise _node_0_silent(endpoint, options.rdzv_timeout, _first_line(error)) from error
     if isinstance(error, Exception):  # the rendezvous could not form (a port in use, ...)
         raise LaunchFailed.at(
             "command line",
@@ -356,6 +351,31 @@ def _passed_on(handoff: Handoff) -> Iterator[_PassedOn]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def _wait_for_node_0(endpoint: str, timeout: int) -> None:
+    """Wait until node 0's rendezvous takes a connection, for at most `timeout` seconds.
+    torch's store client would wait too, but prints a C++ stack trace at every failed try."""
+    host, _, port = endpoint.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1.0).close()
+            return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise _node_0_silent(endpoint, timeout, error.strerror or str(error)) from None
+        time.sleep(0.5)
+
+
+def _node_0_silent(endpoint: str, timeout: int, reason: str) -> LaunchFailed:
+    return LaunchFailed.at(
+        "command line",
+        f"--rdzv-endpoint {endpoint}",
+        f"node 0's rendezvous did not answer within --rdzv-timeout {timeout} s: {reason}",
+        "start node 0 (--node-rank 0) with the same --rdzv-endpoint, and check that this "
+        "machine reaches that address and port",
+    )
 
 
 def _check_port_free(endpoint: str) -> None:
