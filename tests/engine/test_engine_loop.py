@@ -16,7 +16,12 @@ import pytest
 import torch
 
 from torchloom.api import Hook, RunView
-from torchloom.engine.checkpoint import load_checkpoint, set_deterministic
+from torchloom.engine.checkpoint import (
+    capture_rng_state,
+    load_checkpoint,
+    restore_rng_state,
+    set_deterministic,
+)
 from torchloom.engine.setup import prepare_training
 from torchloom.engine.state import StopSignals, TrainOptions
 from torchloom.engine.step import Diverged
@@ -200,3 +205,24 @@ def test_deterministic_mode_sets_the_cublas_workspace_a_gpu_needs(
         assert "training.deterministic" in str(error.value)
     finally:
         set_deterministic(False)
+
+
+def test_a_run_saved_with_more_gpus_restores_the_generators_of_those_here(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """last.pt keeps every GPU's generator; resumed on a machine with fewer GPUs, those it
+    has get theirs (torch's set_rng_state_all would fail on the first GPU missing)."""
+    state = capture_rng_state()
+    state["cuda"] = [torch.full((16,), gpu, dtype=torch.uint8) for gpu in range(4)]
+    restored: list[tuple[int, int]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+    def set_rng_state(new_state: torch.Tensor, device: int) -> None:
+        if device >= 2:
+            raise RuntimeError(f"CUDA error: invalid device ordinal {device}")
+        restored.append((device, int(new_state[0])))
+
+    monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+    restore_rng_state(state)
+    assert restored == [(0, 0), (1, 1)]

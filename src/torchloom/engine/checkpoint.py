@@ -286,4 +286,7 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # A run saved on a machine with more GPUs resumes on the GPUs this one has (torch's
+        # set_rng_state_all would fail on the first GPU missing here).
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
