@@ -177,13 +177,14 @@ class ImageTransformer:
             return images
         device = images.device
         if device not in self._standardisers:
-            mean = _per_channel(self.normalization.mean, self.depth)
-            std = _per_channel(self.normalization.std, self.depth)
             with torch.inference_mode(False):  # made in an evaluation pass, used in training
-                self._standardisers[device] = (
-                    torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1).to(device),
-                    torch.tensor(std, dtype=torch.float32).view(-1, 1, 1).to(device),
+                mean, std = (
+                    torch.tensor(_per_channel(values, self.depth), dtype=torch.float32)
+                    .view(-1, 1, 1)
+                    .to(device)
+                    for values in (self.normalization.mean, self.normalization.std)
                 )
+            self._standardisers[device] = (mean, std)
         mean, std = self._standardisers[device]
         return images.sub(mean).div_(std)
 
