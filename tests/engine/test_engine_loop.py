@@ -6,6 +6,7 @@ step and per epoch."""
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import os
 import signal
@@ -57,6 +58,32 @@ def test_a_loss_that_turns_nan_stops_the_run_within_the_step(tmp_path: Path) -> 
     assert ended["status"] == "diverged" and ended["episodes"] == 7
     # best.pt is epoch 1's (the run ended in epoch 2), and stays as it was
     assert load_checkpoint(run / "checkpoints" / "best.pt")["progress"]["epoch"] == 1
+
+
+@pytest.mark.parametrize("at", [4, 5], ids=["before a checkpoint", "the run's last step"])
+def test_a_deferred_check_reads_the_pending_step_before_the_weights_are_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int
+) -> None:
+    """On a GPU the guard reads a step's flag at the next step (deferred, run here on the
+    CPU), after that step's backward pass and optimizer step: a loss that turns NaN at the
+    step before a checkpoint (checkpoint_interval 4) or at the run's last step still ends the
+    run as diverged, naming that step, and no checkpoint, validation or test pass sees the
+    weights it made."""
+    import torchloom.engine.setup as setup_module
+
+    deferred = functools.partial(setup_module.DivergenceGuard, deferred=True)
+    monkeypatch.setattr(setup_module, "DivergenceGuard", deferred)
+    config = toy_config(epochs=1, checkpoint_interval=4)
+    config["pipeline"]["noise"] = {"type": "trust_components:NanAtStep", "at": at}
+    config["pipeline"]["model"]["streams"] = {"inputs": "noisy"}
+    with pytest.raises(Diverged, match=f"episode {at}: loss 'loss' = nan is not finite"):
+        train(config, tmp_path)
+    run = only_run(tmp_path)
+    assert summary(run)["status"] == "diverged"
+    assert not (run / "validation_epoch_statistics.csv").exists()
+    for saved in (run / "checkpoints").glob("*.pt"):
+        weights = model_weights(run, saved.name).values()
+        assert all(bool(torch.isfinite(w).all()) for w in weights), saved.name
 
 
 def test_patience_runs_out_and_the_run_stops_early(tmp_path: Path) -> None:

@@ -85,7 +85,9 @@ def checkpoint_state(
     setup: RunSetup, progress: Progress, meters: LoopMeters, wall_time: float
 ) -> dict[str, Any]:
     """Everything exact resume needs (engine/checkpoint.py). With several processes, every
-    one calls it: the random generators of all are gathered."""
+    one calls it: the random generators of all are gathered. A step whose divergence check
+    is still pending (on a GPU) is read first: no checkpoint holds weights a bad loss made."""
+    setup.guard.settle()
     mid_window = progress.batch_in_epoch % setup.accumulation
     search = setup.architecture_search
     return {

@@ -5,8 +5,9 @@ and torch.compile of the models. The step itself, in order, is `TrainingLoop.tra
 
 Divergence: on the CPU the check is immediate (reading a CPU scalar costs nothing). On a GPU,
 reading the loss every step would make the host wait for the device, so the finiteness flag
-is copied asynchronously into pinned memory and read one step later: the run still stops
-within one step, without a per-step synchronisation.
+is copied asynchronously into pinned memory and read one step later, or before validation,
+a checkpoint or an epoch's end, whichever comes first: the run still stops within one step,
+and no weights a bad loss made are evaluated or saved, without a per-step synchronisation.
 
 Compile (`training.compile`, opt-in): each `Model` with weights is compiled in place
 (`nn.Module.compile`), so its state_dict keys, checkpoints, freezing and `load:` are exactly
@@ -121,30 +122,52 @@ class Diverged(LoomError):
 
 
 class DivergenceGuard:
-    """Stops a run whose loss turns NaN or infinite, within one step, naming the loss."""
+    """Stops a run whose loss turns NaN or infinite, within one step, naming the loss.
 
-    def __init__(self, device: torch.device, loss_streams: list[str]) -> None:
+    On the CPU the check is immediate. Deferred (on a GPU), a step's flag is read at the next
+    step's check, after that step's backward pass and optimizer step ran on weights the bad
+    loss made: so `settle` reads the flag still pending, and the loop calls it before anything
+    uses or keeps the weights (validation, a checkpoint, an epoch's end)."""
+
+    def __init__(
+        self, device: torch.device, loss_streams: list[str], deferred: bool | None = None
+    ) -> None:
         self.device = device
         self.streams = loss_streams
-        self._pending: tuple[torch.Tensor, torch.cuda.Event, dict[str, torch.Tensor], int] | None
-        self._pending = None
+        self.deferred = device.type == "cuda" if deferred is None else deferred
+        # (finiteness flag, the event after which it holds on a GPU, the losses, episode)
+        self._pending: tuple[torch.Tensor, Any, dict[str, torch.Tensor], int] | None = None
 
     def check(self, total: torch.Tensor, batch: Batch, episode: int) -> None:
-        if self.device.type != "cuda":  # the value is at hand: the parts only when it is bad
+        if not self.deferred:  # the value is at hand: the parts only when it is bad
             if not math.isfinite(float(total.detach())):
                 self._raise({s: batch[s].detach() for s in self.streams}, episode)
             return
         parts = {s: batch[s].detach() for s in self.streams}  # read once the step is done
-        if self._pending is not None:
-            flag, event, previous, previous_episode = self._pending
+        self.settle()
+        finite = torch.isfinite(total.detach())
+        event = None
+        if self.device.type == "cuda":
+            flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            flag.copy_(finite, non_blocking=True)
+            # On the loss's GPU's stream: a bare record() records on the current GPU's, which
+            # is not the run's with --device cuda:N (N > 0), and the flag would be read early.
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(finite.device))
+            finite = flag
+        self._pending = (finite, event, parts, episode)
+
+    def settle(self) -> None:
+        """Raise Diverged if the step still pending (deferred) had a loss that is not finite;
+        waits for the device to have computed it."""
+        if self._pending is None:
+            return
+        flag, event, parts, episode = self._pending
+        self._pending = None
+        if event is not None:
             event.synchronize()
-            if not bool(flag):
-                self._raise(previous, previous_episode)
-        flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-        flag.copy_(torch.isfinite(total.detach()), non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        self._pending = (flag, event, parts, episode)
+        if not bool(flag):
+            self._raise(parts, episode)
 
     def _raise(self, parts: dict[str, torch.Tensor], episode: int) -> None:
         bad = [f"'{s}' = {float(v):g}" for s, v in parts.items() if not math.isfinite(float(v))]

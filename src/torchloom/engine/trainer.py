@@ -1,11 +1,10 @@
 """The training loop: offline (validate after every epoch) or online (partial validation
-every N episodes), to the end of a run, however it ends.
-
-`train_epoch` is the loop and `train_step` / `optimizer_step` the step, in the order of a
-hand-written loop: forward, loss, divergence check, backward, then every `accumulation`
-batches unscale, clip, step, zero_grad and the per-step scheduler. The rest (rows, hooks,
-validation, checkpoints, the test pass (engine/final_test.py), summary.json) happens around
-them, below; what a checkpoint holds of the loop is in engine/loop_state.py.
+every N episodes), to the end of a run, however it ends. `train_epoch` is the loop and
+`train_step` / `optimizer_step` the step, in the order of a hand-written loop: forward, loss,
+divergence check, backward, then every `accumulation` batches unscale, clip, step, zero_grad
+and the per-step scheduler. The rest (rows, hooks, validation, checkpoints, the test pass
+(engine/final_test.py), summary.json) happens around them; what a checkpoint holds of the loop
+is in engine/loop_state.py.
 """
 
 from __future__ import annotations
@@ -197,6 +196,7 @@ class TrainingLoop:
 
     def end_epoch(self, status: Status | None) -> Status | None:
         setup, progress = self.setup, self.progress
+        setup.guard.settle()  # the epoch's last step, read before anything uses the weights
         if status is not None and status.requested:  # mid-epoch: running statistics go into
             return status  # last.pt as they are
         row = self.meters.epoch_row(progress, setup.optimizer.param_groups[0]["lr"])
@@ -230,6 +230,7 @@ class TrainingLoop:
         setup, progress = self.setup, self.progress
         if setup.validation_data is None:
             return None
+        setup.guard.settle()
         setup.pipeline.check_next_batch("validation")
         values = evaluate(
             setup.pipeline,
