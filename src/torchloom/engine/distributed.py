@@ -100,16 +100,28 @@ def joined_a_group() -> bool:
     return _joined
 
 
+# On GPUs, NCCL for the GPUs' tensors (gradients, losses) and gloo for the host's: NCCL takes
+# no CPU tensor, and the loop's stop flags and the Python objects it gathers are on the host
+# (torch picks a collective's backend by its tensor's device, and gloo for objects).
+BACKENDS = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}
+
+
+def backend_for(device: str | None) -> str:
+    """The process group's backend for the run's `--device`: none given is a GPU when there
+    is one, as the run itself resolves it (engine/assemble.py)."""
+    cuda = device.startswith("cuda") if device is not None else torch.cuda.is_available()
+    return BACKENDS["cuda" if cuda else "cpu"]
+
+
 def join(device: str | None) -> Distributed:
-    """Join the process group of a launched worker (gloo on the CPU, NCCL on GPUs, one GPU
-    per local process); the single-process context when not launched."""
+    """Join the process group of a launched worker (gloo on the CPU, NCCL and gloo on GPUs,
+    one GPU per local process); the single-process context when not launched."""
     if not started_by_a_launcher() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return SINGLE
     if not torch.distributed.is_initialized():
-        cuda = device is not None and device.startswith("cuda")
-        if cuda:
+        backend = backend_for(device)
+        if backend == BACKENDS["cuda"]:  # before anything touches a GPU: this process's own
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        backend = "nccl" if cuda else "gloo"
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         global _joined
         _joined = True
@@ -228,9 +240,13 @@ def wrap_models(pipeline: Any, device: torch.device, strategy: str = "ddp") -> l
     in place (its parameters become DTensors, each process holding a shard: an optimizer
     must be built after this, and checkpoints go through engine/sharded.py)."""
     if strategy == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
-        return list(pipeline.wrap_models(fully_shard))
+        # The run's device type: fully_shard's default mesh is the machine's accelerator's,
+        # which would move a CPU run's shards to a GPU, or a GPU run's to the current GPU.
+        mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+        return list(pipeline.wrap_models(lambda model: fully_shard(model, mesh=mesh)))
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None

@@ -1,0 +1,85 @@
+"""What a launched worker joins, decided without a GPU: the process group's backend for the
+run's device, the GPU it takes, and the device mesh FSDP shards over. (The multi-process runs
+themselves are tests/e2e/test_e2e_distributed.py, over gloo.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from torchloom.engine import distributed
+
+LAUNCHED = {
+    "TORCHELASTIC_RUN_ID": "test",
+    "RANK": "1",
+    "WORLD_SIZE": "2",
+    "MASTER_ADDR": "127.0.0.1",
+    "LOCAL_RANK": "1",
+    "TORCHELASTIC_RESTART_COUNT": "0",
+}
+
+
+@pytest.fixture
+def joining(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """A worker's environment, with torch's process group and GPU calls recorded."""
+    calls: list[tuple[str, Any]] = []
+    for name, value in LAUNCHED.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: calls.append(("gpu", index)))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(
+        torch.distributed, "init_process_group", lambda backend: calls.append(("group", backend))
+    )
+    monkeypatch.setattr(distributed, "_joined", False)
+    monkeypatch.setattr(distributed, "current", lambda: distributed.SINGLE)
+    return calls
+
+
+@pytest.mark.parametrize("device", [None, "cuda", "cuda:0"])
+def test_a_worker_on_a_gpu_machine_takes_its_gpu_and_gloo_for_the_hosts_tensors(
+    joining: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch, device: str | None
+) -> None:
+    """NCCL takes GPU tensors only, and the loop's stop flag and the objects it gathers are on
+    the host: on GPUs the group is NCCL for the GPUs' tensors and gloo for the host's. No
+    --device is a GPU where there is one (as the run resolves it), and the worker takes its
+    local GPU before anything touches one."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    distributed.join(device)
+    assert joining == [("gpu", 1), ("group", "cpu:gloo,cuda:nccl")]
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["a GPU machine", "a CPU machine"])
+def test_a_worker_on_the_cpu_joins_gloo(
+    joining: list[tuple[str, Any]], monkeypatch: pytest.MonkeyPatch, gpu: bool
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    distributed.join("cpu" if gpu else None)
+    assert joining == [("group", "gloo")]
+
+
+def test_fsdp_shards_over_a_mesh_of_the_run_s_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fully_shard's default mesh is the machine's accelerator's: on a GPU machine it would put
+    a CPU run's shards on a GPU, and every process's on the current GPU. The mesh is made of
+    the run's device type, over every process."""
+    import torch.distributed.device_mesh as device_mesh
+    import torch.distributed.fsdp as fsdp
+
+    meshes: list[tuple[str, tuple[int, ...]]] = []
+    sharded: list[Any] = []
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    monkeypatch.setattr(
+        device_mesh, "init_device_mesh", lambda kind, shape: meshes.append((kind, shape)) or kind
+    )
+    monkeypatch.setattr(fsdp, "fully_shard", lambda model, mesh: sharded.append(mesh) or model)
+
+    class Pipeline:
+        def wrap_models(self, wrap: Any) -> list[str]:
+            wrap(torch.nn.Linear(2, 2))
+            return ["model"]
+
+    for device in ("cpu", "cuda:1"):
+        assert distributed.wrap_models(Pipeline(), torch.device(device), "fsdp") == ["model"]
+    assert meshes == [("cpu", (2,)), ("cuda", (2,))]
+    assert sharded == ["cpu", "cuda"]
