@@ -118,8 +118,10 @@ fi
 
 # ---- the suite's CUDA tests (they skip with "needs a CUDA device" elsewhere) ---------------
 FIGURES="pytest summary in session.log"
-step cuda-tests 70 "$PY" -m pytest -q -p no:cacheprovider -rs \
+step cuda-tests 80 "$PY" -m pytest -q -p no:cacheprovider -rs \
   "tests/e2e/test_e2e_options.py::test_cuda_training_with_mixed_precision" \
+  "tests/engine/test_engine_distributed.py::test_the_gpu_process_group_takes_host_and_gpu_tensors" \
+  "tests/engine/test_engine_loop.py::test_a_deferred_check_reads_the_pending_step_before_the_weights_are_used" \
   "tests/e2e/test_e2e_options.py::test_batches_gathered_on_the_device_train_as_batches_from_the_host" \
   "tests/e2e/test_e2e_distributed.py::test_gpu_starts_one_process_per_visible_gpu" \
   "tests/zoo/test_zoo_vision_cifar.py::test_a_task_held_on_a_device_gathers_its_batches_there" \
@@ -171,8 +173,8 @@ lenet() {
 # The CUDA paths again (bf16 autocast, the fp16 GradScaler, CUDA graphs). The pinned-memory
 # run with two workers and the default compile, recorded on 2026-11-27 (docs/benchmarks.md),
 # gave their seconds to the throughput step's fourth side.
-lenet lenet-bf16 35 +training.precision=bf16
-lenet lenet-fp16 35 +training.precision=fp16
+lenet lenet-bf16 30 +training.precision=bf16
+lenet lenet-fp16 30 +training.precision=fp16
 lenet lenet-reduce-overhead 50 "+training.compile={mode: reduce-overhead}"
 
 # ---- ResNet-18 throughput: torchloom against a hand-written AMP + compile loop -------------

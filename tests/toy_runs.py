@@ -52,7 +52,10 @@ def write(folder: Path, config: dict[str, Any], name: str = "toy.yml") -> Path:
 def start(
     config: Path | None, expdir: Path, *hooks: Hook, resume: Path | None = None, **kw: Any
 ) -> TrainingLoop | RunResult:
-    options = TrainOptions(expdir=str(expdir), quiet=True, tensorboard=0, hooks=hooks)
+    device = kw.pop("device", None)  # None: a GPU where there is one, as `loom train`
+    options = TrainOptions(
+        expdir=str(expdir), quiet=True, tensorboard=0, hooks=hooks, device=device
+    )
     return prepare_training(config, kw.pop("overrides", ()), options, resume=resume)
 
 

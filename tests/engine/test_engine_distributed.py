@@ -4,6 +4,8 @@ themselves are tests/e2e/test_e2e_distributed.py, over gloo.)"""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -83,3 +85,31 @@ def test_fsdp_shards_over_a_mesh_of_the_run_s_device(monkeypatch: pytest.MonkeyP
         assert distributed.wrap_models(Pipeline(), torch.device(device), "fsdp") == ["model"]
     assert meshes == [("cpu", (2,)), ("cuda", (2,))]
     assert sharded == ["cpu", "cuda"]
+
+
+GROUP_ON_A_GPU = """
+import os, torch, torch.distributed as dist
+from torchloom.engine.distributed import BACKENDS
+from torchloom.engine.launch import free_port
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+torch.cuda.set_device(0)
+dist.init_process_group(BACKENDS["cuda"])
+flag, loss = torch.tensor([1.0]), torch.tensor([2.0], device="cuda")
+dist.all_reduce(flag)  # gloo
+dist.all_reduce(loss)  # NCCL
+gathered = [None]
+dist.all_gather_object(gathered, {"rank": 0})
+dist.destroy_process_group()
+print("ok", flag.item(), loss.item(), gathered)
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_gpu_process_group_takes_host_and_gpu_tensors() -> None:
+    """The backend string of a GPU run, in this torch: a host tensor, a GPU tensor and a
+    Python object each go through the one group (a process of its own, world size 1)."""
+    done = subprocess.run(
+        [sys.executable, "-c", GROUP_ON_A_GPU], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ok 1.0 2.0 [{'rank': 0}]" in done.stdout

@@ -60,24 +60,29 @@ def test_a_loss_that_turns_nan_stops_the_run_within_the_step(tmp_path: Path) -> 
     assert load_checkpoint(run / "checkpoints" / "best.pt")["progress"]["epoch"] == 1
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("at", [4, 5], ids=["before a checkpoint", "the run's last step"])
 def test_a_deferred_check_reads_the_pending_step_before_the_weights_are_used(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: int, device: str
 ) -> None:
-    """On a GPU the guard reads a step's flag at the next step (deferred, run here on the
-    CPU), after that step's backward pass and optimizer step: a loss that turns NaN at the
+    """On a GPU the guard reads a step's flag at the next step (deferred; on the CPU made so
+    here), after that step's backward pass and optimizer step: a loss that turns NaN at the
     step before a checkpoint (checkpoint_interval 4) or at the run's last step still ends the
     run as diverged, naming that step, and no checkpoint, validation or test pass sees the
     weights it made."""
     import torchloom.engine.setup as setup_module
 
-    deferred = functools.partial(setup_module.DivergenceGuard, deferred=True)
-    monkeypatch.setattr(setup_module, "DivergenceGuard", deferred)
+    if device == "cpu":
+        deferred = functools.partial(setup_module.DivergenceGuard, deferred=True)
+        monkeypatch.setattr(setup_module, "DivergenceGuard", deferred)
     config = toy_config(epochs=1, checkpoint_interval=4)
     config["pipeline"]["noise"] = {"type": "trust_components:NanAtStep", "at": at}
     config["pipeline"]["model"]["streams"] = {"inputs": "noisy"}
     with pytest.raises(Diverged, match=f"episode {at}: loss 'loss' = nan is not finite"):
-        train(config, tmp_path)
+        train(config, tmp_path, device=device)
     run = only_run(tmp_path)
     assert summary(run)["status"] == "diverged"
     assert not (run / "validation_epoch_statistics.csv").exists()
