@@ -46,3 +46,55 @@ def test_statistic_over_uneven_batches_equals_the_whole_set() -> None:
     assert values["confusion_2_0"] == 1.0 and values["confusion_0_1"] == 1.0
     statistic.reset()
     assert statistic.compute()["f1_micro"] == 0.0
+
+
+@pytest.mark.parametrize("ignore_index", [-100, 0, None])
+def test_ignored_and_out_of_range_targets_are_not_counted(ignore_index: int | None) -> None:
+    statistic = PrecisionRecallStatistics.create(
+        globals={"num_classes": 3}, confusion_counts=True, ignore_index=ignore_index
+    )
+    targets = torch.tensor([0, 1, 2, -100, 7, 0])
+    predicted = torch.tensor([0, 1, 1, 2, 2, 1])
+    statistic.update(
+        {"predictions": torch.nn.functional.one_hot(predicted, 3).float(), "targets": targets}
+    )
+    counts = statistic.counts()
+    expected = torch.zeros(3, 3, dtype=torch.int64)
+    for target, chosen in zip(targets.tolist(), predicted.tolist(), strict=True):
+        if 0 <= target < 3 and target != ignore_index:
+            expected[target, chosen] += 1
+    assert torch.equal(counts, expected)
+    assert statistic.compute()["confusion_2_1"] == 1.0
+
+
+@pytest.mark.filterwarnings("ignore:for confusion. copying from a non-meta")  # meta holds nothing
+def test_counts_stay_on_the_statistic_s_device_and_never_read_it_back() -> None:
+    """On a GPU the statistic counts on the device without the host waiting for it (the meta
+    device, which holds no values, stands in: a boolean mask or a bincount fails there), and
+    counts loaded from a checkpoint (read onto the host) go into its own buffer on the device,
+    so a resumed run adds to them there and merges another process's."""
+    statistic = PrecisionRecallStatistics.create(globals={"num_classes": 4})
+    statistic.count_persistently()
+    host = {"predictions": torch.randn(6, 4), "targets": torch.tensor([0, 1, 2, 3, 1, -100])}
+    statistic.update(host)
+    saved = statistic.state_dict()
+    assert saved["confusion"].shape == (17,) and int(saved["confusion"][:-1].sum()) == 5
+    on_meta = PrecisionRecallStatistics.create(globals={"num_classes": 4}).to("meta")
+    on_meta.count_persistently()
+    on_meta.update({name: value.to("meta") for name, value in host.items()})
+    on_meta.count_pending()
+    on_meta.load_state_dict(saved)
+    assert on_meta.confusion.device.type == "meta"
+    other = PrecisionRecallStatistics.create(globals={"num_classes": 4})
+    other.count_persistently()
+    other.load_state_dict(saved)  # another process's counts, read on the host
+    on_meta.merge(other)
+    assert on_meta.confusion.device.type == "meta"
+
+
+def test_counts_an_older_version_saved_are_read() -> None:
+    """A mid-epoch checkpoint of a run before this version holds torchmetrics' matrix."""
+    statistic = PrecisionRecallStatistics.create(globals={"num_classes": 3}, confusion_counts=True)
+    statistic.count_persistently()
+    statistic.load_state_dict({"matrix.confmat": COUNTS.clone()})
+    assert torch.equal(statistic.counts(), COUNTS)

@@ -40,7 +40,7 @@ class TrainingStatistics:
     def __init__(
         self, pipeline: Pipeline, device: torch.device, distributed: Distributed = SINGLE
     ) -> None:
-        self.pipeline, self.distributed = pipeline, distributed
+        self.pipeline, self.distributed, self.device = pipeline, distributed, device
         self.epoch = statistics_copy(pipeline, device)
         self.interval = statistics_copy(pipeline, device)
         pending = statistics_copy(pipeline, device)
@@ -65,7 +65,7 @@ class TrainingStatistics:
         if not self.distributed.active:
             return statistics
         copies = {name: copy.deepcopy(statistic) for name, statistic in statistics.items()}
-        combine(copies, self.distributed)
+        combine(copies, self.distributed, self.device)
         return copies
 
     def interval_values(self) -> dict[str, float]:
@@ -99,9 +99,9 @@ class TrainingStatistics:
         if not self.distributed.main:
             return
         for name, statistic in self.epoch.items():
-            statistic.load_state_dict(running["train_statistics"][name])
+            _load(statistic, running["train_statistics"][name], self.device)
         for name, state in running.get("interval_statistics", {}).items():
-            self.interval[name].load_state_dict(state)
+            _load(self.interval[name], state, self.device)
 
 
 def statistic_values(statistics: Mapping[str, Statistic]) -> dict[str, float]:
@@ -184,7 +184,7 @@ def evaluate(
     pipeline.train(was_training)
     if distributed.active:
         samples, weighted = _sums_of_all(distributed, samples, weighted, shares, per_batch)
-        combine(statistics, distributed)
+        combine(statistics, distributed, device)
     values: dict[str, float] = {}
     for name in streams if weighted else ():
         values.update(per_batch[name].values(name))
@@ -218,7 +218,9 @@ def _sums_of_all(
     return total, sums
 
 
-def combine(statistics: Mapping[str, Statistic], distributed: Distributed) -> None:
+def combine(
+    statistics: Mapping[str, Statistic], distributed: Distributed, device: torch.device
+) -> None:
     """Each statistic made the set's: every other process's counts merged into it."""
     if not distributed.active:
         return
@@ -230,8 +232,16 @@ def combine(statistics: Mapping[str, Statistic], distributed: Distributed) -> No
             continue
         for name, statistic in statistics.items():
             other = copy.deepcopy(statistic)
-            other.load_state_dict(state[name])
+            _load(other, state[name], device)
             statistic.merge(other)
+
+
+def _load(statistic: Statistic, state: Mapping[str, Any], device: torch.device) -> None:
+    """Counts read on the host into a statistic on `device`: a torchmetrics metric inside
+    takes the loaded tensors as they are (it swaps its states for them, where a module's
+    buffers copy them in), so it is moved back to the device."""
+    statistic.load_state_dict(state)
+    statistic.to(device)
 
 
 def _on_cpu(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,11 @@
 """Precision, recall, F1 and confusion counts over a whole set, from one confusion matrix.
 
-One `MulticlassConfusionMatrix` (torchmetrics: on the device, summed across processes under
-DDP) holds the set's counts; every average is computed from those counts at the end, so the
-figures are exact however the set was batched — never means of per-batch values.
+The statistic counts the set's confusion matrix itself, on the device (a buffer, added across
+processes under DDP); every average is computed from those counts at the end, so the figures
+are exact however the set was batched — never means of per-batch values. It copies each
+step's argmax and targets aside and counts many steps at once (zoo/pending_counts.py), with
+`scatter_add_` into the flat matrix, where torchmetrics' confusion matrix made the host wait
+for a GPU twice a step (a boolean mask to drop ignored targets, and `bincount`).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams, Statistic
+from torchloom.core.component import Batch, BuildContext, ComponentParams
 from torchloom.core.streams import FLOATING, StreamSpec
+from torchloom.zoo.pending_counts import CountedLater, PendingColumns
 
 Average = Literal["macro", "micro", "weighted"]
 AVERAGES: tuple[Average, ...] = ("macro", "micro", "weighted")
@@ -65,7 +69,7 @@ def averaged_scores(counts: torch.Tensor, average: str) -> tuple[float, float, f
     return precision, recall, f1
 
 
-class PrecisionRecallStatistics(Statistic):
+class PrecisionRecallStatistics(CountedLater):
     """Precision, recall and F1 (macro, micro, weighted averages; optionally per class and
     every confusion count) over the whole set.
 
@@ -74,36 +78,28 @@ class PrecisionRecallStatistics(Statistic):
       precision_recall: {type: PrecisionRecallStatistics, averages: [macro, weighted]}
     ```
     Reports e.g. `precision_macro`, `recall_weighted`, `f1_micro`; with `per_class`,
-    `f1_<class>`; monitor them like any statistic (`validation.f1_macro`).
+    `f1_<class>`; monitor them like any statistic (`validation.f1_macro`). Targets equal to
+    `ignore_index`, or outside the classes, are not counted.
     """
 
     Params = PrecisionRecallParams
     params: PrecisionRecallParams
     NEEDS_GLOBALS = {"num_classes": "number of classes the predictions score"}
     EXAMPLE_GLOBALS = {"num_classes": 10}
+    confusion: torch.Tensor  # [target * classes + predicted], then one bin of uncounted ones
 
     def __init__(self, params: PrecisionRecallParams, context: BuildContext) -> None:
         super().__init__(params, context)
         self.num_classes = int(self.global_value("num_classes"))
-        self.matrix: Any = None  # made by ready(): importing torchmetrics takes seconds
+        classes = self.num_classes
+        # A buffer, so the counts follow the pipeline to its device; not persistent, so the
+        # pipeline's own statistic adds nothing to checkpoints (count_persistently).
+        counts = torch.zeros(classes * classes + 1, dtype=torch.int64)
+        self.register_buffer("confusion", counts, persistent=False)
+        self._pending = PendingColumns(2)  # each step's argmax and targets
 
-    def ready(self) -> None:
-        self._counts()
-
-    def _counts(self, device: torch.device | None = None) -> Any:
-        """The torchmetrics confusion matrix, made on first use (on `device`, when given)."""
-        if self.matrix is not None:
-            return self.matrix
-        from torchmetrics.classification import MulticlassConfusionMatrix
-
-        # validate_args=False: per-batch checks cost a host sync; dtypes are checked by the
-        # handshake and the loss rejects out-of-range targets.
-        self.matrix = MulticlassConfusionMatrix(
-            self.num_classes, ignore_index=self.params.ignore_index, validate_args=False
-        )
-        if device is not None:
-            self.matrix.to(device)
-        return self.matrix
+    def count_persistently(self) -> None:
+        self.register_buffer("confusion", self.confusion, persistent=True)
 
     def input_specs(self) -> dict[str, StreamSpec]:
         return {
@@ -112,15 +108,33 @@ class PrecisionRecallStatistics(Statistic):
         }
 
     def update(self, inputs: Batch) -> None:
-        predictions = inputs["predictions"].detach()
-        # Made here only outside a worker (a worker makes its copies ready first).
-        self._counts(predictions.device).update(predictions, inputs["targets"].detach())
+        targets = inputs["targets"]
+        chosen, goals = self._pending.reserve(len(targets), targets.device, self.count_pending)
+        goals.copy_(targets)
+        torch.argmax(inputs["predictions"], dim=-1, out=chosen)
+
+    def count_pending(self) -> None:
+        pending = self._pending.take()
+        if pending is None:
+            return
+        chosen, targets = pending
+        classes, ignored = self.num_classes, self.params.ignore_index
+        counted = (targets >= 0) & (targets < classes)
+        if ignored is not None:
+            counted &= targets != ignored
+        cells = torch.where(counted, targets * classes + chosen, classes * classes)
+        # scatter_add_ into a 1-D tensor: deterministic on a GPU, and no host sync.
+        ones = torch.ones_like(cells).to(self.confusion.device)
+        self.confusion.scatter_add_(0, cells.to(self.confusion.device), ones)
+
+    def counts(self) -> torch.Tensor:
+        """The confusion matrix so far, [target, predicted], on the host."""
+        self.count_pending()
+        classes = self.num_classes
+        return self.confusion[:-1].cpu().view(classes, classes)
 
     def compute(self) -> dict[str, float]:
-        if self.matrix is None:
-            counts = torch.zeros(self.num_classes, self.num_classes, dtype=torch.long)
-        else:
-            counts = self.matrix.confmat.detach().cpu()
+        counts = self.counts()
         values: dict[str, float] = {}
         for average in self.params.averages:
             precision, recall, f1 = averaged_scores(counts, average)
@@ -140,11 +154,14 @@ class PrecisionRecallStatistics(Statistic):
                     values[f"confusion_{target}_{predicted}"] = float(counts[target, predicted])
         return values
 
-    def merge(self, other: Statistic) -> None:
-        assert isinstance(other, PrecisionRecallStatistics)
-        if other.matrix is not None:
-            self._counts(other.matrix.confmat.device).merge_state(other.matrix)
-
     def reset(self) -> None:
-        if self.matrix is not None:
-            self.matrix.reset()
+        self._pending.clear()
+        self.confusion.zero_()
+
+    def upgrade_saved_counts(self, state_dict: dict[str, Any], prefix: str) -> None:
+        # Counts saved before the statistic counted them itself: torchmetrics' confusion
+        # matrix [target, predicted] (a mid-epoch checkpoint of an older run).
+        old = f"{prefix}matrix.confmat"
+        if old in state_dict and f"{prefix}confusion" not in state_dict:
+            matrix = state_dict.pop(old).to(torch.int64).reshape(-1)
+            state_dict[f"{prefix}confusion"] = torch.cat([matrix, matrix.new_zeros(1)])
