@@ -143,3 +143,17 @@ def test_search_killed_and_resumed_is_bit_identical(
             assert torch.equal(
                 torch.as_tensor(value), torch.as_tensor(ours["optimizer"]["state"][key][field])
             )
+
+
+def test_bf16_and_a_second_order_search_are_refused_by_loom_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The second-order gradient's finite difference moves each weight by about 1e-5,
+    which bf16 (8 significant bits) rounds away: a number that would be mostly noise."""
+    config = str(search_config(tmp_path, order="second"))
+    assert main(["check", config, "+training.precision=bf16"]) == 2
+    error = capsys.readouterr().err
+    assert "training.precision" in error and "order: second" in error
+    assert "use order: first" in error
+    config = str(search_config(tmp_path, order="first"))
+    assert main(["check", config, "+training.precision=bf16"]) == 0

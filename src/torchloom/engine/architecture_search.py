@@ -97,6 +97,17 @@ def check_search(pipeline: Pipeline, training: TrainingConfig, where: Where) -> 
                     f"remove {name}",
                 )
             )
+    if search.order == "second" and training.precision == "bf16":
+        problems.append(
+            Problem(
+                where("training", "precision"),
+                "training.precision",
+                "bf16 cannot be used with architecture_search.order: second: its finite "
+                "difference moves each weight by about epsilon / sqrt(weights), below bf16's "
+                "resolution (8 bits), so the second-order term would be mostly rounding",
+                "train the search in fp32 (remove training.precision), or use order: first",
+            )
+        )
     try:
         build_arch_optimizer(search, [torch.nn.Parameter(torch.zeros(1))], where)
     except ConfigError as error:
