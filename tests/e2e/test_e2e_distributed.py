@@ -380,6 +380,24 @@ def test_the_launch_flags_are_checked_before_anything_starts(
     assert not (tmp_path / "runs").exists()
 
 
+def test_processes_training_on_gpus_are_at_most_the_gpus(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process takes a GPU of its own, and a run with no --device trains on a GPU where
+    there is one: on a machine with one GPU (made so here), --nproc 2 is refused before
+    anything starts, naming --device cpu, where a second process would have failed on a
+    GPU that does not exist."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    config = str(toy_config(tmp_path))
+    for flags in (["--nproc", "2"], ["--nproc", "2", "--device", "cuda"]):
+        status = main(["train", config, "--expdir", str(tmp_path / "runs"), "--quiet", *flags])
+        err = capsys.readouterr().err
+        assert status == 2 and "--nproc 2: is more than the 1 GPUs of this machine" in err
+        assert "--device cpu trains on the CPU" in err
+    assert not (tmp_path / "runs").exists()
+
+
 def alone(tmp_path: Path, node_rank: int) -> subprocess.CompletedProcess[str]:
     """One node of two, the other never started, a rendezvous of 3 s."""
     flags = ["--nnodes", "2", "--node-rank", str(node_rank), "--rdzv-timeout", "3"]

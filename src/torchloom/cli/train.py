@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch_options(args: argparse.Namespace) -> tuple[LaunchOptions, int | None]:
-    """The launch the flags ask for, and the GPUs visible with --gpu (None without)."""
+    """The launch the flags ask for, and the GPUs visible when the processes train on GPUs
+    (--gpu, or several processes whose device is a GPU; None on the CPU)."""
     gpus = None
     if args.gpu:
         import torch
@@ -76,8 +77,17 @@ def _launch_options(args: argparse.Namespace) -> tuple[LaunchOptions, int | None
                 "train on the CPU without --gpu (--nproc N for N processes), or check "
                 "CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)",
             )
+    elif args.nproc > 1:
+        import torch
+
+        from torchloom.engine.distributed import on_gpus
+
+        # Each process takes the GPU of its local rank (a --device without GPUs is the
+        # run's own error).
+        if on_gpus(args.device) and torch.cuda.is_available():
+            gpus = torch.cuda.device_count()
     options = LaunchOptions(
-        nproc=gpus if gpus is not None and args.nproc == 1 else args.nproc,
+        nproc=gpus if args.gpu and gpus is not None and args.nproc == 1 else args.nproc,
         nnodes=args.nnodes,
         node_rank=args.node_rank,
         rdzv_endpoint=args.rdzv_endpoint,

@@ -106,11 +106,15 @@ def joined_a_group() -> bool:
 BACKENDS = {"cpu": "gloo", "cuda": "cpu:gloo,cuda:nccl"}
 
 
+def on_gpus(device: str | None) -> bool:
+    """Whether processes given `--device` train on GPUs, each on its own: none given is a
+    GPU when there is one, as the run itself resolves it (engine/assemble.py)."""
+    return device.startswith("cuda") if device is not None else torch.cuda.is_available()
+
+
 def backend_for(device: str | None) -> str:
-    """The process group's backend for the run's `--device`: none given is a GPU when there
-    is one, as the run itself resolves it (engine/assemble.py)."""
-    cuda = device.startswith("cuda") if device is not None else torch.cuda.is_available()
-    return BACKENDS["cuda" if cuda else "cpu"]
+    """The process group's backend for the run's `--device`."""
+    return BACKENDS["cuda" if on_gpus(device) else "cpu"]
 
 
 def join(device: str | None) -> Distributed:

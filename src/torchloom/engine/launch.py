@@ -58,7 +58,8 @@ def free_port() -> int:
 
 def check_launch(options: LaunchOptions, gpus: int | None = None) -> None:
     """Refuse what cannot start, each flag by its name: counts below their least, more
-    processes than cores or GPUs (`gpus`: the visible GPUs with --gpu), a bad endpoint."""
+    processes than cores or GPUs (`gpus`: the visible GPUs, when the processes train on
+    them), a bad endpoint."""
     least = {
         "--nproc": (options.nproc, 1),
         "--nnodes": (options.nnodes, 1),
@@ -75,7 +76,12 @@ def check_launch(options: LaunchOptions, gpus: int | None = None) -> None:
             "command line",
             f"--nproc {options.nproc}",
             f"is more than the {available} {what} of this machine",
-            f"use --nproc {available} or fewer",
+            f"use --nproc {available} or fewer"
+            + (
+                " (each process trains on a GPU of its own; --device cpu trains on the CPU)"
+                if gpus is not None
+                else ""
+            ),
         )
     if not 0 <= options.node_rank < options.nnodes:
         raise ConfigError.at(
