@@ -12,6 +12,7 @@ pipeline goes through the same handshake, loop, checkpoints and run folder.
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +43,7 @@ from torchloom.engine.code_first_sources import (
     rebuild_module,
 )
 from torchloom.engine.code_first_sources import KEY as SOURCES
+from torchloom.engine.loaders import to_device
 from torchloom.engine.resume import check_resumed_config, finished_result
 from torchloom.engine.run_folder import RunResult
 from torchloom.engine.setup import open_resume_point, start_run
@@ -67,6 +69,14 @@ class DatasetTask(Task):
         self.dataset = dataset
         self._specs: dict[str, StreamSpec] = {}
         for key, value in self.collate([self[0]]).items():  # a batch of one: its dtypes, shapes
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                raise ConfigError.at(
+                    _where(section),
+                    f"sample 0's '{key}'",
+                    f"is on {value.device}: samples must be on the host, and torchloom copies "
+                    "each batch to the run's device (through pinned memory on a GPU)",
+                    "build the dataset from CPU tensors (leave out .cuda() / .to(device))",
+                )
             if isinstance(value, torch.Tensor):
                 self._specs[key] = StreamSpec(("batch", *value.shape[1:]), value.dtype, key)
             else:
@@ -92,6 +102,12 @@ class DatasetTask(Task):
         )
 
 
+def _device_of(module: nn.Module) -> torch.device:
+    """Where a module's weights are (the host for one without any)."""
+    tensor = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
 class ModuleModel(Model):
     """A user's nn.Module returning {name: outputs.Output}; publishes one stream per output."""
 
@@ -100,6 +116,7 @@ class ModuleModel(Model):
         self.module = module
         self.reads = list(task.output_specs())
         batch = task.collate([task[0], task[min(1, len(task) - 1)]])
+        batch = to_device(batch, _device_of(module))  # a module `fit` trained is on its GPU
         with torch.no_grad():  # the dry run: output names and shapes, Lazy layers built
             declared = module(batch)
         if not isinstance(declared, Mapping) or not all(

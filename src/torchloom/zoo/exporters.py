@@ -29,10 +29,10 @@ class StreamFileExporterParams(ComponentParams):
 
 
 def _cell(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        if value.ndim == 0:
-            return str(value.item())
-        return " ".join(str(v) for v in value.flatten().tolist())
+    """A sample's value as text: a number, or a tensor's values space-separated (a tensor
+    column reaches here as nested lists)."""
+    if isinstance(value, list):
+        return " ".join(_cell(v) for v in value)
     return str(value)
 
 
@@ -77,7 +77,12 @@ class StreamFileExporter(Component):
     def forward(self, inputs: Batch) -> Batch:
         if self._writer is None:
             return {}
-        columns = [inputs[name] for name in self.params.input_streams]
+        # Each tensor read back once a batch: sample by sample, each .item() or .tolist()
+        # would wait for a GPU.
+        columns = [
+            value.detach().tolist() if isinstance(value, torch.Tensor) else value
+            for value in (inputs[name] for name in self.params.input_streams)
+        ]
         for row in zip(*columns, strict=True):
             self._writer.writerow([_cell(value) for value in row])
         return {}
