@@ -207,3 +207,42 @@ def test_skipped_items_are_said_once_per_reason(tmp_path: Path) -> None:
     ]
     saved = json.loads((tmp_path / "reports" / "skipped.json").read_text())
     assert saved == {"roc": "another reason", "history": "why"}
+
+
+def test_an_output_of_more_classes_than_the_reports_take_is_skipped_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A language model's vocabulary as classes: its confusion counts would grow with the
+    square of the classes, on the device, for each split. Past the cap (made 5 here) the
+    output's reports are skipped and the reason said once; below it, counted as before."""
+    import torch
+
+    from torchloom.analysis import classification
+    from torchloom.engine.distributed import SINGLE
+    from torchloom.engine.reporting import close_logger, make_logger
+
+    monkeypatch.setattr(classification, "MAX_CLASSES", 5)
+    log = make_logger(tmp_path, quiet=True)
+    pipeline = type("Pipeline", (), {"globals": {}})()
+    fields = {"run_dir": tmp_path, "log": log, "distributed": SINGLE, "pipeline": pipeline}
+    run: Any = type("Run", (), fields)()
+    outputs = [
+        {"name": "words", "predictions": "word_scores", "targets": "words"},
+        {"name": "digits", "predictions": "digit_scores", "targets": "digits"},
+    ]
+    analysis = classification.ClassificationAnalysis(
+        AnalysisConfig.model_validate({"preset": "minimal", "outputs": outputs, "roc": True})
+    )
+    batch = {
+        "word_scores": torch.randn(4, 6),
+        "words": torch.tensor([0, 1, 2, 5]),
+        "digit_scores": torch.randn(4, 5),
+        "digits": torch.tensor([0, 1, 2, 4]),
+    }
+    for _ in range(3):
+        analysis.eval_batch(run, "validation", batch)
+    close_logger(log)
+    assert set(analysis.counts) == {("digits", "validation")}
+    (line,) = skip_lines(tmp_path)
+    assert "classification reports (output 'words') skipped" in line
+    assert "'word_scores' scores 6 classes, more than 5" in line

@@ -131,6 +131,12 @@ class PassShare:
     merged_errors: list[tuple[Any, int, int, float]] | None = None
 
 
+# Beyond this many classes (ImageNet's 1000) an output gets no reports: its confusion counts
+# grow with the square of the classes (a language model's vocabulary of 15,000 words: 1.8 GB
+# for each split), and so do its plots.
+MAX_CLASSES = 1000
+
+
 class ClassificationAnalysis(Hook):
     """Confusion matrix, classification report, ROC curves and prediction errors for every
     output of the `analysis:` section, on training, validation and test passes."""
@@ -244,6 +250,17 @@ class ClassificationAnalysis(Hook):
                     say_skipped(run, [f"classification reports (output '{output.name}')"], why)
                 return None
             classes = int(scores.shape[1])
+            if classes > MAX_CLASSES:
+                if output.name not in self.skipped:
+                    self.skipped.add(output.name)
+                    why = (
+                        f"'{output.predictions}' scores {classes} classes, more than "
+                        f"{MAX_CLASSES}: a confusion matrix of {classes}x{classes} counts (on "
+                        "the run's device, for each split) and plots of as many cells; "
+                        "PrecisionRecallStatistics reports per-class figures"
+                    )
+                    say_skipped(run, [f"classification reports (output '{output.name}')"], why)
+                return None
             self.names.setdefault(output.name, _class_names(run, output, classes))
             # ROC curves for validation and test only: binning scores on every training step
             # was most of the analysis' cost, and a training-set ROC says little.
