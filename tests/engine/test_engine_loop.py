@@ -258,3 +258,29 @@ def test_a_run_saved_with_more_gpus_restores_the_generators_of_those_here(
     monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
     restore_rng_state(state)
     assert restored == [(0, 0), (1, 1)]
+
+
+def test_a_set_up_that_fails_after_the_run_log_opened_closes_what_it_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's log also writes for the shared data and viewer loggers: a set-up that failed
+    after opening it (here torch.compile of the models) left it there, so a later run of the
+    same process (a search's next trial) wrote into the failed one's run.log, and the folder
+    stayed locked while the process lived."""
+    import torchloom.engine.setup as setup_module
+    from torchloom.engine.reporting import COMPONENT_LOGGERS
+    from torchloom.engine.run_folder import RunLock
+
+    def failing(*args: Any) -> list[str]:
+        raise RuntimeError("compilation failed")
+
+    monkeypatch.setattr(setup_module, "compile_models", failing)
+    before = {name: list(logging.getLogger(name).handlers) for name in COMPONENT_LOGGERS}
+    with pytest.raises(RuntimeError, match="compilation failed"):
+        train(toy_config(epochs=1, compile=True), tmp_path, device="cpu")
+    run = only_run(tmp_path)
+    assert (run / "run.log").exists()
+    for name in COMPONENT_LOGGERS:
+        assert logging.getLogger(name).handlers == before[name], name
+    assert not [n for n in logging.Logger.manager.loggerDict if n.startswith("torchloom.run.")]
+    RunLock(run).acquire().release()  # free again

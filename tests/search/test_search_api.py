@@ -3,6 +3,7 @@ builder whose `hp.float` / `hp.int` / `hp.choice` calls are the space."""
 
 from __future__ import annotations
 
+import csv
 import os
 from pathlib import Path
 from typing import Any
@@ -146,3 +147,80 @@ def test_a_search_worker_sets_the_cublas_workspace_before_its_first_trial(
     config = tiny_config(tmp_path, mnist_folder)
     torchloom.search(config, space=space, trials=1, expdir=str(tmp_path / "runs"))
     assert seen == [":4096:8"]
+
+
+def test_a_worker_lets_go_of_each_trial_before_the_next(
+    tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trials of a worker share its process: a trial that diverged is held in reference
+    cycles by its exception's traceback (its model, optimizer, last batch: on a GPU, memory
+    the next trial needs) until Python's full collection, and torch.compile keeps at most 8
+    compilations of a model class's forward, after which later trials' models would run
+    eagerly. Before each trial the previous one's pipeline is gone and dynamo starts afresh."""
+    import weakref
+    from dataclasses import replace
+
+    import torch._dynamo  # as a trial with training.compile would have it
+
+    import torchloom.search.worker as worker
+    from torchloom.api import Hook
+
+    pipelines: list[Any] = []
+    alive_at_start: list[list[bool]] = []
+    resets: list[int] = []
+    monkeypatch.setattr(torch.compiler, "reset", lambda: resets.append(1))
+
+    class KeepsAWeakReference(Hook):
+        name = "weak_reference"
+
+        def before_train(self, run: Any) -> None:
+            pipelines.append(weakref.ref(run.pipeline))
+
+    run_trial = worker.run_trial
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        alive_at_start.append([reference() is not None for reference in pipelines])
+        resets_before = len(resets)
+        options = args[4]
+        args = (*args[:4], replace(options, hooks=[*options.hooks, KeepsAWeakReference()]))
+        try:
+            return run_trial(*args, **kwargs)
+        finally:
+            assert len(resets) == resets_before  # reset between trials, not inside one
+
+    monkeypatch.setattr(worker, "run_trial", observed)
+    diverging = {"training.optimizer.lr": {"choice": [1.0e6]}}  # Adam at lr 1e6: NaN at once
+    config = tiny_config(tmp_path, mnist_folder)
+    found = torchloom.search(config, space=diverging, trials=3, expdir=str(tmp_path / "runs"))
+    assert [row["state"] for row in found.trials] == ["fail"] * 3
+    assert all("diverged" in str(row.get("reason")) for row in found.trials), found.trials
+    assert alive_at_start == [[], [False], [False, False]]
+    assert len(resets) == 3
+
+
+def test_a_trial_that_breaks_its_gpu_stops_the_worker_with_what_to_do(
+    tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a device-side assert or an illegal memory access the process's CUDA context is
+    unusable: every later trial of the worker would fail at once and be counted. The trial
+    fails with its reason and the worker stops, saying how to go on (made here by raising
+    torch's accelerator error from the first training step)."""
+    import torch
+
+    from torchloom.engine.trainer import TrainingLoop
+    from torchloom.search.trial import DeviceUnusable
+
+    def broken(self: Any, batch: Any) -> Any:
+        raise torch.AcceleratorError("CUDA error: device-side assert triggered")
+
+    monkeypatch.setattr(TrainingLoop, "train_step", broken)
+    space = {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}}
+    config = tiny_config(tmp_path, mnist_folder)
+    with pytest.raises(DeviceUnusable, match="trial 0: left this process's GPU unusable") as error:
+        torchloom.search(config, space=space, trials=3, expdir=str(tmp_path / "runs"))
+    assert "device-side assert triggered" in str(error.value)
+    assert "loom search --resume" in str(error.value)
+    (search_dir,) = (tmp_path / "runs").glob("searches/*/*")  # the results so far: written
+    with open(search_dir / "trials.csv", newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    assert [row["state"] for row in rows] == ["fail"]

@@ -162,3 +162,30 @@ def test_an_importance_asked_for_is_kept_for_the_report(
     assert main([*command[:-1], str(elsewhere), "--importance", "anova"]) == 2
     assert "unknown importance evaluator 'anova'" in capsys.readouterr().err
     assert not elsewhere.exists()
+
+
+def test_loom_search_whose_trial_breaks_its_gpu_writes_what_finished_and_exits_2(
+    tmp_path: Path,
+    mnist_folder: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`loom search` after a trial broke its process's GPU (torch's accelerator error, made
+    here in the first training step): the trial fails with its reason, trials.csv is written,
+    and the command exits 2 saying how to go on, without starting the next trials."""
+    import torch
+
+    from torchloom.engine.trainer import TrainingLoop
+
+    def broken(self: object, batch: object) -> None:
+        raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(TrainingLoop, "train_step", broken)
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--trials", "3", "--expdir", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert "search worker stopped: trial 0: left this process's GPU unusable" in err
+    assert "illegal memory access" in err and "loom search --resume" in err
+    assert [row["state"] for row in _rows(_search_dir(runs))] == ["fail"]

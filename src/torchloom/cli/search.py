@@ -38,6 +38,7 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     from torchloom.search.record import check_importance
     from torchloom.search.results import sampled_values, write_results
     from torchloom.search.runner import SearchRequest, prepare_search, resume_search
+    from torchloom.search.trial import DeviceUnusable
 
     check_importance(args.importance, "command line --importance")
     request = SearchRequest(
@@ -71,7 +72,11 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     print(f"search folder: {search_dir}")
     print(f"study '{record.study}' in {record.storage}; {record.mode} {record.monitor}")
     record.set_importance(args.importance, search_dir)
-    status = run_workers(search_dir, record, args.workers, build_hooks, print, started)
+    stopped = None
+    try:
+        status = run_workers(search_dir, record, args.workers, build_hooks, print, started)
+    except DeviceUnusable as error:  # after the results so far are written: raised below
+        stopped, status = error, 2
     results = write_results(search_dir, record)
     page = write_page(search_dir, record, results)
     best = results.best
@@ -84,4 +89,6 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     print(f"report: {page}")
     if status == 130:
         print(f"interrupted; continue with `loom search --resume {search_dir}`")
+    if stopped is not None:
+        raise stopped
     return status

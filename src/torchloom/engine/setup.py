@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from torchloom.engine.distributed import (
 )
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.optim import build_optimizer, build_scheduler
-from torchloom.engine.reporting import Reporter, log_build_notes, make_logger
+from torchloom.engine.reporting import Reporter, close_logger, log_build_notes, make_logger
 from torchloom.engine.resume import (
     check_resumed_config,
     config_change_problem,
@@ -229,17 +230,17 @@ def start_run(
 ) -> TrainingLoop:
     """The loop of a run of a built pipeline (from YAML or from Python), new or resumed.
     Everything that can fail is checked before the run folder is created; `config_text` is
-    saved as its config.yaml. The folder's lock (taken here for a new run) is released if
-    set-up fails."""
-    lock = resume.lock if resume is not None else None
-    try:
-        setup = _setup(pipeline, sections, name, seed, options, where, config_text, resume)
-        lock = setup.lock
-        return TrainingLoop(setup, resume.checkpoint if resume is not None else None)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
+    saved as its config.yaml. If set-up fails, what it opened is closed again: the folder's
+    lock, the run's log (whose handlers also sit on the shared data and viewer loggers, where
+    a later run of the same process, a search's next trial, would write into this one's
+    run.log) and the training data's workers."""
+    with ExitStack() as undo:
+        if resume is not None:
+            undo.callback(resume.lock.release)
+        setup = _setup(pipeline, sections, name, seed, options, where, config_text, resume, undo)
+        loop = TrainingLoop(setup, resume.checkpoint if resume is not None else None)
+        undo.pop_all()  # the loop's from here: it closes them when the run ends
+        return loop
 
 
 def _section_loader(
@@ -277,7 +278,9 @@ def _setup(
     where: Where,
     config_text: str,
     resume: ResumePoint | None,
+    undo: ExitStack,
 ) -> RunSetup:
+    """A run's parts; what it opens is registered on `undo`, to close if set-up fails."""
     training = sections["training"]
     assert isinstance(training, TrainingConfig)
     dist = current()
@@ -291,6 +294,7 @@ def _setup(
     }
     train_data = loaders["training"]
     assert train_data is not None, "a training run has a training task"
+    undo.callback(train_data.close)
     if dist.active:
         check_shardable(loaders, pipeline, dist, where, training.distributed.strategy)
         check_strategy_hooks(options.hooks, training.distributed.strategy, dist, where)
@@ -303,16 +307,17 @@ def _setup(
     elif dist.main:
         run_dir = create_run_folder(options.expdir, name, options.tag)
         lock = RunLock(run_dir).acquire()
+        undo.callback(lock.release)
         try:
             write_run_config(run_dir, config_text)
             write_artifacts(run_dir, pipeline.components)
         except OSError as error:
-            lock.release()
             raise StorageError.from_os(error.filename or run_dir, error) from error
         dist.broadcast(str(run_dir))
     else:
         run_dir = Path(dist.broadcast(None))
     log = make_logger(run_dir, options.quiet, writing=dist.main)
+    undo.callback(close_logger, log)
     if resume is not None and resume.note is not None:
         log.warning("%s", resume.note)
     log_build_notes(log, pipeline)

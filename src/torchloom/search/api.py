@@ -46,6 +46,7 @@ from torchloom.search.runner import (
 from torchloom.search.settings import SearchSettings, component_spec
 from torchloom.search.space import parse_parameter
 from torchloom.search.study import config_digest, create_study, journal_url, load_study
+from torchloom.search.trial import DeviceUnusable
 from torchloom.search.worker import Proposal, work
 
 if TYPE_CHECKING:
@@ -152,7 +153,7 @@ def search(
     `importance`: "ped-anova" (default) or "fanova", kept in the folder for `loom report`."""
     say: Callable[[str], None] = (lambda line: None) if quiet else print
     check_importance(importance, "torchloom.search importance")
-    interrupted = False
+    interrupted, stopped = False, None
     if callable(config):
         if workers != 1:
             raise ConfigError.at(
@@ -178,6 +179,8 @@ def search(
             work(search_dir, record, build_hooks, say, _deadline(record), propose)
         except KeyboardInterrupt:
             interrupted = True
+        except DeviceUnusable as error:
+            stopped = error
     else:
         request = SearchRequest(
             config=config,
@@ -199,11 +202,16 @@ def search(
         )
         prepared = resume_search(request) if resume is not None else prepare_search(request)
         search_dir, record = prepared
-        interrupted = run_workers(search_dir, record, workers, build_hooks, say) == 130
+        try:
+            interrupted = run_workers(search_dir, record, workers, build_hooks, say) == 130
+        except DeviceUnusable as error:
+            stopped = error
     record.set_importance(importance, search_dir)  # kept for `loom report`
     results = write_results(search_dir, record)
     write_page(search_dir, record, results)
-    if interrupted:  # what finished is written; `resume=search_dir` continues
+    if stopped is not None:  # what finished is written; `resume=search_dir` continues
+        raise stopped
+    if interrupted:
         raise KeyboardInterrupt
     best = results.best
     return SearchResult(

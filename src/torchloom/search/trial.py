@@ -33,6 +33,15 @@ class TrialFailed(Exception):
         self.reason, self.run_dir = reason, run_dir
 
 
+class DeviceFailed(TrialFailed):
+    """A trial whose GPU failed (a device-side assert, an illegal memory access): the process's
+    CUDA context is unusable from then on, so every later trial of its worker would fail."""
+
+
+class DeviceUnusable(LoomError):
+    headline = "search worker stopped"
+
+
 class Pruned(Exception):
     def __init__(self, reason: str, run_dir: Path | None) -> None:
         super().__init__(reason)
@@ -133,6 +142,8 @@ def run_trial(
             raise KeyboardInterrupt from error
         if isinstance(error, LoomError):
             raise TrialFailed(failure_reason(error), run_dir) from error
+        if _device_failed(error):
+            raise DeviceFailed(f"crashed: {failure_reason(error)}", run_dir) from error
         # A crash in one trial never ends the study.
         raise TrialFailed(f"crashed: {failure_reason(error)}", run_dir) from error
     if reporter.pruned_at is not None:
@@ -150,6 +161,18 @@ def run_trial(
             result.run_dir,
         )
     return value, result
+
+
+def _device_failed(error: BaseException) -> bool:
+    """Whether torch's accelerator error is in the chain of `error` (what the run made of it)."""
+    import torch
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, torch.AcceleratorError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _final_value(result: RunResult, objective: Objective) -> float | None:

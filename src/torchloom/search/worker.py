@@ -5,7 +5,10 @@ only Ctrl-C / SIGTERM ends the worker early, its trial failed and queued again."
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import random
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -27,7 +30,14 @@ from torchloom.search.record import SearchRecord
 from torchloom.search.results import VALUES
 from torchloom.search.space import SearchSpace
 from torchloom.search.study import load_study, make_pruner, make_sampler
-from torchloom.search.trial import Objective, Pruned, TrialFailed, run_trial
+from torchloom.search.trial import (
+    DeviceFailed,
+    DeviceUnusable,
+    Objective,
+    Pruned,
+    TrialFailed,
+    run_trial,
+)
 from torchloom.signals import stop_asked
 
 if TYPE_CHECKING:
@@ -141,10 +151,32 @@ def work(
         if trial is None:  # another machine took the last trial at the same moment
             time.sleep(random.uniform(0.05, 0.5))  # if it handed its own back too: apart
             continue
-        with get_heartbeat_thread(trial._trial_id, study._storage):
-            _run_one(study, trial, propose, search_dir, objective, options, say)
+        try:
+            with get_heartbeat_thread(trial._trial_id, study._storage):
+                _run_one(study, trial, propose, search_dir, objective, options, say)
+        finally:
+            _release_the_trial()
         ran += 1
     return ran
+
+
+def _release_the_trial() -> None:
+    """What a trial left goes before the next one starts in this process:
+    - a run that failed or diverged is held in reference cycles through its exception's
+      traceback (its model, optimizer state, last batch: on a GPU, memory the next trial
+      needs) until Python's full collection, which nothing else would start in time;
+    - torch.compile's caches of its models: dynamo compiles a code object (a model class's
+      forward) at most 8 times, so after a few trials of other sizes the next trials' models
+      would run eagerly, with nothing said but one warning."""
+    import torch
+
+    gc.collect()
+    if "torch._dynamo" in sys.modules:
+        torch.compiler.reset()
+    if torch.cuda.is_initialized():
+        # A GPU a trial broke (DeviceUnusable, on its way out) raises here too.
+        with contextlib.suppress(RuntimeError):
+            torch.cuda.empty_cache()
 
 
 def _run_one(
@@ -193,6 +225,16 @@ def _run_one(
         # in run_trial): _finish tells that from a failure of its own.
         if _finish(study, trial, say, {"reason": failed.reason}, state=TrialState.FAIL):
             say(f"trial {trial.number}: failed: {failed.reason} [{shown}]")
+        if isinstance(failed, DeviceFailed):
+            raise DeviceUnusable.at(
+                "",
+                f"trial {trial.number}",
+                f"left this process's GPU unusable ({failed.reason}); every later trial of "
+                "this worker would fail at once",
+                f"`loom search --resume {search_dir}` continues the study in a new process; "
+                "if the trial's values caused it (a class count below the data's labels), "
+                "narrow the space",
+            ) from failed
     except UpdateFinishedTrialError:  # finished elsewhere while its values were drawn
         say(_DROPPED.format(number=trial.number))
     except KeyboardInterrupt:
