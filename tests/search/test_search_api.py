@@ -204,9 +204,11 @@ def test_a_trial_that_breaks_its_gpu_stops_the_worker_with_what_to_do(
     """After a device-side assert or an illegal memory access the process's CUDA context is
     unusable: every later trial of the worker would fail at once and be counted. The trial
     fails with its reason and the worker stops, saying how to go on (made here by raising
-    torch's accelerator error from the first training step)."""
+    torch's accelerator error from the first training step, on a GPU that no longer
+    answers). An accelerator error that leaves the GPU answering fails its trial alone."""
     import torch
 
+    import torchloom.search.trial as trial_module
     from torchloom.engine.trainer import TrainingLoop
     from torchloom.search.trial import DeviceUnusable
 
@@ -214,8 +216,12 @@ def test_a_trial_that_breaks_its_gpu_stops_the_worker_with_what_to_do(
         raise torch.AcceleratorError("CUDA error: device-side assert triggered")
 
     monkeypatch.setattr(TrainingLoop, "train_step", broken)
+    monkeypatch.setattr(trial_module, "gpu_answers", lambda: True)
     space = {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}}
     config = tiny_config(tmp_path, mnist_folder)
+    recovered = torchloom.search(config, space=space, trials=2, expdir=str(tmp_path / "first"))
+    assert [row["state"] for row in recovered.trials] == ["fail", "fail"]
+    monkeypatch.setattr(trial_module, "gpu_answers", lambda: False)
     with pytest.raises(DeviceUnusable, match="trial 0: left this process's GPU unusable") as error:
         torchloom.search(config, space=space, trials=3, expdir=str(tmp_path / "runs"))
     assert "device-side assert triggered" in str(error.value)

@@ -175,12 +175,14 @@ def test_loom_search_whose_trial_breaks_its_gpu_writes_what_finished_and_exits_2
     and the command exits 2 saying how to go on, without starting the next trials."""
     import torch
 
+    import torchloom.search.trial as trial_module
     from torchloom.engine.trainer import TrainingLoop
 
     def broken(self: object, batch: object) -> None:
         raise torch.AcceleratorError("CUDA error: an illegal memory access was encountered")
 
     monkeypatch.setattr(TrainingLoop, "train_step", broken)
+    monkeypatch.setattr(trial_module, "gpu_answers", lambda: False)  # the GPU is gone
     search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
     config = tiny_config(tmp_path, mnist_folder, search)
     runs = tmp_path / "runs"

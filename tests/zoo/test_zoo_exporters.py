@@ -27,13 +27,16 @@ class ScalarReads(TorchDispatchMode):
 
 
 def test_rows_per_sample_from_one_read_of_each_tensor(tmp_path: Path) -> None:
-    exporter = StreamFileExporter.create(input_streams=["indices", "scores", "labels"])
+    streams = ["indices", "scores", "labels", "tokens", "vectors"]
+    exporter = StreamFileExporter.create(input_streams=streams)
     assert isinstance(exporter, StreamFileExporter)
     exporter.begin_pass("validation", tmp_path)
     batch: dict[str, Any] = {
         "indices": torch.arange(64),
         "scores": torch.arange(128, dtype=torch.float32).view(64, 2) / 4,
         "labels": [f"class {i % 3}" for i in range(64)],
+        "tokens": [["the", f"cat {i}"] for i in range(64)],  # a list stream, as Python writes it
+        "vectors": [torch.tensor([i, -i]) for i in range(64)],  # tensors in a list stream
     }
     with ScalarReads() as reads:
         exporter(batch)
@@ -42,4 +45,10 @@ def test_rows_per_sample_from_one_read_of_each_tensor(tmp_path: Path) -> None:
     with open(tmp_path / "exported_streams.csv", newline="", encoding="utf-8") as file:
         rows = list(csv.DictReader(file))
     assert len(rows) == 64
-    assert rows[5] == {"indices": "5", "scores": "2.5 2.75", "labels": "class 2"}
+    assert rows[5] == {
+        "indices": "5",
+        "scores": "2.5 2.75",
+        "labels": "class 2",
+        "tokens": "['the', 'cat 5']",
+        "vectors": "5 -5",
+    }

@@ -256,8 +256,7 @@ class ClassificationAnalysis(Hook):
                     why = (
                         f"'{output.predictions}' scores {classes} classes, more than "
                         f"{MAX_CLASSES}: a confusion matrix of {classes}x{classes} counts (on "
-                        "the run's device, for each split) and plots of as many cells; "
-                        "PrecisionRecallStatistics reports per-class figures"
+                        "the run's device, for each split) and plots of as many cells"
                     )
                     say_skipped(run, [f"classification reports (output '{output.name}')"], why)
                 return None

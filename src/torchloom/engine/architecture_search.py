@@ -76,27 +76,17 @@ def check_search(pipeline: Pipeline, training: TrainingConfig, where: Where) -> 
             )
         )
     clashes = {
-        ("sampler",): training.sampler is not None,  # the search splits the set itself
+        ("sampler",): training.sampler is not None,
         ("precision",): training.precision == "fp16",
         ("compile",): training.compile is not False,
         ("dataloader", "reservoir"): training.dataloader.reservoir is not None,
     }
+    why: dict[tuple[str, ...], str] = {("sampler",): " (the search splits the training set itself)"}
     for key, clash in clashes.items():
         if clash:
             name = "training." + ".".join(key)
-            problems.append(
-                Problem(
-                    where("training", *key),
-                    name,
-                    "cannot be used with training.architecture_search"
-                    + (
-                        " (the search splits the training set itself)"
-                        if key == ("sampler",)
-                        else ""
-                    ),
-                    f"remove {name}",
-                )
-            )
+            message = "cannot be used with training.architecture_search" + why.get(key, "")
+            problems.append(Problem(where("training", *key), name, message, f"remove {name}"))
     if search.order == "second" and training.precision == "bf16":
         problems.append(
             Problem(

@@ -231,8 +231,8 @@ def launch(
     endpoint = options.rdzv_endpoint or f"127.0.0.1:{free_port()}"
     if options.node_rank == 0:
         _check_port_free(endpoint)
-    else:
-        _wait_for_node_0(endpoint, options.rdzv_timeout)
+    # Of --rdzv-timeout, the part spent waiting for node 0's port: the rendezvous has the rest.
+    waited = _wait_for_node_0(endpoint, options.rdzv_timeout) if options.node_rank else 0.0
     # The agent logs every worker's exit with a traceback; what failed is said by the caller
     # (a user error in a worker's own words, an internal one through WorkerFailed).
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
@@ -246,7 +246,7 @@ def launch(
         rdzv_endpoint=endpoint,
         rdzv_configs={
             "is_host": options.node_rank == 0,
-            "join_timeout": options.rdzv_timeout,
+            "join_timeout": max(1, round(options.rdzv_timeout - waited)),
             "read_timeout": options.rdzv_timeout,
             "rank": options.node_rank,
         },
@@ -359,17 +359,17 @@ def _passed_on(handoff: Handoff) -> Iterator[_PassedOn]:
             signal.signal(signum, handler)
 
 
-def _wait_for_node_0(endpoint: str, timeout: int) -> None:
-    """Wait until node 0's rendezvous takes a connection, for at most `timeout` seconds.
-    torch's store client would wait too, but prints a C++ stack trace at every failed try."""
+def _wait_for_node_0(endpoint: str, timeout: int) -> float:
+    """The seconds waited until node 0's rendezvous took a connection (at most `timeout`).
+    torch's store client would wait too, printing a C++ stack trace at every failed try."""
     host, _, port = endpoint.rpartition(":")
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
     while True:
         try:
             socket.create_connection((host, int(port)), timeout=1.0).close()
-            return
+            return time.monotonic() - started
         except OSError as error:
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= started + timeout:
                 raise _node_0_silent(endpoint, timeout, error.strerror or str(error)) from None
         time.sleep(0.5)
 

@@ -147,16 +147,23 @@ def _run_processes(
     start-up (torch's import, the data read again) is seconds of a core, which --workers K
     on K cores would otherwise take from the trials."""
     from torchloom.search.results import import_result_modules
+    from torchloom.search.trial import DeviceUnusable
     from torchloom.search.worker import work
 
     codes: list[int] = []
     try:
         try:
             others.begin(search_dir, deadline)
+            stopped = None
             with _torch_threads(others.env["OMP_NUM_THREADS"]):  # as many as each other worker
-                work(search_dir, record, hook_factory, say, deadline, worker=0)
+                try:
+                    work(search_dir, record, hook_factory, say, deadline, worker=0)
+                except DeviceUnusable as error:  # this worker's GPU; the others' are fine
+                    stopped = error
             import_result_modules()  # seconds this process would wait for the others anyway
             codes = others.wait()
+            if stopped is not None:
+                raise stopped
         except KeyboardInterrupt:
             for process in others.processes:
                 if process.poll() is None:

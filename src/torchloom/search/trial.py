@@ -140,10 +140,10 @@ def run_trial(
     except Exception as error:
         if stop_asked():  # the interrupt, turned into another error by what it cut short
             raise KeyboardInterrupt from error
+        if _device_failed(error):  # before a LoomError: the run may have wrapped it
+            raise DeviceFailed(f"crashed: {failure_reason(error)}", run_dir) from error
         if isinstance(error, LoomError):
             raise TrialFailed(failure_reason(error), run_dir) from error
-        if _device_failed(error):
-            raise DeviceFailed(f"crashed: {failure_reason(error)}", run_dir) from error
         # A crash in one trial never ends the study.
         raise TrialFailed(f"crashed: {failure_reason(error)}", run_dir) from error
     if reporter.pruned_at is not None:
@@ -164,15 +164,27 @@ def run_trial(
 
 
 def _device_failed(error: BaseException) -> bool:
-    """Whether torch's accelerator error is in the chain of `error` (what the run made of it)."""
+    """Whether `error` (or what it was made from) is torch's accelerator error and the GPU no
+    longer answers: some such errors (an oversized launch) leave the process's CUDA context
+    usable, a device-side assert or an illegal memory access does not."""
     import torch
 
     seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, torch.AcceleratorError):
-            return True
+    while seen is not None and not isinstance(seen, torch.AcceleratorError):
         seen = seen.__cause__ or seen.__context__
-    return False
+    return seen is not None and not gpu_answers()
+
+
+def gpu_answers() -> bool:
+    """Whether this process's GPU still runs a kernel and synchronises."""
+    import torch
+
+    try:
+        torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    except Exception:
+        return False
+    return True
 
 
 def _final_value(result: RunResult, objective: Objective) -> float | None:

@@ -171,11 +171,12 @@ def _release_the_trial() -> None:
     import torch
 
     gc.collect()
-    if "torch._dynamo" in sys.modules:
-        torch.compiler.reset()
-    if torch.cuda.is_initialized():
-        # A GPU a trial broke (DeviceUnusable, on its way out) raises here too.
-        with contextlib.suppress(RuntimeError):
+    # Neither may replace the error a trial ends the worker with (DeviceUnusable: a broken
+    # GPU raises here too).
+    with contextlib.suppress(Exception):
+        if "torch._dynamo" in sys.modules:
+            torch.compiler.reset()
+        if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
 
 

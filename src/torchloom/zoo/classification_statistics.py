@@ -91,14 +91,20 @@ class PrecisionRecallStatistics(CountedLater):
     def __init__(self, params: PrecisionRecallParams, context: BuildContext) -> None:
         super().__init__(params, context)
         self.num_classes = int(self.global_value("num_classes"))
-        classes = self.num_classes
         # A buffer, so the counts follow the pipeline to its device; not persistent, so the
-        # pipeline's own statistic adds nothing to checkpoints (count_persistently).
-        counts = torch.zeros(classes * classes + 1, dtype=torch.int64)
-        self.register_buffer("confusion", counts, persistent=False)
+        # pipeline's own statistic adds nothing to checkpoints (count_persistently). Empty
+        # until ready(): the engine's copies count, the pipeline's own never does, and the
+        # matrix grows with the square of the classes.
+        self.register_buffer("confusion", torch.zeros(0, dtype=torch.int64), persistent=False)
         self._pending = PendingColumns(2)  # each step's argmax and targets
 
+    def ready(self) -> None:
+        if not self.confusion.numel():
+            size = self.num_classes * self.num_classes + 1
+            self.confusion = torch.zeros(size, dtype=torch.int64, device=self.confusion.device)
+
     def count_persistently(self) -> None:
+        self.ready()
         self.register_buffer("confusion", self.confusion, persistent=True)
 
     def input_specs(self) -> dict[str, StreamSpec]:
@@ -117,6 +123,7 @@ class PrecisionRecallStatistics(CountedLater):
         pending = self._pending.take()
         if pending is None:
             return
+        self.ready()  # a statistic counted outside the engine (tests, a program's own)
         chosen, targets = pending
         classes, ignored = self.num_classes, self.params.ignore_index
         counted = (targets >= 0) & (targets < classes)
@@ -131,6 +138,8 @@ class PrecisionRecallStatistics(CountedLater):
         """The confusion matrix so far, [target, predicted], on the host."""
         self.count_pending()
         classes = self.num_classes
+        if not self.confusion.numel():  # never counted
+            return torch.zeros(classes, classes, dtype=torch.int64)
         return self.confusion[:-1].cpu().view(classes, classes)
 
     def compute(self) -> dict[str, float]:

@@ -28,11 +28,13 @@ class StreamFileExporterParams(ComponentParams):
     )
 
 
-def _cell(value: Any) -> str:
-    """A sample's value as text: a number, or a tensor's values space-separated (a tensor
-    column reaches here as nested lists)."""
-    if isinstance(value, list):
-        return " ".join(_cell(v) for v in value)
+def _cell(value: Any, of_a_tensor: bool) -> str:
+    """A sample's value as text: a tensor's values space-separated (a tensor stream reaches
+    here as nested lists, `of_a_tensor`), anything else as Python writes it."""
+    if isinstance(value, torch.Tensor):  # a sample's tensor in a list stream
+        value, of_a_tensor = value.tolist(), True
+    if of_a_tensor and isinstance(value, list):
+        return " ".join(_cell(v, True) for v in value)
     return str(value)
 
 
@@ -79,12 +81,11 @@ class StreamFileExporter(Component):
             return {}
         # Each tensor read back once a batch: sample by sample, each .item() or .tolist()
         # would wait for a GPU.
-        columns = [
-            value.detach().tolist() if isinstance(value, torch.Tensor) else value
-            for value in (inputs[name] for name in self.params.input_streams)
-        ]
+        values = [inputs[name] for name in self.params.input_streams]
+        tensors = [isinstance(value, torch.Tensor) for value in values]
+        columns = [v.detach().tolist() if t else v for v, t in zip(values, tensors, strict=True)]
         for row in zip(*columns, strict=True):
-            self._writer.writerow([_cell(value) for value in row])
+            self._writer.writerow([_cell(v, t) for v, t in zip(row, tensors, strict=True)])
         return {}
 
     def end_pass(self) -> None:

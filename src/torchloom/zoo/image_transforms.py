@@ -32,7 +32,7 @@ from torchloom.errors import ComponentError, Problem
 
 Size2D = Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]
 
-# Precomputed float images beyond this size are not kept: the steps then run per sample.
+# Precomputed float images beyond this size are not kept: the steps then run on each batch.
 PRECOMPUTE_LIMIT_BYTES = 1 << 30
 
 
@@ -92,11 +92,11 @@ class ImageTransforms(_Strict):
 class ImageTransformer:
     """The transforms of one task for images of a known depth and size.
 
-    `precompute(images)` takes the whole [count, depth, height, width] uint8 set and returns
-    what the task should keep; `__call__` takes one kept image and returns the sample, and
-    `random_steps` a batch of them. A kept image that is still uint8 (the set was too large to
-    precompute, or there was nothing but the conversion to floats to precompute) runs every
-    step.
+    `precompute(images)` takes the whole [count, depth, height, width] set (as floats in
+    [0, 1]) and returns what the task should keep; `__call__` takes one kept image and returns
+    the sample, and `random_steps` a batch of them. A set the task keeps as uint8 (too large
+    to precompute, or nothing but the conversion to floats to precompute) goes through
+    `deterministic_steps` batch by batch.
 
     The random steps draw each image's numbers in one row of `torch.rand` on the host, in
     image order (`_draws`), and then crop, flip and cut the whole batch at once, on whatever
