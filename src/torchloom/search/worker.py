@@ -5,7 +5,6 @@ only Ctrl-C / SIGTERM ends the worker early, its trial failed and queued again."
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import random
 import sys
@@ -151,11 +150,11 @@ def work(
         if trial is None:  # another machine took the last trial at the same moment
             time.sleep(random.uniform(0.05, 0.5))  # if it handed its own back too: apart
             continue
-        try:
-            with get_heartbeat_thread(trial._trial_id, study._storage):
-                _run_one(study, trial, propose, search_dir, objective, options, say)
-        finally:
-            _release_the_trial()
+        with get_heartbeat_thread(trial._trial_id, study._storage):
+            _run_one(study, trial, propose, search_dir, objective, options, say)
+        # Not on the way out (a stop, a broken GPU): a stop must reach the other workers at
+        # once, before they finish a trial and take the next.
+        _release_the_trial()
         ran += 1
     return ran
 
@@ -171,13 +170,10 @@ def _release_the_trial() -> None:
     import torch
 
     gc.collect()
-    # Neither may replace the error a trial ends the worker with (DeviceUnusable: a broken
-    # GPU raises here too).
-    with contextlib.suppress(Exception):
-        if "torch._dynamo" in sys.modules:
-            torch.compiler.reset()
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
+    if "torch._dynamo" in sys.modules:
+        torch.compiler.reset()
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _run_one(
