@@ -126,7 +126,8 @@ step cuda-tests 80 "$PY" -m pytest -q -p no:cacheprovider -rs \
   "tests/e2e/test_e2e_distributed.py::test_gpu_starts_one_process_per_visible_gpu" \
   "tests/zoo/test_zoo_vision_cifar.py::test_a_task_held_on_a_device_gathers_its_batches_there" \
   "tests/zoo/test_zoo_sort_of_clevr.py::test_a_split_held_on_a_device_gathers_its_batches_there" \
-  "tests/zoo/text/test_text_indexers.py::test_outputs_follow_the_component_to_its_device"
+  "tests/zoo/text/test_text_indexers.py::test_outputs_follow_the_component_to_its_device" \
+  "tests/zoo/test_zoo_sequence_models.py::test_recurrent_models_train_under_cuda_bf16_autocast"
 
 # ---- loom train runs of LeNet-5/MNIST on the device ---------------------------------------
 # Each: exit status 0, and its summary.json's status, final accuracy, seconds per epoch

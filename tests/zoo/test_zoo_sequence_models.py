@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -679,3 +680,61 @@ def test_an_encoder_attention_decoder_pipeline_checks_and_trains(tmp_path: Path)
     assert validation["accuracy"] > 0.9 and validation["bleu"] > 0.8
     wrong = ["check", str(config), "pipeline.word_accuracy.sequence=false"]
     assert main(wrong) == 2  # the handshake sees rank-3 predictions for a rank-2 input
+
+
+class FP16UnderAutocast(torch.nn.Module):
+    """A recurrent layer as torch's autocast runs cuDNN's on a GPU: in fp16, whatever
+    autocast's dtype (aten/src/ATen/cudnn/AutocastRNN.cpp casts to Half); as it is without."""
+
+    def __init__(self, layer: torch.nn.RNNBase) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, inputs: Any, state: Any) -> Any:
+        outputs, final = self.layer(inputs, state)
+        if not torch.is_autocast_enabled("cpu"):
+            return outputs, final
+        if isinstance(final, tuple):
+            return outputs.half(), tuple(part.half() for part in final)
+        return outputs.half(), final.half()
+
+
+@pytest.mark.parametrize("use_lengths", [False, True])
+def test_recurrent_layers_run_in_float32_under_bf16_autocast(use_lengths: bool) -> None:
+    """Under bf16 autocast a GPU's recurrent layers would give fp16 (made so here), which
+    autocast refuses to mix with bf16 (the final state's `cat`) and which has no gradient
+    scaler: they run in float32 with autocast off, and the model trains."""
+    model = rnn(cell_type="LSTM", bidirectional=True, use_lengths=use_lengths)
+    model.rnn = FP16UnderAutocast(model.rnn)  # type: ignore[assignment]
+    batch = {"inputs": torch.randn(3, 6, 5), "lengths": torch.tensor([6, 2, 4])}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(batch)
+    assert out["outputs"].dtype == torch.float32 and out["final_state"].dtype == torch.float32
+    out["predictions"].float().sum().backward()
+    assert all(
+        p.grad is not None and bool(torch.isfinite(p.grad).all()) for p in model.rnn.parameters()
+    )
+    seq2seq = Seq2Seq.create(
+        cell_type="GRU", globals={"input_size": VOCABULARY, "prediction_size": VOCABULARY}
+    )
+    seq2seq.decoder = FP16UnderAutocast(seq2seq.decoder)  # type: ignore[assignment]
+    seq2seq.encoder = FP16UnderAutocast(seq2seq.encoder)  # type: ignore[assignment]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        predictions = seq2seq(decoder_batch())["predictions"]
+    assert bool(torch.isfinite(predictions).all())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("cell_type", ["LSTM", "GRU"])
+def test_recurrent_models_train_under_cuda_bf16_autocast(cell_type: str) -> None:
+    """The same on a GPU, where cuDNN's recurrent layers are what autocast casts to fp16."""
+    model = rnn(cell_type=cell_type, bidirectional=True, use_lengths=True).cuda()
+    batch = {
+        "inputs": torch.randn(3, 6, 5, device="cuda"),
+        "lengths": torch.tensor([6, 2, 4], device="cuda"),
+    }
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = model(batch)
+    out["predictions"].float().sum().backward()
+    assert out["final_state"].dtype == torch.float32
+    assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)

@@ -4,12 +4,12 @@ lengths; also the length helpers the other sequence models share."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
 from torch import nn
-from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
 from torchloom.core.streams import FLOATING, Dim, StreamSpec
@@ -17,6 +17,7 @@ from torchloom.core.streams import FLOATING, Dim, StreamSpec
 CellType = Literal["LSTM", "GRU", "RNN_TANH", "RNN_RELU"]
 # The hidden state of an LSTM is (h, c); of the others, h alone.
 State = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+BF16 = torch.bfloat16
 
 
 def checked_lengths(lengths: torch.Tensor, steps: int) -> torch.Tensor:
@@ -66,15 +67,32 @@ def run_rnn(
     initial state included), so every sequence stops at its own last step: its final state
     is the state there, and its outputs past its length are zeros."""
     if lengths is None:
-        return rnn(inputs, state)
+        return call_rnn(rnn, inputs, state)
     steps = inputs.shape[1]
     # pack_padded_sequence wants the lengths on the CPU: one small copy per batch.
     packed = pack_padded_sequence(
         inputs, checked_lengths(lengths, steps).cpu(), batch_first=True, enforce_sorted=False
     )
-    packed_outputs, final = rnn(packed, state)
+    packed_outputs, final = call_rnn(rnn, packed, state)
     outputs, _ = pad_packed_sequence(packed_outputs, batch_first=True, total_length=steps)
     return outputs, final
+
+
+def call_rnn(rnn: nn.RNNBase, inputs: Any, state: State | None) -> tuple[Any, State]:
+    """`rnn(inputs, state)`; under bf16 autocast, in float32 with autocast off. On a GPU
+    torch's autocast runs cuDNN's recurrent layers in fp16 whatever autocast's dtype is: their
+    fp16 outputs then meet bf16 tensors in operations autocast will not mix (a `cat` fails
+    with "Unexpected floating ScalarType"), and fp16 without the gradient scaler a bf16 run
+    does not have can underflow. float32 is what autocast leaves the sums and losses in."""
+    device = (inputs.data if isinstance(inputs, PackedSequence) else inputs).device.type
+    if not (torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == BF16):
+        return rnn(inputs, state)
+    if isinstance(state, tuple):
+        state = (state[0].float(), state[1].float())
+    elif state is not None:
+        state = state.float()
+    with torch.autocast(device, enabled=False):
+        return rnn(inputs.float(), state)
 
 
 def state_to_flat(state: State) -> torch.Tensor:

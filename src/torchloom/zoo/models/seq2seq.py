@@ -12,7 +12,7 @@ from torch import nn
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams, Model
 from torchloom.core.streams import FLOATING, Dim, StreamSpec
 from torchloom.errors import ComponentError, Problem
-from torchloom.zoo.models.recurrent import make_rnn, run_rnn
+from torchloom.zoo.models.recurrent import call_rnn, make_rnn, run_rnn
 
 
 class DecoderParams(ComponentParams):
@@ -216,12 +216,12 @@ class Seq2Seq(Model):
         if self.training and self.params.teacher_forcing_ratio == 1.0:
             # Every step is fed its target: one call over the shifted targets.
             fed = torch.cat([start, teacher_words(inputs["targets"][:, :-1])], dim=1)
-            outputs, _ = self.decoder(self.dropout(self.embedding(fed)), state)
+            outputs, _ = call_rnn(self.decoder, self.dropout(self.embedding(fed)), state)
             return {"predictions": self._predict(outputs)}
         word, predictions = start[:, 0], []
         for step in range(steps):
             embedded = self.dropout(self.embedding(word))[:, None]
-            output, state = self.decoder(embedded, state)
+            output, state = call_rnn(self.decoder, embedded, state)
             logits = self._predict(output[:, 0])
             predictions.append(logits)
             word = next_words(logits.argmax(dim=-1), inputs, step, self.params, self.training)
