@@ -17,7 +17,7 @@ from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams
 from torchloom.core.streams import FLOATING, StreamSpec
-from torchloom.zoo.pending_counts import CountedLater, PendingColumns
+from torchloom.zoo.pending_counts import CountedLater, PendingColumns, set_aside_choices
 
 Average = Literal["macro", "micro", "weighted"]
 AVERAGES: tuple[Average, ...] = ("macro", "micro", "weighted")
@@ -114,10 +114,9 @@ class PrecisionRecallStatistics(CountedLater):
         }
 
     def update(self, inputs: Batch) -> None:
-        targets = inputs["targets"]
-        chosen, goals = self._pending.reserve(len(targets), targets.device, self.count_pending)
-        goals.copy_(targets)
-        torch.argmax(inputs["predictions"], dim=-1, out=chosen)
+        set_aside_choices(
+            self._pending, inputs["predictions"], inputs["targets"], self.count_pending
+        )
 
     def count_pending(self) -> None:
         pending = self._pending.take()

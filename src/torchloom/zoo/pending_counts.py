@@ -65,6 +65,22 @@ class PendingColumns:
         self.filled = 0
 
 
+def set_aside_choices(
+    pending: PendingColumns,
+    predictions: torch.Tensor,
+    targets: torch.Tensor,
+    count_pending: Callable[[], None],
+) -> None:
+    """A step's chosen classes (the argmax over the last dimension of `predictions`) and its
+    `targets` (any shape, a sequence's [batch, steps] too), copied into the first two columns
+    of `pending`."""
+    chosen, goals = pending.reserve(targets.numel(), targets.device, count_pending)[:2]
+    if targets.dim() != 1:
+        chosen, goals = chosen.view(targets.shape), goals.view(targets.shape)
+    goals.copy_(targets)
+    torch.argmax(predictions, dim=-1, out=chosen)
+
+
 class CountedLater(Statistic):
     """A statistic whose steps wait in PendingColumns: `count_pending` counts them into the
     statistic's buffers, which are all counts; reading or replacing the buffers through a

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams
 from torchloom.core.streams import FLOATING, StreamSpec
-from torchloom.zoo.pending_counts import CountedLater, PendingColumns
+from torchloom.zoo.pending_counts import CountedLater, PendingColumns, set_aside_choices
 
 
 class AccuracyStatisticsParams(ComponentParams):
@@ -94,12 +94,9 @@ class AccuracyStatistics(CountedLater):
 
     def update(self, inputs: Batch) -> None:
         # Every training step: two copies, counted later (zoo/pending_counts.py).
-        targets = inputs["targets"]
-        chosen, goals = self._pending.reserve(targets.numel(), targets.device, self.count_pending)
-        if targets.dim() != 1:  # a sequence's [batch, steps]
-            chosen, goals = chosen.view(targets.shape), goals.view(targets.shape)
-        goals.copy_(targets)
-        torch.argmax(inputs["predictions"], dim=-1, out=chosen)
+        set_aside_choices(
+            self._pending, inputs["predictions"], inputs["targets"], self.count_pending
+        )
 
     def count_pending(self) -> None:
         pending = self._pending.take()
