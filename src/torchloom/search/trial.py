@@ -176,12 +176,14 @@ def _device_failed(error: BaseException) -> bool:
 
 
 def gpu_answers() -> bool:
-    """Whether this process's GPU still runs a kernel and synchronises."""
+    """Whether this process's accelerator (a GPU) still runs a kernel and synchronises."""
     import torch
 
+    if not torch.accelerator.is_available():
+        return True  # nothing there to have broken
     try:
-        torch.ones(1, device="cuda").add_(1)
-        torch.cuda.synchronize()
+        torch.ones(1, device=torch.accelerator.current_accelerator()).add_(1)
+        torch.accelerator.synchronize()
     except Exception:
         return False
     return True
