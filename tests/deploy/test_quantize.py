@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from torchloom.cli.main import main
 from torchloom.deploy.quantize import load_quantized
@@ -173,6 +174,24 @@ def test_python_api_quantizes_like_the_command(ffn_run: Path, tmp_path: Path) ->
     assert result.report["mode"] == "static"
     # A feed-forward network's Linear+ReLU pairs are fused; every Linear is int8.
     assert all(layer["quantized"] for layer in result.report["layers"])
+
+
+def test_quantization_aware_training_of_a_run_trained_in_bf16_fine_tunes_in_float32(
+    lenet_run: Path, tmp_path: Path
+) -> None:
+    """A run trained with `precision: bf16` (a GPU run's usual setting) is fine-tuned on the
+    CPU in float32: under its autocast the fake-quantized layers got bf16, which they refuse
+    ("expected scalar type Float but found BFloat16")."""
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    saved = run / "config.yaml"
+    config = yaml.safe_load(saved.read_text(encoding="utf-8"))
+    config["training"]["precision"] = "bf16"
+    saved.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert quantize(run, "--mode", "qat", "--qat-epochs", "1", "--qat-lr", "0.0002") == 0
+    report = report_of(run / "quantized" / "qat")
+    training = Path(report["qat"]["training_run"])
+    assert "# override: ++training.precision=fp32" in (training / "config.yaml").read_text()
 
 
 def test_quantization_aware_training_fine_tunes_through_the_engine(

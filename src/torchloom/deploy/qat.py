@@ -178,6 +178,10 @@ def _new_loop(
     overrides = [
         f"training.terminal_conditions.epoch_limit={epochs}",
         f"training.optimizer.lr={rate}",
+        # On the CPU, in float32: fake quantization takes float32 alone (a bf16 or fp16 run's
+        # autocast hands it other dtypes), and a GPU run's compile would need a C++ compiler.
+        "++training.precision=fp32",
+        "++training.compile=false",
     ]
     loaded, sections = load_and_validate(run.run_dir / "config.yaml", overrides)
     header = f"# quantization-aware fine-tuning of {run.run_dir} ({run.checkpoint.name})\n"
