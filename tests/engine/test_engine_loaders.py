@@ -78,6 +78,38 @@ def test_a_reservoir_loader_gives_the_epochs_batches_renamed_and_stops_its_worke
     assert workers and not any(process.is_alive() for process in workers)
 
 
+def test_batches_for_a_gpu_are_pinned_reservoir_batches_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A copy to a GPU from pageable memory waits for the GPU's queue: a loader for a GPU pins
+    its batches by default (an architecture search's second loader, made with the run's
+    device alone, included), and batches drawn from a reservoir are pinned too, where they
+    were not (pinning needs a GPU: it is recorded here)."""
+    section = SectionConfig.model_validate({"task": {}, "dataloader": {"batch_size": 4}})
+    for device, pinned in (("cuda", True), ("cpu", False)):
+        loader = SectionLoader(
+            "training", ToyTask.create(size=10), section, 3, where, device=torch.device(device)
+        )
+        assert loader.pin_memory is pinned, device
+    recorded: list[torch.Tensor] = []
+
+    def pin_memory(self: torch.Tensor) -> torch.Tensor:
+        recorded.append(self)
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    task = ToyTask.create(size=10)
+    loader = SectionLoader(
+        "training", task, reservoir_section(), 3, where, pin_memory=True, reservoir=True
+    )
+    try:
+        batch = next(iter(loader.epoch(0)))
+    finally:
+        loader.close()
+    tensors = [value for value in batch.values() if torch.is_tensor(value)]
+    assert tensors and all(any(t is r for r in recorded) for t in tensors)
+
+
 def where(*keys: str) -> str:
     return "cfg.yml:" + ".".join(keys)
 

@@ -61,7 +61,7 @@ class SectionLoader:
         config: SectionConfig,
         seed: int,
         where: Where,
-        pin_memory: bool = False,
+        pin_memory: bool | None = None,
         rank: int = 0,
         world: int = 1,
         reservoir: bool = False,
@@ -72,7 +72,8 @@ class SectionLoader:
         draw from `dataloader.reservoir` when the config has one (a training run's loop;
         passes that visit each sample once, such as `loom process`, read the task in order).
         `device`: the run's device, where `dataloader.on_device` holds the task's data (the
-        host when None)."""
+        host when None). `pin_memory`: batches in pinned memory, for non-blocking copies to
+        a GPU (by default when `device` is one; also when the config asks)."""
         task.prepare()
         self.section = section
         self.task = task
@@ -100,6 +101,8 @@ class SectionLoader:
         self.world = world
         self.shard = RankShard(self.sampler, batch, rank, world, self.config.drop_last)
         self.collate = RenamingCollate(task)
+        if pin_memory is None:
+            pin_memory = device is not None and device.type == "cuda"
         self.pin_memory = pin_memory or self.config.pin_memory
         if self.config.on_device:
             self._hold_on(device or torch.device("cpu"), where)
@@ -186,6 +189,7 @@ class SectionLoader:
                 self.batches_per_epoch() - min(start_batch, self.batches_per_epoch()),
                 self.config.batch_size,
                 self._collate_samples,
+                pin=self.pin_memory,
             )
         self.sampler.set_epoch(epoch)
         # A save after the epoch's last batch, shorter than batch_size when the epoch does
@@ -261,16 +265,22 @@ class ReservoirEpoch:
         batches: int,
         batch_size: int,
         collate: Callable[[list[Any]], Batch],
+        pin: bool = False,
     ) -> None:
         self.reservoir, self.batches, self.batch_size = reservoir, batches, batch_size
-        self.collate = collate
+        self.collate, self.pin = collate, pin
 
     def __len__(self) -> int:
         return self.batches
 
     def __iter__(self) -> Iterator[Batch]:
         for _ in range(self.batches):
-            yield self.reservoir.next_batch(self.batch_size, self.collate)
+            batch = self.reservoir.next_batch(self.batch_size, self.collate)
+            # Pinned, as a DataLoader's with pin_memory: a copy to a GPU from pageable
+            # memory waits for the GPU's queue, which is what the reservoir is for avoiding.
+            if self.pin:
+                batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
+            yield batch
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
