@@ -15,9 +15,9 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams
+from torchloom.core.component import BuildContext, ComponentParams
 from torchloom.core.streams import FLOATING, StreamSpec
-from torchloom.zoo.pending_counts import CountedLater, PendingColumns, set_aside_choices
+from torchloom.zoo.pending_counts import CountsChoices, PendingColumns
 
 Average = Literal["macro", "micro", "weighted"]
 AVERAGES: tuple[Average, ...] = ("macro", "micro", "weighted")
@@ -69,7 +69,7 @@ def averaged_scores(counts: torch.Tensor, average: str) -> tuple[float, float, f
     return precision, recall, f1
 
 
-class PrecisionRecallStatistics(CountedLater):
+class PrecisionRecallStatistics(CountsChoices):
     """Precision, recall and F1 (macro, micro, weighted averages; optionally per class and
     every confusion count) over the whole set.
 
@@ -113,17 +113,8 @@ class PrecisionRecallStatistics(CountedLater):
             "targets": StreamSpec(("batch",), torch.int64, "class index per sample"),
         }
 
-    def update(self, inputs: Batch) -> None:
-        set_aside_choices(
-            self._pending, inputs["predictions"], inputs["targets"], self.count_pending
-        )
-
-    def count_pending(self) -> None:
-        pending = self._pending.take()
-        if pending is None:
-            return
+    def count_choices(self, chosen: torch.Tensor, targets: torch.Tensor) -> None:
         self.ready()  # a statistic counted outside the engine (tests, a program's own)
-        chosen, targets = pending
         classes, ignored = self.num_classes, self.params.ignore_index
         counted = (targets >= 0) & (targets < classes)
         if ignored is not None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from torchloom.core.component import Statistic
+from torchloom.core.component import Batch, Statistic
 
 # How much is left to count together: this many steps of the first batch's size, and at most
 # this many values a column (8 MB of int64 for long sequences).
@@ -65,22 +65,6 @@ class PendingColumns:
         self.filled = 0
 
 
-def set_aside_choices(
-    pending: PendingColumns,
-    predictions: torch.Tensor,
-    targets: torch.Tensor,
-    count_pending: Callable[[], None],
-) -> None:
-    """A step's chosen classes (the argmax over the last dimension of `predictions`) and its
-    `targets` (any shape, a sequence's [batch, steps] too), copied into the first two columns
-    of `pending`."""
-    chosen, goals = pending.reserve(targets.numel(), targets.device, count_pending)[:2]
-    if targets.dim() != 1:
-        chosen, goals = chosen.view(targets.shape), goals.view(targets.shape)
-    goals.copy_(targets)
-    torch.argmax(predictions, dim=-1, out=chosen)
-
-
 class CountedLater(Statistic):
     """A statistic whose steps wait in PendingColumns: `count_pending` counts them into the
     statistic's buffers, which are all counts; reading or replacing the buffers through a
@@ -120,3 +104,30 @@ class CountedLater(Statistic):
         super()._load_from_state_dict(
             state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, errors
         )
+
+
+class CountsChoices(CountedLater):
+    """A statistic of the chosen classes (the argmax over the last dimension of
+    `predictions`) against `targets`, of any shape (a sequence's [batch, steps] too): each
+    step sets both aside in two columns (`self._pending`, made by the subclass), and
+    `count_choices` counts the steps set aside, flat, when they are counted."""
+
+    _pending: PendingColumns
+
+    def update(self, inputs: Batch) -> None:
+        # Every training step: two copies, counted later.
+        targets = inputs["targets"]
+        columns = self._pending.reserve(targets.numel(), targets.device, self.count_pending)
+        chosen, goals = columns[0], columns[1]
+        if targets.dim() != 1:
+            chosen, goals = chosen.view(targets.shape), goals.view(targets.shape)
+        goals.copy_(targets)
+        torch.argmax(inputs["predictions"], dim=-1, out=chosen)
+
+    def count_pending(self) -> None:
+        pending = self._pending.take()
+        if pending is not None:
+            self.count_choices(pending[0], pending[1])
+
+    def count_choices(self, chosen: torch.Tensor, targets: torch.Tensor) -> None:
+        raise NotImplementedError

@@ -7,9 +7,9 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams
+from torchloom.core.component import BuildContext, ComponentParams
 from torchloom.core.streams import FLOATING, StreamSpec
-from torchloom.zoo.pending_counts import CountedLater, PendingColumns, set_aside_choices
+from torchloom.zoo.pending_counts import CountsChoices, PendingColumns
 
 
 class AccuracyStatisticsParams(ComponentParams):
@@ -25,7 +25,7 @@ class AccuracyStatisticsParams(ComponentParams):
     )
 
 
-class AccuracyStatistics(CountedLater):
+class AccuracyStatistics(CountsChoices):
     """Classification accuracy over a whole set: correct predictions / counted targets.
 
     The prediction is the highest-scoring class (log-probabilities, probabilities or
@@ -92,17 +92,7 @@ class AccuracyStatistics(CountedLater):
             "targets": StreamSpec(("batch",), torch.int64, "class index per sample"),
         }
 
-    def update(self, inputs: Batch) -> None:
-        # Every training step: two copies, counted later (zoo/pending_counts.py).
-        set_aside_choices(
-            self._pending, inputs["predictions"], inputs["targets"], self.count_pending
-        )
-
-    def count_pending(self) -> None:
-        pending = self._pending.take()
-        if pending is None:
-            return
-        chosen, targets = pending
+    def count_choices(self, chosen: torch.Tensor, targets: torch.Tensor) -> None:
         right = chosen == targets
         ignored = self.params.ignore_index
         if ignored is None:
