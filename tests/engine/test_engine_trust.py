@@ -64,6 +64,21 @@ def test_an_operation_without_a_deterministic_version_names_training_determinist
     assert ended["status"] == "failed" and ended["reason"].startswith("config error:")
 
 
+def test_lr_find_names_training_deterministic_as_loom_train_does(tmp_path: Path) -> None:
+    """The learning-rate finder's sweep meets torch's refusal as a run does: a config error
+    naming the key (exit 2 for `loom lr-find`), not a traceback."""
+    from torchloom.analysis.learning_rate import lr_find
+
+    config = toy_config(deterministic=True)
+    config["pipeline"]["model"]["type"] = "trust_components:PutsInPlace"
+    try:
+        with pytest.raises(ConfigError, match=r"training\.deterministic") as error:
+            lr_find(write(tmp_path, config), [], expdir=tmp_path / "runs", steps=5, device="cpu")
+    finally:
+        set_deterministic(False)
+    assert "no deterministic version of put_" in str(error.value)
+
+
 def test_a_crash_in_a_hook_ends_the_run_as_failed(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="the hook broke"):
         train(write(tmp_path, toy_config()), tmp_path / "runs", CrashAfterInterval())

@@ -45,7 +45,7 @@ from torchloom.engine.assemble import (
 )
 from torchloom.engine.checkpoint import seed_everything, set_deterministic
 from torchloom.engine.loaders import SectionLoader, to_device
-from torchloom.engine.run_folder import create_run_folder
+from torchloom.engine.run_folder import as_user_error, create_run_folder
 from torchloom.engine.state import Hook
 from torchloom.engine.step import Precision, WeightedLoss, clip_gradients
 from torchloom.engine.training_parts import build_training_parts
@@ -197,19 +197,26 @@ def lr_find(
     stopped = f"all {steps} steps"
     batches = _endless(data, training.gradient_accumulation)
     pipeline.train()
-    for step in range(steps):
-        rate = start_lr * (end_lr / start_lr) ** (step / (steps - 1))
-        for group, ratio in zip(optimizer.param_groups, ratios, strict=True):
-            group["lr"] = rate * ratio
-        loss = _optimizer_step(
-            pipeline, parts.loss, precision, clipping, optimizer, parameters, batches
-        )
-        rates.append(rate)
-        # Nothing after divergence can be suggested: the network is dead, or going.
-        if watch.add(loss) is not None:
-            stopped = f"the raw loss diverged (confirmed at step {step + 1})"
-            break
-    batches.close()  # ends the last loader iteration (and its workers) now
+    try:
+        for step in range(steps):
+            rate = start_lr * (end_lr / start_lr) ** (step / (steps - 1))
+            for group, ratio in zip(optimizer.param_groups, ratios, strict=True):
+                group["lr"] = rate * ratio
+            loss = _optimizer_step(
+                pipeline, parts.loss, precision, clipping, optimizer, parameters, batches
+            )
+            rates.append(rate)
+            # Nothing after divergence can be suggested: the network is dead, or going.
+            if watch.add(loss) is not None:
+                stopped = f"the raw loss diverged (confirmed at step {step + 1})"
+                break
+    except Exception as raised:  # a user error as `loom train` gives it (a deterministic
+        error = as_user_error(raised, run_dir)  # mode the pipeline cannot keep, a full disk)
+        if error is raised:
+            raise
+        raise error from raised
+    finally:
+        batches.close()  # ends the last loader iteration (and its workers) now
 
     losses, divergence = watch.losses, watch.divergence
     window = smoothing_window(steps)
