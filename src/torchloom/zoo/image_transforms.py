@@ -191,8 +191,8 @@ class ImageTransformer:
     def deterministic_steps(self, images: torch.Tensor) -> torch.Tensor:
         """The steps before the random ones (resize; normalisation when no step is random)
         on a batch of any size: what `precompute` keeps for a set it did not keep."""
-        if images.dtype == torch.uint8:  # tasks convert first (see unit_floats); tests may not
-            images = images.to(torch.float32).mul_(1 / 255)
+        if images.dtype == torch.uint8:  # tasks convert first, to divide on the held device
+            images = unit_floats(images)
         images = self._resized(images)
         return images if self.random else self._standardised(images)
 
@@ -299,6 +299,20 @@ class ImageTransformer:
             count, 1, 1, width
         )
         return images.masked_fill(square, 0.0)
+
+
+def unit_floats(images: torch.Tensor, divisor: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 pixels as float32 in [0, 1], divided by 255.
+
+    Not torchvision's conversion, which multiplies by 1/255 instead: that differs in the last
+    bit for 126 of the 256 values, and 255 times it is not always the pixel back. MNIST has
+    always divided: its samples stay bit-identical to those of earlier versions.
+
+    `divisor`: 255 as a tensor on the images' device, for images on a GPU: there torch divides
+    by a Python number by multiplying by its reciprocal (the bit lost above), and by a tensor
+    on the device truly.
+    """
+    return images.to(torch.float32).div_(255.0 if divisor is None else divisor)
 
 
 def _per_channel(values: Sequence[float], depth: int) -> list[float]:

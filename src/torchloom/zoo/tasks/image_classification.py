@@ -5,7 +5,7 @@ A subclass says what its images are (depth, size, class names, the normalisation
 and loads them in `_load` (called once by `prepare`) as either a uint8 tensor
 [count, depth, height, width] or a list of files read per sample by `_read_image`. Samples are
 dicts of the default stream names `indices`, `inputs`, `targets` and `labels`. Pixels become
-floats here, by `unit_floats`, before the transformer sees them.
+floats here, by `unit_floats` (zoo/image_transforms.py), before the other steps.
 
 Datasets published as a training and a test set (MNIST-like IDX files, CIFAR) share more:
 `FixedSplitParams` and `FixedSplitImageClassification`, whose validation split is the end of
@@ -35,6 +35,7 @@ from torchloom.zoo.image_transforms import (
     ImageTransforms,
     Normalization,
     build_image_transformer,
+    unit_floats,
 )
 
 IMAGE_GLOBALS = {
@@ -149,7 +150,7 @@ class ImageClassificationTask(Task):
         index = self.checked_index(index, len(self._targets))
         image = self._images[index] if self._images is not None else self._read_image(index)
         if image.dtype == torch.uint8:  # not precomputed: the same steps, on this image alone
-            image = self.transformer.deterministic_steps(unit_floats(image).unsqueeze(0))[0]
+            image = self.transformer.deterministic_steps(image.unsqueeze(0))[0]
         target = self._targets[index]
         sample: dict[str, Any] = {
             "indices": index,
@@ -197,22 +198,6 @@ class ImageClassificationTask(Task):
             return None
         divisor = torch.tensor(255.0)
         return {"images": self._images, "targets": self._target_tensor, "divisor": divisor}
-
-
-def unit_floats(images: torch.Tensor, divisor: torch.Tensor | None = None) -> torch.Tensor:
-    """uint8 pixels as float32 in [0, 1], divided by 255.
-
-    Tasks convert before the transformer (which takes float images as converted, and then only
-    resizes, crops, flips and normalises) because torchvision's conversion multiplies by 1/255
-    instead: that differs in the last bit for 126 of the 256 values, and 255 times it is not
-    always the pixel back. MNIST has always divided: its samples stay bit-identical to those
-    of earlier versions.
-
-    `divisor`: 255 as a tensor on the images' device, for images on a GPU: there torch divides
-    by a Python number by multiplying by its reciprocal (the bit lost above), and by a tensor
-    on the device truly.
-    """
-    return images.to(torch.float32).div_(255.0 if divisor is None else divisor)
 
 
 class FixedSplitParams(ComponentParams):
