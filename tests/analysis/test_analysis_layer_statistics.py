@@ -112,6 +112,55 @@ def test_measured_steps_match_a_direct_computation_and_warn(tmp_path: Path) -> N
     assert "episode 4: exploding gradients (norm above 1000) in net.body.0" in text
 
 
+def test_an_fp16_step_the_scaler_skipped_is_not_called_exploding(tmp_path: Path) -> None:
+    """Overflowed fp16 gradients are what a GradScaler expects now and then: it skips the step
+    and halves its scale. Their non-finite norms are written, but not warned of as exploding."""
+    torch.manual_seed(0)
+    net = Net()
+    pipeline = SimpleNamespace(models=[net], training=True)
+    log = make_logger(tmp_path, quiet=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    run: Any = SimpleNamespace(
+        progress=SimpleNamespace(episode=0, epoch=0),
+        logging_interval=1,
+        run_dir=tmp_path,
+        pipeline=pipeline,
+        precision=SimpleNamespace(scaler=scaler),
+        tensorboard=None,
+        log=log,
+    )
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    hook = LayerStatistics(AnalysisConfig(layer_statistics=LayerStatisticsConfig(interval=1)))
+    hook.before_train(run)
+    before = [p.detach().clone() for p in net.parameters()]
+    # The gradients overflow at this scale (1e36 * 65536 is above float32's largest).
+    x = torch.randn(16, 4)
+    loss = 1e36 * net(x).sum()
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))  # skipped
+    assert scaler.get_scale() == 2.0**15
+    optimizer.zero_grad(set_to_none=True)
+    run.progress.episode = 1
+    hook.after_step(run, {}, loss)
+    hook.after_train(run, {})
+    close_logger(log)
+    norms = {
+        r["layer"]: float(r["gradient_norm"])
+        for r in rows_of(tmp_path / "reports" / "layer_statistics.csv")
+        if r["gradient_norm"]
+    }
+    assert set(norms) == {"net.body.0", "net.body.2"}
+    assert not any(math.isfinite(norm) for norm in norms.values())
+    text = (tmp_path / "run.log").read_text()
+    assert (
+        "episode 1: fp16 gradients overflowed in net.body.0, net.body.2; the gradient scaler "
+        "skipped the step and lowered its scale to 32768" in text
+    )
+    assert "exploding" not in text
+
+
 def test_statistics_of_several_calls_combine_exactly() -> None:
     values = [torch.randn(10), torch.randn(30) * 3 + 1]
     calls = [

@@ -205,7 +205,11 @@ class LayerStatistics(Hook):
             layer.name: [(n, [next(host) for _ in range(4)]) for n, _ in layer.calls]
             for layer in self.layers
         }
-        vanishing, exploding = [], []
+        # An fp16 step whose gradients overflowed was skipped by the scaler, which then lowered
+        # its scale: its infinite norms are the scaler's routine, not exploding gradients.
+        scaler = run.precision.scaler
+        skipped = scaler is not None and float(scaler.get_scale()) < self.gradient_scale
+        vanishing, exploding, overflowed = [], [], []
         writer = run.tensorboard
         for layer in self.layers:
             row: dict[str, Any] = {"episode": episode, "epoch": epoch, "layer": layer.name}
@@ -215,6 +219,8 @@ class LayerStatistics(Hook):
                 row["gradient_norm"] = norm
                 if norm < self.settings.vanishing:
                     vanishing.append(f"{layer.name} ({norm:.3g})")
+                elif skipped and not math.isfinite(norm):
+                    overflowed.append(layer.name)
                 elif not norm <= self.settings.exploding:  # NaN and inf explode too
                     exploding.append(f"{layer.name} ({norm:.3g})")
             layer.calls, layer.squared_gradients = [], None
@@ -237,6 +243,15 @@ class LayerStatistics(Hook):
                 episode,
                 self.settings.vanishing,
                 ", ".join(vanishing),
+            )
+        if overflowed:
+            assert scaler is not None
+            run.log.info(
+                "episode %d: fp16 gradients overflowed in %s; the gradient scaler skipped the "
+                "step and lowered its scale to %g (its routine, not divergence)",
+                episode,
+                ", ".join(overflowed),
+                float(scaler.get_scale()),
             )
         if exploding:
             run.log.warning(

@@ -104,7 +104,12 @@ class LayerStatisticsConfig(Switch):
         "measured); null: the logging interval",
     )
     vanishing: float = Field(1e-7, gt=0, description="warn when a layer's gradient norm is below")
-    exploding: float = Field(1e3, gt=0, description="warn when a layer's gradient norm is above")
+    exploding: float = Field(
+        1e3,
+        gt=0,
+        description="warn when a layer's gradient norm is above (not the non-finite norms of an "
+        "fp16 step the gradient scaler skipped: those are said at info level)",
+    )
 
 
 ITEMS = (
