@@ -99,8 +99,9 @@ def test_batches_for_a_gpu_are_pinned_reservoir_batches_too(
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     task = ToyTask.create(size=10)
+    cuda = torch.device("cuda")
     loader = SectionLoader(
-        "training", task, reservoir_section(), 3, where, pin_memory=True, reservoir=True
+        "training", task, reservoir_section(), 3, where, reservoir=True, device=cuda
     )
     try:
         batch = next(iter(loader.epoch(0)))
@@ -108,6 +109,30 @@ def test_batches_for_a_gpu_are_pinned_reservoir_batches_too(
         loader.close()
     tensors = [value for value in batch.values() if torch.is_tensor(value)]
     assert tensors and all(any(t is r for r in recorded) for t in tensors)
+
+
+def test_a_run_on_the_host_pins_nothing_even_when_its_config_asks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU run's config (`pin_memory: true`, a reservoir) trained or fine-tuned on the host
+    (`loom quantize --mode qat` of that run on a laptop): pinning needs a GPU's driver, and a
+    reservoir pinned each batch it drew, which failed without one."""
+
+    def pin_memory(self: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    section = reservoir_section()
+    section.dataloader.pin_memory = True
+    for device in (None, torch.device("cpu")):
+        loader = SectionLoader(
+            "training", ToyTask.create(size=10), section, 3, where, reservoir=True, device=device
+        )
+        try:
+            assert not loader.pin_memory
+            assert torch.is_tensor(next(iter(loader.epoch(0)))["inputs"])
+        finally:
+            loader.close()
 
 
 def where(*keys: str) -> str:

@@ -47,7 +47,10 @@ class DataLoaderConfig(_Strict):
     batch_size: int = Field(64, gt=0, description="samples per batch")
     shuffle: bool | None = Field(None, description="reshuffle each epoch (default: training only)")
     num_workers: int = Field(0, ge=0, description="loader worker processes")
-    pin_memory: bool = Field(False, description="page-locked host memory for faster GPU copies")
+    pin_memory: bool = Field(
+        False,
+        description="page-locked host memory for faster GPU copies (a run on the host pins nothing)",
+    )
     persistent_workers: bool = Field(False, description="keep workers alive between epochs")
     drop_last: bool = Field(False, description="drop the last incomplete batch")
     reservoir: ReservoirConfig | None = Field(

@@ -73,7 +73,8 @@ class SectionLoader:
         passes that visit each sample once, such as `loom process`, read the task in order).
         `device`: the run's device, where `dataloader.on_device` holds the task's data (the
         host when None). `pin_memory`: batches in pinned memory, for non-blocking copies to
-        a GPU (by default when `device` is one; also when the config asks)."""
+        a GPU (by default when `device` is one; also when the config asks; never for a run
+        on the host)."""
         task.prepare()
         self.section = section
         self.task = task
@@ -103,7 +104,10 @@ class SectionLoader:
         self.collate = RenamingCollate(task)
         if pin_memory is None:
             pin_memory = device is not None and device.type == "cuda"
-        self.pin_memory = pin_memory or self.config.pin_memory
+        # Pinning speeds a copy to an accelerator and needs its driver: a run on the host (a
+        # GPU run's config trained or fine-tuned on a laptop) pins nothing, whatever it asks.
+        on_accelerator = device is not None and device.type not in ("cpu", "meta")
+        self.pin_memory = on_accelerator and (pin_memory or self.config.pin_memory)
         if self.config.on_device:
             self._hold_on(device or torch.device("cpu"), where)
             self.pin_memory = False  # the batches are built where they are used
