@@ -202,6 +202,60 @@ def test_safetensors_export_holds_every_weight(lenet_run: Path) -> None:
         assert torch.equal(saved[f"image_classifier.{key}"], value)
 
 
+def test_safetensors_export_of_a_pipeline_with_a_vocabulary_holds_its_weights(
+    bbc_run: Path,
+) -> None:
+    """An indexer's vocabulary is its extra state, no tensor: the export failed with a
+    traceback ("'dict' object has no attribute 'device'"); the file now holds the tensors,
+    and the report says what is not in it and how to load the rest."""
+    from safetensors.torch import load_file
+
+    import torchloom
+
+    result = torchloom.export(bbc_run, "safetensors", inputs=["bow"], force=True)
+    report = json.loads((result.folder / "export_report.json").read_text("utf-8"))
+    assert report["load"] == (
+        "pipeline.registered.load_state_dict(safetensors.torch.load_file(path), strict=False) "
+        "(keys: <component>.<weight>)"
+    )
+    assert list(report["not_in_file"]) == ["indexer"]
+    assert "not in the file: indexer's extra state" in (
+        result.folder / "export_report.md"
+    ).read_text("utf-8")
+    trained = load_trained_run(bbc_run).pipeline
+    fresh = load_trained_run(bbc_run).pipeline
+    for parameter in fresh.registered.parameters():
+        torch.nn.init.zeros_(parameter)
+    file = load_file(result.folder / "model.safetensors")
+    missing, unexpected = fresh.registered.load_state_dict(file, strict=False)
+    assert missing == ["indexer._extra_state"] and unexpected == []
+    want = trained.registered.state_dict()
+    got = fresh.registered.state_dict()
+    assert [k for k, v in want.items() if torch.is_tensor(v) and not torch.equal(got[k], v)] == []
+
+
+def test_safetensors_keeps_a_tied_weight_once_and_a_view_as_a_copy(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, load_model
+
+    from torchloom.deploy.export import _safetensors
+
+    encoder, decoder = torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False)
+    decoder.weight = encoder.weight  # tied, as a language model's input and output
+    viewer = torch.nn.Module()
+    viewer.register_buffer("row", encoder.weight.detach()[1])  # a view of the same memory
+    components = torch.nn.ModuleDict({"encoder": encoder, "decoder": decoder, "viewer": viewer})
+    found = _safetensors(components, tmp_path)
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    assert sorted(saved) == ["encoder.weight", "viewer.row"] and "not_in_file" not in found
+    assert torch.equal(saved["viewer.row"], encoder.weight[1])
+    copy = torch.nn.ModuleDict(
+        {"encoder": torch.nn.Embedding(5, 3), "decoder": torch.nn.Linear(3, 5, bias=False)}
+    )
+    copy["decoder"].weight = copy["encoder"].weight
+    load_model(copy, tmp_path / "model.safetensors", strict=False)
+    assert torch.equal(copy["decoder"].weight, encoder.weight)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

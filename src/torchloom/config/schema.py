@@ -49,7 +49,8 @@ class DataLoaderConfig(_Strict):
     num_workers: int = Field(0, ge=0, description="loader worker processes")
     pin_memory: bool = Field(
         False,
-        description="page-locked host memory for faster GPU copies (a run on the host pins nothing)",
+        description="page-locked host memory for faster GPU copies (a run on the host pins "
+        "nothing)",
     )
     persistent_workers: bool = Field(False, description="keep workers alive between epochs")
     drop_last: bool = Field(False, description="drop the last incomplete batch")

@@ -248,25 +248,74 @@ def _pt2(
 
 
 def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file, save_model
+    from safetensors.torch import load_file, save_file
 
     path = folder / "model.safetensors"
-    weights = nn.ModuleDict({n: c for n, c in components.items() if c.state_dict()})
-    save_model(weights, str(path))
+    states = {name: component.state_dict() for name, component in components.items()}
+    # A component's extra state (an indexer's vocabulary) is no tensor: safetensors holds
+    # tensors alone, and the component rebuilds it from the run's config.
+    not_tensors = sorted(n for n, s in states.items() if not all(map(torch.is_tensor, s.values())))
+    tensors = _stored_once(
+        {
+            f"{name}.{key}": value
+            for name, state in states.items()
+            for key, value in state.items()
+            if torch.is_tensor(value)
+        }
+    )
+    save_file(tensors, str(path))
     saved = load_file(str(path))
-    expected = weights.state_dict()
-    missing = [k for k, v in expected.items() if k in saved and not torch.equal(saved[k], v)]
-    if missing:
+    differ = [k for k, v in tensors.items() if not torch.equal(saved[k], v)]
+    if differ:
         raise DeployError.at(
-            "", f"'{path}'", f"reads back different values for {', '.join(missing[:4])}"
+            "", f"'{path}'", f"reads back different values for {', '.join(differ[:4])}"
         )
-    return {
+    # safetensors' load_model reads the module's whole state, extra state included, which it
+    # cannot: such a pipeline loads the file's tensors through torch, the rest left as built.
+    load = (
+        "pipeline.registered.load_state_dict(safetensors.torch.load_file(path), strict=False)"
+        if not_tensors
+        else "safetensors.torch.load_model(pipeline.registered, path)"
+    )
+    found: dict[str, Any] = {
         "file": path.name,
         "bytes": path.stat().st_size,
         "tensors": len(saved),
-        "load": "safetensors.torch.load_model(pipeline.registered, path) "
-        "(keys: <component>.<weight>)",
+        "load": f"{load} (keys: <component>.<weight>)",
     }
+    if not_tensors:
+        found["not_in_file"] = {
+            name: "its extra state (not tensors), rebuilt from the run's config"
+            for name in not_tensors
+        }
+    return found
+
+
+def _stored_once(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each memory under one name, as safetensors requires: a tied weight's second name is left
+    out (`safetensors.torch.load_model` restores it from the first, as for its own
+    `save_model`); a tensor that shares memory otherwise (a view) is stored as a copy."""
+    kept: dict[str, torch.Tensor] = {}
+    owners: dict[int, torch.Tensor] = {}
+    for key, value in tensors.items():
+        memory = value.untyped_storage().data_ptr() if value.numel() else None
+        first = owners.get(memory) if memory is not None else None
+        if first is None:
+            if memory is not None:
+                owners[memory] = value
+            kept[key] = value.contiguous()
+        elif not _same_view(first, value):
+            kept[key] = value.clone().contiguous()
+    return kept
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.storage_offset(), a.shape, a.stride(), a.dtype) == (
+        b.storage_offset(),
+        b.shape,
+        b.stride(),
+        b.dtype,
+    )
 
 
 def _calibration_batches(pipeline: Any, graph: InferenceGraph) -> list[tuple[torch.Tensor, ...]]:

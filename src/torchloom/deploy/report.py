@@ -144,6 +144,8 @@ def export_markdown(report: dict[str, Any]) -> str:
         )
     if "load" in report:
         lines.append(f"- load with: `{report['load']}`")
+    for component, why in report.get("not_in_file", {}).items():
+        lines.append(f"- not in the file: {component}'s {why.removeprefix('its ')}")
     if report.get("latency_ms"):
         lines += ["", "## Latency (ms)", ""]
         lines += _speedups(
