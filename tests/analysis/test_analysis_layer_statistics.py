@@ -155,10 +155,44 @@ def test_an_fp16_step_the_scaler_skipped_is_not_called_exploding(tmp_path: Path)
     assert not any(math.isfinite(norm) for norm in norms.values())
     text = (tmp_path / "run.log").read_text()
     assert (
-        "episode 1: fp16 gradients overflowed in net.body.0, net.body.2; the gradient scaler "
-        "skipped the step and lowered its scale to 32768" in text
+        "episode 1: fp16 gradients overflowed in net.body.0, net.body.2 at scale 65536; the "
+        "gradient scaler skips such a step and lowers its scale" in text
     )
     assert "exploding" not in text
+
+
+def test_an_overflowed_micro_batch_before_the_scaler_s_update_is_not_called_exploding(
+    tmp_path: Path,
+) -> None:
+    """With gradient accumulation a measured micro-batch is reported before the window's
+    optimizer step, so before the scaler has lowered its scale: an overflow is told by the
+    non-finite norm itself under an fp16 scaler. Without one, inf still explodes."""
+    for scaler, said in (
+        (torch.amp.GradScaler("cpu", init_scale=4.0), "gradients overflowed"),
+        (torch.amp.GradScaler("cpu", enabled=False), "exploding gradients"),
+    ):
+        net = Net()
+        folder = tmp_path / str(scaler.is_enabled())
+        folder.mkdir()
+        log = make_logger(folder, quiet=True)
+        run: Any = SimpleNamespace(
+            progress=SimpleNamespace(episode=0, epoch=0),
+            logging_interval=1,
+            run_dir=folder,
+            pipeline=SimpleNamespace(models=[net], training=True),
+            precision=SimpleNamespace(scaler=scaler),
+            tensorboard=None,
+            log=log,
+        )
+        hook = LayerStatistics(AnalysisConfig(layer_statistics=True))
+        hook.before_train(run)
+        scaler.scale(1e38 * net(torch.randn(4, 4)).sum()).backward()  # no step, no update
+        run.progress.episode = 1
+        hook.after_step(run, {}, torch.zeros(()))
+        hook.after_train(run, {})
+        close_logger(log)
+        text = (folder / "run.log").read_text()
+        assert said in text and ("exploding" in text) is (not scaler.is_enabled())
 
 
 def test_statistics_of_several_calls_combine_exactly() -> None:

@@ -284,3 +284,32 @@ def test_a_set_up_that_fails_after_the_run_log_opened_closes_what_it_opened(
         assert logging.getLogger(name).handlers == before[name], name
     assert not [n for n in logging.Logger.manager.loggerDict if n.startswith("torchloom.run.")]
     RunLock(run).acquire().release()  # free again
+
+
+def test_histograms_of_an_overflowed_fp16_step_draw_the_finite_values(tmp_path: Path) -> None:
+    """A GradScaler skips an fp16 step whose gradients overflowed, and leaves them inf or NaN
+    until they are cleared: TensorBoard cannot bin those ("The histogram is empty"), which
+    ended a `--tensorboard 2` run as failed when such a step fell on a histogram step."""
+    from types import SimpleNamespace
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchloom.engine.reporting import Reporter
+
+    overflowed, partly = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2)
+    for parameter in overflowed.parameters():
+        parameter.grad = torch.full_like(parameter, float("inf"))
+    for parameter in partly.parameters():
+        parameter.grad = torch.ones_like(parameter)
+    assert partly.weight.grad is not None
+    partly.weight.grad[0, 0] = float("nan")
+    reporter = Reporter(tmp_path, logging.getLogger("test.histograms"), tensorboard=2)
+    reporter.histograms(SimpleNamespace(components={"a": overflowed, "b": partly}), 10)
+    reporter.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"histograms": 0})
+    events.Reload()
+    tags = set(events.Tags()["histograms"])
+    assert {"weights/a/weight", "weights/a/bias", "weights/b/weight"} <= tags
+    assert not any(tag.startswith("gradients/a/") for tag in tags)  # nothing finite to draw
+    drawn = events.Histograms("gradients/b/weight")[0].histogram_value
+    assert (drawn.num, drawn.min, drawn.max) == (5, 1.0, 1.0)

@@ -205,10 +205,11 @@ class LayerStatistics(Hook):
             layer.name: [(n, [next(host) for _ in range(4)]) for n, _ in layer.calls]
             for layer in self.layers
         }
-        # An fp16 step whose gradients overflowed was skipped by the scaler, which then lowered
-        # its scale: its infinite norms are the scaler's routine, not exploding gradients.
+        # Under fp16 a non-finite gradient is an overflow, which the scaler's routine handles
+        # (it skips the step and lowers its scale, at the end of an accumulation window when
+        # there is one): not exploding gradients.
         scaler = run.precision.scaler
-        skipped = scaler is not None and float(scaler.get_scale()) < self.gradient_scale
+        scaled = scaler is not None and scaler.is_enabled()
         vanishing, exploding, overflowed = [], [], []
         writer = run.tensorboard
         for layer in self.layers:
@@ -219,7 +220,7 @@ class LayerStatistics(Hook):
                 row["gradient_norm"] = norm
                 if norm < self.settings.vanishing:
                     vanishing.append(f"{layer.name} ({norm:.3g})")
-                elif skipped and not math.isfinite(norm):
+                elif scaled and not math.isfinite(norm):
                     overflowed.append(layer.name)
                 elif not norm <= self.settings.exploding:  # NaN and inf explode too
                     exploding.append(f"{layer.name} ({norm:.3g})")
@@ -245,13 +246,12 @@ class LayerStatistics(Hook):
                 ", ".join(vanishing),
             )
         if overflowed:
-            assert scaler is not None
             run.log.info(
-                "episode %d: fp16 gradients overflowed in %s; the gradient scaler skipped the "
-                "step and lowered its scale to %g (its routine, not divergence)",
+                "episode %d: fp16 gradients overflowed in %s at scale %g; the gradient scaler "
+                "skips such a step and lowers its scale (its routine, not divergence)",
                 episode,
                 ", ".join(overflowed),
-                float(scaler.get_scale()),
+                self.gradient_scale,
             )
         if exploding:
             run.log.warning(

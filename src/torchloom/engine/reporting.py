@@ -144,8 +144,8 @@ class Reporter:
                     self.writer.add_scalar(f"{section}/{key}", value, episode)
 
     def histograms(self, pipeline: Pipeline, episode: int) -> None:
-        """Weight and gradient histograms per component (`--tensorboard 2`); called at an
-        optimizer step, before the gradients are cleared."""
+        """Weight and gradient histograms per component (`--tensorboard 2`) of their finite
+        values; called at an optimizer step, before the gradients are cleared."""
         if not self.histograms_wanted:
             return
         for component, module in pipeline.components.items():
@@ -155,9 +155,15 @@ class Reporter:
                 gradient = None if parameter.grad is None else whole(parameter.grad.detach())
                 if self.writer is None:
                     continue
-                self.writer.add_histogram(f"weights/{tag}", weights.cpu(), episode)
-                if gradient is not None:
-                    self.writer.add_histogram(f"gradients/{tag}", gradient.cpu(), episode)
+                for kind, values in (("weights", weights), ("gradients", gradient)):
+                    if values is None:
+                        continue
+                    # An fp16 step whose gradients overflowed (the scaler skips it) leaves inf
+                    # and NaN, which TensorBoard cannot bin: the finite values are drawn.
+                    host = values.cpu().float()
+                    finite = host[host.isfinite()]
+                    if finite.numel():
+                        self.writer.add_histogram(f"{kind}/{tag}", finite, episode)
 
     def close(self) -> None:
         if self._writer is not None:
