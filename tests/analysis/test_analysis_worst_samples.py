@@ -277,3 +277,27 @@ def test_run_with_worst_samples_is_bit_identical_and_reports(
     # The checkpoint carries the history for a resumed run.
     saved = torch.load(state.run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert torch.equal(saved["hooks"]["worst_samples"]["predictions"]["history"], history.cpu())
+
+
+def test_a_sample_seen_twice_in_a_block_keeps_its_last_loss_target_and_prediction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU, which of repeated indices `index_copy_` writes last is not fixed (and each of
+    the three copies could choose another): the block's duplicates now all carry the last
+    values. A copy that writes the first of them, as a GPU may, is imitated here."""
+    from torchloom.analysis.loss_history import LossHistory, last_occurrence
+
+    assert last_occurrence(torch.tensor([3, 1, 3, 0, 1, 3])).tolist() == [5, 4, 5, 3, 4, 5]
+    original = torch.Tensor.index_copy_
+
+    def first_wins(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> Any:
+        return original(self, dim, index.flip(0), source.flip(0))
+
+    monkeypatch.setattr(torch.Tensor, "index_copy_", first_wins)
+    history = LossHistory(OutputSpec(), 5, torch.device("cpu"))
+    row = history.blank_row()
+    scores = torch.tensor([[4.0, 0.0], [0.0, 1.0], [0.0, 4.0]])
+    targets = torch.tensor([0, 1, 0])
+    history.observe_block(scores, targets, torch.tensor([2, 4, 2]), row)
+    assert row[2] == F.cross_entropy(scores[2:], targets[2:])
+    assert (history.targets[2], history.predictions[2]) == (0, 1)

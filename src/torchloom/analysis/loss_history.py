@@ -72,9 +72,13 @@ class LossHistory:
         targets = targets.to(device, torch.int64, non_blocking=True)
         ids = ids.to(device, torch.int64, non_blocking=True)
         losses = F.cross_entropy(scores.detach().float(), targets, reduction="none")
-        row.index_copy_(0, ids, losses.to(row.dtype))
-        self.targets.index_copy_(0, ids, targets)
-        self.predictions.index_copy_(0, ids, scores.argmax(dim=1))
+        # A sample seen twice in a block (a sampler with replacement, a reservoir) is written
+        # with its last values at both places: which of repeated indices index_copy_ writes
+        # last is not fixed on a GPU, and the loss, target and prediction could mix steps.
+        last = last_occurrence(ids)
+        row.index_copy_(0, ids, losses.to(row.dtype)[last])
+        self.targets.index_copy_(0, ids, targets[last])
+        self.predictions.index_copy_(0, ids, scores.argmax(dim=1)[last])
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -136,3 +140,14 @@ class LossHistory:
                 }
             )
         return rows
+
+
+def last_occurrence(ids: torch.Tensor) -> torch.Tensor:
+    """For each position of `ids`, the last position holding the same id (on the device, no
+    host sync)."""
+    order = torch.sort(ids, stable=True).indices  # equal ids keep their positions' order
+    in_order = ids[order]
+    end_of_group = torch.searchsorted(in_order, in_order, right=True) - 1
+    last = torch.empty_like(order)
+    last[order] = order[end_of_group]
+    return last
