@@ -293,3 +293,49 @@ def test_run_log_says_what_the_analysis_cost(mnist_run: Path) -> None:
     assert training > 0 and during <= training
     assert 0 <= share <= 100
     assert after > 0  # the final confusion matrices and ROC curves are drawn after training
+
+
+def test_prediction_errors_are_read_back_in_four_copies_a_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each read of a GPU tensor waits for the GPU's queue: a flush read four per waiting
+    batch (truth, guess, confidence, ids), 512 waits a flush at batch 64; now one a column.
+    The rows are those of a sample-by-sample reading."""
+    generator = torch.Generator().manual_seed(0)
+    batches = [
+        (
+            torch.arange(7 * b, 7 * b + 7) * 10,
+            torch.randn(7, 3, generator=generator),
+            torch.randint(0, 3, (7,), generator=generator),
+        )
+        for b in range(100)
+    ]
+    stream = ErrorStream(["a", "b", "c"], tmp_path / "errors.csv")
+    for ids, scores, targets in batches:
+        stream.add(ids, scores, targets)
+    reads: list[torch.Tensor] = []
+    original = torch.Tensor.cpu
+
+    def counted(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        reads.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counted)
+    stream.finish(keep=True)
+    monkeypatch.undo()
+    assert len(reads) == 4
+    with open(tmp_path / "errors.csv", newline="") as handle:
+        rows = list(csv.reader(handle))[1:]
+    expected = [
+        [str(int(i)), str(int(t)), str(int(p)), f"{float(c):.6f}", "abc"[t], "abc"[p]]
+        for ids, scores, targets in batches
+        for i, t, p, c in zip(
+            ids,
+            targets,
+            scores.argmax(1),
+            torch.softmax(scores, 1).amax(1),
+            strict=True,
+        )
+        if t != p
+    ]
+    assert rows == expected and len(rows) > 300

@@ -39,6 +39,14 @@ class ErrorShare:
     sizes: list[int] = field(default_factory=list)
 
 
+def _read_back(tensors: Sequence[torch.Tensor]) -> list[Any]:
+    """The values of `tensors`, flattened and in order, read back to the host at once."""
+    if not tensors:
+        return []
+    device = tensors[0].device
+    return torch.cat([tensor.reshape(-1).to(device) for tensor in tensors]).cpu().tolist()
+
+
 class ErrorStream:
     """The misclassified samples of one pass: streamed to the report `path`'s temporary file
     by one process; held as an `ErrorShare` by each of several (no `path`)."""
@@ -71,12 +79,23 @@ class ErrorStream:
             self.flush()
 
     def flush(self) -> None:
-        for batch, ids, *tensors in self.waiting:
-            truth, guess, sure = (tensor.cpu().tolist() for tensor in tensors)
+        # Each column of the waiting batches read back in one copy (from a GPU, a read is a
+        # wait for its queue): four reads per flush, not four per batch.
+        columns = [_read_back([entry[k] for entry in self.waiting]) for k in (2, 3, 4)]
+        id_tensors = [ids for _, ids, *_ in self.waiting if isinstance(ids, torch.Tensor)]
+        tensor_ids = iter(_read_back(id_tensors))
+        truths, guesses, sures = (iter(column) for column in columns)
+        for batch, ids, truth_tensor, *_ in self.waiting:
+            count = len(truth_tensor)
+            truth, guess, sure = (
+                [next(values) for _ in range(count)] for values in (truths, guesses, sures)
+            )
             if ids is None:
-                names: list[Any] = [None] * len(truth)
+                names: list[Any] = [None] * count
+            elif isinstance(ids, torch.Tensor):
+                names = [next(tensor_ids) for _ in range(len(ids.reshape(-1)))]
             else:
-                names = ids.cpu().tolist() if isinstance(ids, torch.Tensor) else list(ids)
+                names = list(ids)
             rows = zip(names, truth, guess, sure, strict=True)
             for position, (sample, t, p, c) in enumerate(rows):
                 if t == p or not 0 <= t < len(self.names):
