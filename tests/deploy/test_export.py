@@ -317,6 +317,7 @@ def test_text_export_after_the_tokenizer_predicts_raw_texts_as_torch_does(
     assert main(["export", str(bbc_run), "--inputs", "bow", "--repeats", "3"]) == 0
     folder = bbc_run / "exports" / "onnx"
     assert (folder / "artifacts" / "indexer" / "vocabulary.txt").is_file()
+    assert not list(folder.rglob("weights.safetensors"))  # nothing trained before the graph
     article = tmp_path / "article.txt"
     article.write_text("Shares fell as the bank reported lower profits and sales.", "utf-8")
     texts = [str(article), "The striker scored twice as the team won the cup final."]
@@ -330,6 +331,72 @@ def test_text_export_after_the_tokenizer_predicts_raw_texts_as_torch_does(
     for line, (label, probability) in zip(lines, expected, strict=True):
         assert line["top"][0]["label"] == label
         assert abs(line["top"][0]["probability"] - probability) < 1e-5
+
+
+TRAINED_BEFORE_THE_GRAPH = """\
+default_configs: [loom://language/default_bbc_news.yml]
+training:
+  task: {subset: 150}
+  terminal_conditions: {epoch_limit: 1}
+validation:
+  task: {subset: 40}
+test:
+  task: {subset: 40}
+pipeline:
+  tokenizer: {type: SentenceTokenizer, remove_punctuation: true}
+  indexer: {type: SentenceIndexer, build_from: inputs, remove_punctuation: true, min_count: 2}
+  bow: {type: BOWEncoder, mode: binary}
+  projection:
+    type: FeedForwardNetwork
+    hidden_sizes: []
+    log_softmax: false
+    streams: {inputs: bow, predictions: projected}
+    globals: {input_size: vocabulary_size, prediction_size: num_classes}
+  classifier:
+    type: FeedForwardNetwork
+    hidden_sizes: [16]
+    streams: {inputs: projected}
+    globals: {input_size: num_classes, prediction_size: num_classes}
+  nllloss: {type: NLLLoss}
+  accuracy: {type: AccuracyStatistics}
+"""
+
+
+def test_a_trained_component_before_the_graph_predicts_with_its_trained_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`loom predict` builds the components before the graph again from the sidecar: one the
+    run trained (here a linear projection of the bag of words; a fine-tuned encoder alike)
+    got its initial weights back, and the predictions were silently another model's. Its
+    trained weights now travel with the export; components a rebuild gives back as trained
+    (the tokenizer, the indexer with its vocabulary) carry none."""
+    import torchloom
+
+    config = tmp_path / "bbc.yml"
+    config.write_text(TRAINED_BEFORE_THE_GRAPH, encoding="utf-8")
+    run = Path(
+        torchloom.train(
+            config, expdir=str(tmp_path / "runs"), analysis=False, tensorboard=0
+        ).run_dir
+    )
+    assert main(["export", str(run), "--inputs", "projected", "--repeats", "3"]) == 0
+    folder = run / "exports" / "onnx"
+    record = json.loads((folder / "sidecar.json").read_text("utf-8"))
+    weights = {step["name"]: step.get("weights") for step in record["before_graph"]}
+    assert weights == {
+        "tokenizer": None,
+        "indexer": None,
+        "bow": None,
+        "projection": "artifacts/projection/weights.safetensors",
+    }
+    assert "projection's trained weights" in (folder / "export_report.md").read_text("utf-8")
+    text = "Shares fell as the bank reported lower profits and sales."
+    capsys.readouterr()
+    assert main(["predict", str(folder), text, "--json"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    label, probability = torch_prediction(run, text)
+    assert line["top"][0]["label"] == label
+    assert abs(line["top"][0]["probability"] - probability) < 1e-5
 
 
 def _digit_png(folder: Path) -> Path:

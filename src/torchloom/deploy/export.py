@@ -46,6 +46,8 @@ from torchloom.deploy.output_folder import refuse_existing, staged_folder
 from torchloom.deploy.report import export_markdown, write_json
 from torchloom.deploy.run_model import load_trained_run
 from torchloom.deploy.sidecar import sidecar
+from torchloom.deploy.tensor_files import tensors_of, write_tensors
+from torchloom.deploy.upstream_weights import carry_trained_weights
 from torchloom.errors import DeployError, did_you_mean
 
 FORMATS = ("onnx", "pt2", "safetensors")
@@ -133,10 +135,15 @@ def export(
             report.update(_pt2(graph, example, batches, folder, dynamic_batch, aoti, repeats))
         else:
             report.update(_safetensors(pipeline.components, folder))
-        write_json(folder / "sidecar.json", sidecar(pipeline, section, graph))
-        for component in upstream_components(pipeline, section, graph):
+        record = sidecar(pipeline, section, graph)
+        upstream = upstream_components(pipeline, section, graph)
+        for component in upstream:
             for name, text in component.artifacts().items():
                 write_text_atomic(folder / "artifacts" / component.name / name, text)
+        carried = carry_trained_weights(folder, record, upstream)
+        if carried:
+            report["weights_before_graph"] = carried
+        write_json(folder / "sidecar.json", record)
         write_json(folder / "export_report.json", report)
         write_text_atomic(folder / "export_report.md", export_markdown(report))
     return ExportResult(target, report)
@@ -248,28 +255,15 @@ def _pt2(
 
 
 def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str, Any]:
-    from safetensors.torch import load_file, save_file
-
     path = folder / "model.safetensors"
     states = {name: component.state_dict() for name, component in components.items()}
     # A component's extra state (an indexer's vocabulary) is no tensor: safetensors holds
     # tensors alone, and the component rebuilds it from the run's config.
-    not_tensors = sorted(n for n, s in states.items() if not all(map(torch.is_tensor, s.values())))
-    tensors = _stored_once(
-        {
-            f"{name}.{key}": value
-            for name, state in states.items()
-            for key, value in state.items()
-            if torch.is_tensor(value)
-        }
-    )
-    save_file(tensors, str(path))
-    saved = load_file(str(path))
-    differ = [k for k, v in tensors.items() if not torch.equal(saved[k], v)]
-    if differ:
-        raise DeployError.at(
-            "", f"'{path}'", f"reads back different values for {', '.join(differ[:4])}"
-        )
+    not_tensors = sorted(n for n, s in states.items() if len(tensors_of(s)) < len(s))
+    tensors = {
+        k: v for name, state in states.items() for k, v in tensors_of(state, f"{name}.").items()
+    }
+    saved = write_tensors(tensors, path)
     # safetensors' load_model reads the module's whole state, extra state included, which it
     # cannot: such a pipeline loads the file's tensors through torch, the rest left as built.
     load = (
@@ -289,33 +283,6 @@ def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str,
             for name in not_tensors
         }
     return found
-
-
-def _stored_once(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Each memory under one name, as safetensors requires: a tied weight's second name is left
-    out (`safetensors.torch.load_model` restores it from the first, as for its own
-    `save_model`); a tensor that shares memory otherwise (a view) is stored as a copy."""
-    kept: dict[str, torch.Tensor] = {}
-    owners: dict[int, torch.Tensor] = {}
-    for key, value in tensors.items():
-        memory = value.untyped_storage().data_ptr() if value.numel() else None
-        first = owners.get(memory) if memory is not None else None
-        if first is None:
-            if memory is not None:
-                owners[memory] = value
-            kept[key] = value.contiguous()
-        elif not _same_view(first, value):
-            kept[key] = value.clone().contiguous()
-    return kept
-
-
-def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (a.storage_offset(), a.shape, a.stride(), a.dtype) == (
-        b.storage_offset(),
-        b.shape,
-        b.stride(),
-        b.dtype,
-    )
 
 
 def _calibration_batches(pipeline: Any, graph: InferenceGraph) -> list[tuple[torch.Tensor, ...]]:

@@ -146,6 +146,11 @@ def export_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- load with: `{report['load']}`")
     for component, why in report.get("not_in_file", {}).items():
         lines.append(f"- not in the file: {component}'s {why.removeprefix('its ')}")
+    for component in report.get("weights_before_graph", []):
+        lines.append(
+            f"- before the graph: {component}'s trained weights, in "
+            f"`artifacts/{component}/weights.safetensors` (`loom predict` loads them)"
+        )
     if report.get("latency_ms"):
         lines += ["", "## Latency (ms)", ""]
         lines += _speedups(

@@ -30,14 +30,7 @@ def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[st
     task_input = next(iter(steps[0]["streams"].values()))
     batch: dict[str, Any] = {task_input: list(texts)}
     for index, step in enumerate(steps):
-        params = dict(step["params"])
-        vocabulary = [a for a in step["artifacts"] if a.endswith(VOCABULARY_ARTIFACT)]
-        if vocabulary and "vocabulary_file" in params:
-            params["vocabulary_file"] = str(folder / vocabulary[0])
-        component = resolve(step["type"]).create(
-            name=step["name"], globals=step["globals"], **params
-        )
-        component.eval()
+        component = rebuilt(folder, step)
         names = step["streams"]
         if index == 0:
             _reads_texts(component, folder, names)
@@ -55,6 +48,31 @@ def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[st
             )
         feed[entry["name"]] = value.detach().cpu().numpy()
     return feed
+
+
+def rebuilt(folder: Path, step: dict[str, Any], trained: bool = True) -> Any:
+    """A component before the graph built again from its sidecar record, in eval mode: its
+    vocabulary read from the export's copy and, when the export carries them (`trained`), the
+    weights the run trained it to (`weights`, written by upstream_weights.py)."""
+    params = dict(step["params"])
+    vocabulary = [a for a in step["artifacts"] if a.endswith(VOCABULARY_ARTIFACT)]
+    if vocabulary and "vocabulary_file" in params:
+        params["vocabulary_file"] = str(folder / vocabulary[0])
+    component = resolve(step["type"]).create(name=step["name"], globals=step["globals"], **params)
+    if trained and step.get("weights"):
+        from safetensors.torch import load_file
+
+        weights = load_file(str(folder / step["weights"]))
+        unexpected = component.load_state_dict(weights, strict=False).unexpected_keys
+        if unexpected:
+            raise DeployError.at(
+                "",
+                f"'{folder / step['weights']}'",
+                f"holds weights that {step['name']} ({step['type']}) has not: "
+                f"{', '.join(unexpected[:4])}",
+            )
+    component.eval()
+    return component
 
 
 def _reads_texts(component: Any, folder: Path, names: dict[str, str]) -> None:
