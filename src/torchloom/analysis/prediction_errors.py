@@ -81,10 +81,9 @@ class ErrorStream:
     def flush(self) -> None:
         # Each column of the waiting batches read back in one copy (from a GPU, a read is a
         # wait for its queue): four reads per flush, not four per batch.
-        columns = [_read_back([entry[k] for entry in self.waiting]) for k in (2, 3, 4)]
-        id_tensors = [ids for _, ids, *_ in self.waiting if isinstance(ids, torch.Tensor)]
-        tensor_ids = iter(_read_back(id_tensors))
-        truths, guesses, sures = (iter(column) for column in columns)
+        _, id_column, *columns = list(zip(*self.waiting, strict=True)) or [()] * 5
+        truths, guesses, sures = (iter(_read_back(column)) for column in columns)
+        tensor_ids = iter(_read_back([i for i in id_column if isinstance(i, torch.Tensor)]))
         for batch, ids, truth_tensor, *_ in self.waiting:
             count = len(truth_tensor)
             truth, guess, sure = (
