@@ -209,3 +209,34 @@ def test_outputs_follow_the_component_to_its_device() -> None:
     assert indexer({"tokens": [["the", "cat"]]})["word_indices"].device.type == "cuda"
     labels = build(LabelIndexer, None, labels=["a", "b"]).to("cuda")
     assert labels({"labels": ["b"]})["targets"].device.type == "cuda"
+
+
+def test_outputs_for_a_gpu_are_made_on_the_host_and_copied_without_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tensor made on a GPU from a Python list is a copy from pageable memory, which waits
+    for the GPU's queue: two such waits a step for each indexer. They are now made on the host
+    and copied through `host_to_device` (pinned, non-blocking); the meta device stands in."""
+    import torchloom.zoo.text.indexers as indexers
+
+    made_on: list[Any] = []
+    copied: list[str] = []
+    original_tensor, original_copy = torch.tensor, indexers.host_to_device
+
+    def tensor(*args: Any, **kwargs: Any) -> torch.Tensor:
+        made_on.append(kwargs.get("device"))
+        return original_tensor(*args, **kwargs)
+
+    def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        copied.append(host.device.type)
+        return original_copy(host, device)
+
+    sentences = build(SentenceIndexer, texts_task(TEXTS)).to("meta")
+    labels = build(LabelIndexer, None, labels=["a", "b"]).to("meta")
+    monkeypatch.setattr(indexers.torch, "tensor", tensor)
+    monkeypatch.setattr(indexers, "host_to_device", host_to_device)
+    out = sentences({"tokens": [["the", "cat"], ["a"]]})
+    targets = labels({"labels": ["b", "a"]})["targets"]
+    assert made_on == [None, None, None] and copied == ["cpu", "cpu", "cpu"]
+    assert {out["word_indices"].device.type, out["lengths"].device.type} == {"meta"}
+    assert targets.device.type == "meta"

@@ -18,7 +18,13 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
+from torchloom.core.component import (
+    Batch,
+    BuildContext,
+    Component,
+    ComponentParams,
+    host_to_device,
+)
 from torchloom.core.streams import INTEGER, StreamSpec
 from torchloom.errors import ComponentError, DataError, Problem, did_you_mean
 from torchloom.zoo.text.tokenizer import TokenizationOptions, Tokenizer
@@ -267,10 +273,14 @@ class SentenceIndexer(Component):
             sequences = [sequence[:limit] for sequence in sequences]
         width = limit or max([1, *(len(s) for s in sequences)])
         padded = [sequence + [0] * (width - len(sequence)) for sequence in sequences]
+        # Made on the host and copied through pinned memory: a tensor made on a GPU from a
+        # Python list is a copy from pageable memory, which waits for the GPU's queue.
         device = self._device_probe.device
+        indices = torch.tensor(padded, dtype=torch.int64).view(-1, width)
+        lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
         return {
-            "word_indices": torch.tensor(padded, dtype=torch.int64, device=device).view(-1, width),
-            "lengths": torch.tensor([len(s) for s in sequences], dtype=torch.int64, device=device),
+            "word_indices": host_to_device(indices, device),
+            "lengths": host_to_device(lengths, device),
         }
 
 
@@ -420,6 +430,5 @@ class LabelIndexer(Component):
                 ]
             }
         targets = [self.mappings.get(label, self.params.ignore_index) for label in inputs["labels"]]
-        return {
-            "targets": torch.tensor(targets, dtype=torch.int64, device=self._device_probe.device)
-        }
+        host = torch.tensor(targets, dtype=torch.int64)  # pinned on its way, as the indexer's
+        return {"targets": host_to_device(host, self._device_probe.device)}
