@@ -172,3 +172,28 @@ def test_copies_add_each_others_counts() -> None:
     first.merge(second)
     assert first.compute() == whole.compute()
     assert first.compute() != second.compute()
+
+
+def test_a_step_s_counts_reach_the_device_in_one_copy_from_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three tensors made on a GPU from lists were three copies from pageable memory a step,
+    each a wait for the GPU's queue: now one host tensor, copied through `host_to_device`
+    (pinned, non-blocking). The meta device stands in for the GPU."""
+    import torchloom.zoo.text_statistics as module
+
+    copied: list[torch.Tensor] = []
+    original = module.host_to_device
+
+    def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+        copied.append(host)
+        return original(host, device)
+
+    monkeypatch.setattr(module, "host_to_device", host_to_device)
+    on_host = BLEUStatistics.create(max_n=2)
+    on_host.update({"predictions": as_scores(CANDIDATES), "targets": as_targets(REFERENCES)})
+    assert [t.device.type for t in copied] == ["cpu"]
+    assert copied[0].tolist() == [*on_host.matches, *on_host.possible, *on_host.lengths]
+    on_meta = BLEUStatistics.create(max_n=2).to("meta")
+    on_meta.update({"predictions": as_scores(CANDIDATES), "targets": as_targets(REFERENCES)})
+    assert len(copied) == 2 and on_meta.matches.device.type == "meta"
