@@ -5,6 +5,7 @@ module) on a small MNIST subset, training at its suggestion, and its user errors
 from __future__ import annotations
 
 import csv
+import functools
 import itertools
 import json
 import math
@@ -240,3 +241,16 @@ def test_a_ramp_that_diverges_at_once_suggests_nothing(
     summary = json.loads((run / "lr_find.json").read_text())
     assert summary["suggested_lr"] is None and summary["divergence"]["began_step"] < 7
     assert png_data(run / "lr_find.png")["suggested_lr"] is None
+
+
+def test_lr_find_compiles_the_models_as_loom_train_does(config: Path, tmp_path: Path) -> None:
+    """`training.compile` was silently ignored by the range test, which then measured other
+    steps than the run would take (under fp16 or bf16 a compiled model's numbers differ)."""
+    ramp = functools.partial(lr_find, config, start_lr=1e-4, end_lr=10.0, steps=16)
+    sgd = "training.optimizer.type=SGD"
+    result = ramp(["+training.compile={backend: eager}", sgd], expdir=tmp_path)
+    summary = json.loads((result.run_dir / "lr_find.json").read_text())
+    assert summary["compiled"] == ["image_classifier"]
+    plain = ramp([sgd], expdir=tmp_path / "plain")
+    assert json.loads((plain.run_dir / "lr_find.json").read_text())["compiled"] == []
+    assert result.losses == pytest.approx(plain.losses, rel=1e-5, nan_ok=True)

@@ -47,7 +47,7 @@ from torchloom.engine.checkpoint import seed_everything, set_deterministic
 from torchloom.engine.loaders import SectionLoader, to_device
 from torchloom.engine.run_folder import as_user_error, create_run_folder
 from torchloom.engine.state import Hook
-from torchloom.engine.step import Precision, WeightedLoss, clip_gradients
+from torchloom.engine.step import Precision, WeightedLoss, clip_gradients, compile_models
 from torchloom.engine.training_parts import build_training_parts
 from torchloom.errors import ConfigError, Problem
 from torchloom.statistics.csv_log import CsvLog
@@ -172,6 +172,9 @@ def lr_find(
     run_device = resolve_device(device)
     pipeline.to(run_device)
     parts = build_training_parts(pipeline, training, loaded.where)
+    # Compiled as `loom train` compiles them: the ramp measures the steps the run will take.
+    options = parts.compile_options
+    compiled = compile_models(pipeline, options) if options is not None else []
     data = SectionLoader(
         "training",
         pipeline.tasks["training"],
@@ -234,7 +237,7 @@ def lr_find(
         divergence,
         stopped,
     )
-    _write_files(result, start_lr, end_lr, steps, seed, run_device)
+    _write_files(result, start_lr, end_lr, steps, seed, run_device, compiled)
     if suggestion.rate is None:
         raise ConfigError([_no_suggestion(result, suggestion.problem)])
     return result
@@ -313,6 +316,7 @@ def _write_files(
     steps: int,
     seed: int,
     device: torch.device,
+    compiled: list[str],
 ) -> None:
     run_dir, divergence = result.run_dir, result.divergence
     began = divergence.began if divergence is not None else len(result.losses)
@@ -341,6 +345,7 @@ def _write_files(
         "stopped": result.stopped,
         "seed": seed,
         "device": str(device),
+        "compiled": compiled,  # the models torch.compile compiled (`training.compile`)
     }
     write_text_atomic(run_dir / "lr_find.json", json.dumps(summary, indent=2) + "\n")
     _plot(result, run_dir / "lr_find.png", suggested, began)
