@@ -4,8 +4,7 @@ every N episodes), to the end of a run, however it ends. `train_epoch` is the lo
 divergence check, backward, then every `accumulation` batches unscale, clip, step, zero_grad
 and the per-step scheduler. The rest (rows, hooks, validation, checkpoints, the test pass
 (engine/final_test.py), summary.json) happens around them; what a checkpoint holds of the loop
-is in engine/loop_state.py.
-"""
+is in engine/loop_state.py."""
 
 from __future__ import annotations
 
@@ -173,6 +172,7 @@ class TrainingLoop:
         if bar is not None:
             bar.update(1)
         if progress.episode % setup.config.logging_interval == 0:
+            setup.guard.settle()  # a diverged step's row is not written (the row waits anyway)
             row = self.meters.interval_row(progress, size)
             setup.reporter.row("training_statistics", row, progress.episode)
             if bar is not None:
