@@ -265,6 +265,42 @@ def test_a_run_saved_with_more_gpus_restores_the_generators_of_those_here(
     assert restored == [(0, 0), (1, 1)]
 
 
+def test_a_run_resumed_on_another_gpu_continues_its_own_gpu_s_generator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run on `cuda:1` resumed on a one-GPU machine (or with `--device cuda:0`): its GPU's
+    generator (dropout, draws on the GPU) went to GPU 1's slot, missing here, and the run's
+    GPU began its stream again, in silence. The run's GPU is now recorded and continued."""
+    saved_states = [torch.full((16,), gpu + 10, dtype=torch.uint8) for gpu in range(2)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: saved_states)
+    state = capture_rng_state(torch.device("cuda:1"))
+    assert state["cuda_device"] == 1
+    restored: list[tuple[int, int]] = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(
+        torch.cuda, "set_rng_state", lambda new, gpu: restored.append((gpu, int(new[0])))
+    )
+    restore_rng_state(state, torch.device("cuda:0"))
+    assert restored[-1] == (0, 11)  # GPU 0 continues where the run's GPU 1 was
+
+
+def test_a_cpu_run_on_a_gpu_machine_saves_without_starting_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Reading the GPUs' generators starts CUDA in the process: a `--device cpu` run on a GPU
+    machine took GPU memory at its first checkpoint, and failed there on a busy GPU."""
+
+    def starts_cuda() -> list[torch.Tensor]:
+        raise RuntimeError("CUDA-capable device(s) is/are busy or unavailable")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", starts_cuda)
+    assert "cuda" not in capture_rng_state(torch.device("cpu"))
+
+
 def test_a_set_up_that_fails_after_the_run_log_opened_closes_what_it_opened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

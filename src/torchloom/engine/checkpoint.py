@@ -260,7 +260,9 @@ def set_deterministic(enabled: bool) -> None:
     torch.backends.cudnn.deterministic = enabled
 
 
-def capture_rng_state() -> dict[str, Any]:
+def capture_rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """Every generator of this process; `device`, the run's, names the GPU whose generator a
+    resume on another GPU continues."""
     name, keys, position, has_gauss, cached = np.random.get_state(legacy=True)
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
@@ -274,12 +276,22 @@ def capture_rng_state() -> dict[str, Any]:
         ],
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    # A process that never used CUDA has no GPU generator to keep, and asking would start
+    # CUDA in it (a CPU run on a GPU machine): memory taken, and a busy GPU failing the save.
+    if torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
+        if device is not None and device.type == "cuda":
+            state["cuda_device"] = _gpu_index(device)
     return state
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
+def _gpu_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def restore_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """The generators `capture_rng_state` kept; the run's GPU (`device`) continues the one
+    of the GPU the run was saved on (`--device cuda:1` resumed on a one-GPU machine)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, position, has_gauss, cached = state["numpy"]
@@ -290,3 +302,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
         # set_rng_state_all would fail on the first GPU missing here).
         for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(cuda_state, index)
+        saved = state.get("cuda_device")
+        if device is not None and device.type == "cuda" and saved is not None:
+            torch.cuda.set_rng_state(state["cuda"][saved], _gpu_index(device))

@@ -95,9 +95,9 @@ def checkpoint_state(
         "optimizer": None if setup.sharded else setup.optimizer.state_dict(),
         "scheduler": setup.scheduler.state_dict() if setup.scheduler is not None else None,
         "precision": setup.precision.scaler.state_dict(),
-        "rng": capture_rng_state(),
+        "rng": capture_rng_state(setup.device),
         # Every process's generators, for exact resume at the same number of processes.
-        "rng_ranks": setup.distributed.gather(capture_rng_state())
+        "rng_ranks": setup.distributed.gather(capture_rng_state(setup.device))
         if setup.distributed.active
         else None,
         "progress": {**progress.state_dict(), "wall_time": wall_time},
@@ -180,9 +180,9 @@ def restore_state(
         setup.architecture_search.load_state_dict(checkpoint["architecture_search"])
     dist, ranks = setup.distributed, checkpoint.get("rng_ranks")
     if ranks is not None and len(ranks) == dist.world:
-        restore_rng_state(ranks[dist.rank])
+        restore_rng_state(ranks[dist.rank], setup.device)
     elif dist.main:
-        restore_rng_state(checkpoint["rng"])
+        restore_rng_state(checkpoint["rng"], setup.device)
     else:  # saved by another number of processes: rank 0 continues, the others anew
         seed_everything(setup.seed + dist.rank + 7919 * progress.episode)
 
