@@ -157,3 +157,29 @@ def test_bf16_and_a_second_order_search_are_refused_by_loom_check(
     assert "use order: first" in error
     config = str(search_config(tmp_path, order="first"))
     assert main(["check", config, "+training.precision=bf16"]) == 0
+
+
+def test_a_second_order_step_computes_in_full_float32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On Ampere and later GPUs cuDNN convolutions use TF32 by default, whose 10-bit mantissa
+    rounded two thirds of the finite difference's shifted weights (about 1e-5 apart) to the
+    same value: the hypergradient was mostly rounding. The step now runs with TF32 off, and
+    the user's settings are back afterwards."""
+    import torchloom.engine.architecture_search as search
+
+    seen: list[tuple[str, str]] = []
+    original = search.second_order_gradient
+
+    def recorded(*args: object, **kwargs: object) -> list[torch.Tensor]:
+        seen.append(
+            (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)
+        )
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(search, "second_order_gradient", recorded)
+    before = (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)
+    train(search_config(tmp_path, order="second", epochs=1, size=32), tmp_path / "runs")
+    assert seen and set(seen) == {("ieee", "ieee")}
+    after = (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)
+    assert after == before == ("tf32", "none")

@@ -41,7 +41,7 @@ from torchloom.core.registry import resolve
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.engine.loaders import SectionLoader, to_device
 from torchloom.engine.optim import _check_kwargs, _lookup, _refused_values
-from torchloom.engine.step import Precision, WeightedLoss
+from torchloom.engine.step import Precision, WeightedLoss, full_float32
 from torchloom.errors import ConfigError, LoomError, Problem, Where, validation_problems
 
 KEY = ("training", "architecture_search")
@@ -270,14 +270,15 @@ class ArchitectureSearch:
                 gradients = first_order_gradient(self.alphas, self.batch_loss(val_batch))
             else:
                 weights, rates = self.weights_and_rates()
-                gradients = second_order_gradient(
-                    self.alphas,
-                    weights,
-                    rates,
-                    self.batch_loss(weights_batch),
-                    self.batch_loss(val_batch),
-                    self.config.epsilon,
-                )
+                with full_float32():  # the finite difference's shift is below TF32's step
+                    gradients = second_order_gradient(
+                        self.alphas,
+                        weights,
+                        rates,
+                        self.batch_loss(weights_batch),
+                        self.batch_loss(val_batch),
+                        self.config.epsilon,
+                    )
         finally:
             for alpha in self.alphas:
                 alpha.requires_grad_(False)

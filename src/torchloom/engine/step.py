@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -101,6 +101,28 @@ class Precision:
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
+
+
+@contextlib.contextmanager
+def full_float32() -> Iterator[None]:
+    """Convolutions and matrix products in full float32 within: on Ampere and later GPUs cuDNN
+    convolutions use TF32 by default, which reads 10 bits of each float32 mantissa, so weights
+    that differ by less (a finite difference's) compute the same (TF32 is off here for them)."""
+    conv = getattr(torch.backends.cudnn, "conv", None)
+    if conv is not None and hasattr(conv, "fp32_precision"):  # torch 2.9 and later
+        flags = [(conv, "fp32_precision", "ieee")]
+        flags.append((torch.backends.cuda.matmul, "fp32_precision", "ieee"))
+    else:
+        flags = [(torch.backends.cudnn, "allow_tf32", False)]
+        flags.append((torch.backends.cuda.matmul, "allow_tf32", False))
+    before = [getattr(owner, name) for owner, name, _ in flags]
+    for owner, name, value in flags:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for (owner, name, _), value in zip(flags, before, strict=True):
+            setattr(owner, name, value)
 
 
 def clip_gradients(
