@@ -91,3 +91,48 @@ def test_a_resumed_run_continues_the_ramp_where_it_stopped(tmp_path: Path) -> No
     assert isinstance(loop, TrainingLoop)
     loop.run()
     assert resumed.seen == {1: {0.15}, 2: {0.3}, 3: {0.3}}  # the top after the ramp
+
+
+def test_a_compiled_network_compiles_once_however_the_ramp_moves() -> None:
+    """The probability was a Python number that dynamo compiled as a constant: every epoch
+    of a ramp compiled the network again, and after eight torch.compile gave up and it ran
+    eagerly ("hit config.recompile_limit"). It is a buffer now; only whether anything is
+    dropped (not in a ramp's first epoch) tells two graphs apart."""
+    import torch._dynamo
+
+    from torchloom.zoo.nas.fixed_network import DartsFixedNetwork
+
+    genotype = {
+        "normal": [
+            ["sep_conv_3x3", 0],
+            ["skip_connect", 1],
+            ["max_pool_3x3", 0],
+            ["sep_conv_3x3", 2],
+        ],
+        "normal_concat": [2, 3],
+        "reduce": [
+            ["max_pool_3x3", 0],
+            ["sep_conv_3x3", 1],
+            ["skip_connect", 2],
+            ["avg_pool_3x3", 0],
+        ],
+        "reduce_concat": [2, 3],
+    }
+    globals_ = {"input_depth": 1, "input_height": 8, "input_width": 8, "prediction_size": 3}
+    network = DartsFixedNetwork.create(
+        cells=3, channels=4, genotype=genotype, drop_path=0.3, drop_path_epochs=11, globals=globals_
+    )
+    network.train()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    network.compile(backend="eager")
+    images = torch.randn(4, 1, 8, 8)
+    for epoch in range(12):
+        network.start_epoch(epoch)
+        torch.manual_seed(epoch)
+        compiled = network({"inputs": images})["predictions"]
+        torch.manual_seed(epoch)
+        eager = network.forward({"inputs": images})["predictions"]  # forward: not compiled
+        assert torch.equal(compiled, eager), epoch  # this epoch's probability, not a stale one
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+    torch._dynamo.reset()

@@ -109,6 +109,7 @@ def full_float32() -> Iterator[None]:
     convolutions use TF32 by default, which reads 10 bits of each float32 mantissa, so weights
     that differ by less (a finite difference's) compute the same (TF32 is off here for them)."""
     conv = getattr(torch.backends.cudnn, "conv", None)
+    flags: list[tuple[Any, str, Any]]
     if conv is not None and hasattr(conv, "fp32_precision"):  # torch 2.9 and later
         flags = [(conv, "fp32_precision", "ieee")]
         flags.append((torch.backends.cuda.matmul, "fp32_precision", "ieee"))

@@ -22,7 +22,7 @@ from torchloom.errors import ComponentError
 from torchloom.zoo.nas.common import CellPlan
 from torchloom.zoo.nas.fixed_network import FixedCell
 from torchloom.zoo.nas.genotype import Genotype, derive, edge_count, genotype_problems
-from torchloom.zoo.nas.operations import PRIMITIVES, drop_path_at
+from torchloom.zoo.nas.operations import PRIMITIVES, ScheduledDropPath
 from torchloom.zoo.nas.search_network import SearchCell
 
 
@@ -194,13 +194,11 @@ class DartsFixedCell(_CellBase):
         super().__init__(params, context)
         self.multiplier = len(params.concat)
         self.cell = FixedCell(_plan(params), genotype)
-        self.drop_probability = drop_path_at(params.drop_path, params.drop_path_epochs, 0)
+        self.scheduled_drop_path = ScheduledDropPath(params.drop_path, params.drop_path_epochs)
 
     def start_epoch(self, epoch: int) -> None:
-        self.drop_probability = drop_path_at(
-            self.params.drop_path, self.params.drop_path_epochs, epoch
-        )
+        self.scheduled_drop_path.start_epoch(epoch)
 
     def forward(self, inputs: Batch) -> Batch:
-        cell = self.cell(inputs["previous_inputs"], inputs["inputs"], self.drop_probability)
+        cell = self.cell(inputs["previous_inputs"], inputs["inputs"], self.scheduled_drop_path)
         return {"outputs": cell}

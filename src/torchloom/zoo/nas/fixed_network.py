@@ -12,7 +12,7 @@ from torchloom.core.streams import FLOATING, Dim, StreamSpec
 from torchloom.errors import ComponentError
 from torchloom.zoo.nas.common import CellPlan, DartsBase, DartsParams, plan_cells
 from torchloom.zoo.nas.genotype import Genotype, genotype_problems, reduction_positions
-from torchloom.zoo.nas.operations import drop_path, drop_path_at, operation, preprocessing
+from torchloom.zoo.nas.operations import ScheduledDropPath, operation, preprocessing
 
 AUXILIARY_CHANNELS = (128, 768)
 
@@ -35,15 +35,15 @@ class FixedCell(nn.Module):
             for name, source in edges
         )
 
-    def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop_probability: float) -> torch.Tensor:
+    def forward(self, s0: torch.Tensor, s1: torch.Tensor, drop: ScheduledDropPath) -> torch.Tensor:
         states = [self.preprocess_0(s0), self.preprocess_1(s1)]
         for first in range(0, len(self.operations), 2):
             node = None
             for index in (first, first + 1):
                 op = self.operations[index]
                 h = op(states[self.sources[index]])
-                if self.training and drop_probability > 0 and not isinstance(op, nn.Identity):
-                    h = drop_path(h, drop_probability)
+                if not isinstance(op, nn.Identity):  # a skip connection is never dropped
+                    h = drop(h)
                 node = h if node is None else node + h
             assert node is not None
             states.append(node)
@@ -148,13 +148,14 @@ class DartsFixedNetwork(DartsBase):
             c_out = len(genotype.concat("reduce" if plan.reduction else "normal")) * plan.channels
             self.auxiliary_head = AuxiliaryHead(c_out, self.final_size[0], self.prediction_size)
         self.classifier_head(len(genotype.normal_concat) * plans[-1].channels)
-        # What forward drops now: the start of the ramp until an epoch starts (start_epoch).
-        self.drop_probability = drop_path_at(params.drop_path, params.drop_path_epochs, 0)
+        self.scheduled_drop_path = ScheduledDropPath(params.drop_path, params.drop_path_epochs)
+
+    @property
+    def drop_probability(self) -> float:
+        return self.scheduled_drop_path.value
 
     def start_epoch(self, epoch: int) -> None:
-        self.drop_probability = drop_path_at(
-            self.params.drop_path, self.params.drop_path_epochs, epoch
-        )
+        self.scheduled_drop_path.start_epoch(epoch)
 
     def output_specs(self) -> dict[str, StreamSpec]:
         specs = super().output_specs()
@@ -177,7 +178,7 @@ class DartsFixedNetwork(DartsBase):
         s0 = s1 = self.stem(inputs["inputs"])
         outputs: Batch = {}
         for index, cell in enumerate(self.cells):
-            s0, s1 = s1, cell(s0, s1, self.drop_probability)
+            s0, s1 = s1, cell(s0, s1, self.scheduled_drop_path)
             if self.params.auxiliary and index == self.auxiliary_after:
                 outputs["auxiliary_predictions"] = self.auxiliary_head(s1)
         outputs["predictions"] = self.classify(s1)

@@ -105,12 +105,13 @@ def operation(name: str, channels: int, stride: int, affine: bool) -> nn.Module:
     return OPERATIONS[name](channels, stride, affine)
 
 
-def drop_path(x: torch.Tensor, drop_probability: float) -> torch.Tensor:
-    """Zero whole samples of an operation's output with this probability, scaling the kept
-    ones so that the expectation is unchanged (Zoph et al. 2018's ScheduledDropPath)."""
+def drop_path(x: torch.Tensor, drop_probability: torch.Tensor) -> torch.Tensor:
+    """Zero whole samples of an operation's output with this probability (a 0-dim tensor),
+    scaling the kept ones so that the expectation is unchanged (Zoph et al. 2018's
+    ScheduledDropPath)."""
     keep = 1.0 - drop_probability
-    mask = torch.empty(x.shape[0], 1, 1, 1, device=x.device, dtype=x.dtype).bernoulli_(keep)
-    return x * mask / keep
+    draws = torch.rand(x.shape[0], 1, 1, 1, device=x.device)
+    return x * (draws < keep).to(x.dtype) / keep.to(x.dtype)
 
 
 def drop_path_at(top: float, ramp_epochs: int | None, epoch: int) -> float:
@@ -120,6 +121,33 @@ def drop_path_at(top: float, ramp_epochs: int | None, epoch: int) -> float:
     if ramp_epochs is None:
         return top
     return top * min(epoch, ramp_epochs) / ramp_epochs
+
+
+class ScheduledDropPath(nn.Module):
+    """Drop-path (in training) at the epoch's probability, held in a 0-dim buffer that
+    `start_epoch` fills: a compiled network reads it when it runs. As a Python number changed every epoch it was
+    a constant of the compiled graph, so each epoch compiled another, and after eight
+    torch.compile gave up and the network ran eagerly. `active` (whether anything is dropped)
+    changes at most once, after a ramp's first epoch: two graphs at most."""
+
+    probability: torch.Tensor
+
+    def __init__(self, top: float, ramp_epochs: int | None) -> None:
+        super().__init__()
+        self.top, self.ramp_epochs = top, ramp_epochs
+        # Not saved: the epoch makes it again (start_epoch runs in a resumed run too).
+        self.register_buffer("probability", torch.zeros(()), persistent=False)
+        self.value, self.active = 0.0, False
+        self.start_epoch(0)  # what forward drops until an epoch starts
+
+    def start_epoch(self, epoch: int) -> None:
+        self.value = drop_path_at(self.top, self.ramp_epochs, epoch)  # as a number, for reports
+        with torch.no_grad():
+            self.probability.fill_(self.value)
+        self.active = self.value > 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return drop_path(x, self.probability) if self.training and self.active else x
 
 
 def preprocessing(
