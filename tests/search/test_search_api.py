@@ -198,6 +198,29 @@ def test_a_worker_lets_go_of_each_trial_before_the_next(
     assert len(resets) == 3
 
 
+def test_a_broken_gpu_is_told_on_a_torch_older_than_its_accelerator_api(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch.AcceleratorError came with torch 2.8 and torch.accelerator with 2.6, and the
+    project allows torch 2.4: there, every trial that failed (a shape error, an out-of-memory)
+    raised AttributeError in the check and ended the whole search."""
+    import torch
+
+    import torchloom.search.trial as trial_module
+
+    monkeypatch.delattr(torch, "AcceleratorError")
+    monkeypatch.delattr(torch, "accelerator")
+    assert trial_module.gpu_answers()  # no GPU here: nothing to have broken
+    assert not trial_module._device_failed(ValueError("shapes do not match"))
+    monkeypatch.setattr(trial_module, "gpu_answers", lambda: False)
+    assert not trial_module._device_failed(RuntimeError("mat1 and mat2 shapes cannot be"))
+    failed = RuntimeError("CUDA error: an illegal memory access was encountered")
+    try:
+        raise ValueError("in a component") from failed
+    except ValueError as wrapped:
+        assert trial_module._device_failed(wrapped)
+
+
 def test_a_trial_that_breaks_its_gpu_stops_the_worker_with_what_to_do(
     tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -167,23 +167,36 @@ def _device_failed(error: BaseException) -> bool:
     """Whether `error` (or what it was made from) is torch's accelerator error and the GPU no
     longer answers: some such errors (an oversized launch) leave the process's CUDA context
     usable, a device-side assert or an illegal memory access does not."""
-    import torch
-
     seen: BaseException | None = error
-    while seen is not None and not isinstance(seen, torch.AcceleratorError):
+    while seen is not None and not _accelerator_error(seen):
         seen = seen.__cause__ or seen.__context__
     return seen is not None and not gpu_answers()
+
+
+def _accelerator_error(error: BaseException) -> bool:
+    import torch
+
+    kind = getattr(torch, "AcceleratorError", None)  # torch 2.8 and later
+    if kind is not None:
+        return isinstance(error, kind)
+    return isinstance(error, RuntimeError) and "CUDA error" in str(error)  # as torch said it
 
 
 def gpu_answers() -> bool:
     """Whether this process's accelerator (a GPU) still runs a kernel and synchronises."""
     import torch
 
-    if not torch.accelerator.is_available():
+    accelerator = getattr(torch, "accelerator", None)  # torch 2.6 and later; before, CUDA's
+    if accelerator is None or not hasattr(accelerator, "synchronize"):
+        device, available, synchronize = "cuda", torch.cuda.is_available, torch.cuda.synchronize
+    else:
+        device, available = accelerator.current_accelerator(), accelerator.is_available
+        synchronize = accelerator.synchronize
+    if not available():
         return True  # nothing there to have broken
     try:
-        torch.ones(1, device=torch.accelerator.current_accelerator()).add_(1)
-        torch.accelerator.synchronize()
+        torch.ones(1, device=device).add_(1)
+        synchronize()
     except Exception:
         return False
     return True
