@@ -253,3 +253,22 @@ def test_a_trial_that_breaks_its_gpu_stops_the_worker_with_what_to_do(
     with open(search_dir / "trials.csv", newline="", encoding="utf-8") as file:
         rows = list(csv.DictReader(file))
     assert [row["state"] for row in rows] == ["fail"]
+
+
+def test_workers_on_a_machine_with_several_gpus_take_one_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`--workers K` without `--device` (or with a bare `cuda`) ran every worker on GPU 0:
+    out of memory there, the other GPUs idle. The workers now take the GPUs in turn; a
+    device named in full, the host, or a one-GPU machine is left as asked."""
+    import torch
+
+    from torchloom.search.worker import worker_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [worker_device(None, w) for w in range(3)] == ["cuda:0", "cuda:1", "cuda:0"]
+    assert worker_device("cuda", 1) == "cuda:1"
+    assert (worker_device("cuda:1", 0), worker_device("cpu", 1)) == ("cuda:1", "cpu")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert worker_device(None, 1) is None

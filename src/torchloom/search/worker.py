@@ -123,7 +123,7 @@ def work(
     objective = Objective(record.monitor, record.mode)
     options = TrainOptions(
         expdir=str(search_dir / "trials"),
-        device=record.device,
+        device=worker_device(record.device, worker),
         quiet=True,
         tensorboard=0,
         hook_factory=hook_factory,
@@ -288,6 +288,18 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None, 
     except RuntimeError as error:
         if "Study.stop" not in str(error):
             raise
+
+
+def worker_device(requested: str | None, worker: int) -> str | None:
+    """Worker `worker`'s device: on a machine with several GPUs, no `--device` (or a bare
+    `cuda`) gives the workers the GPUs in turn, one each; all of them trained on GPU 0
+    before, the others idle and GPU 0 out of memory."""
+    import torch
+
+    if requested not in (None, "cuda") or not torch.cuda.is_available():
+        return requested
+    count = torch.cuda.device_count()
+    return f"cuda:{worker % count}" if count > 1 else requested
 
 
 def _short(value: Any) -> str:
