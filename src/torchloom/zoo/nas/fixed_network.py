@@ -52,14 +52,17 @@ class FixedCell(nn.Module):
 
 class AuxiliaryHead(nn.Sequential):
     """The auxiliary classifier of DARTS's CIFAR network, on the last reduction cell's output
-    (an 8x8 map there, pooled 5/3 to 2x2 as in the paper; other sizes pool adaptively)."""
+    (an 8x8 map there, pooled 5/3 to 2x2 as in the paper; other sizes to 2x2 by halves, or
+    adaptively when odd)."""
 
     def __init__(self, channels: int, size: int, classes: int) -> None:
-        pool: nn.Module = (
-            nn.AvgPool2d(5, stride=3, padding=0, count_include_pad=False)
-            if size == 8
-            else nn.AdaptiveAvgPool2d(2)
-        )
+        pool: nn.Module
+        if size == 8:
+            pool = nn.AvgPool2d(5, stride=3, padding=0, count_include_pad=False)
+        elif size % 2 == 0:  # the same 2x2 as adaptive pooling, whose backward on a GPU has no
+            pool = nn.AvgPool2d(size // 2)  # deterministic version (training.deterministic)
+        else:
+            pool = nn.AdaptiveAvgPool2d(2)
         hidden, features = AUXILIARY_CHANNELS
         super().__init__(
             nn.ReLU(),

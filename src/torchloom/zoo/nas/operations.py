@@ -125,10 +125,10 @@ def drop_path_at(top: float, ramp_epochs: int | None, epoch: int) -> float:
 
 class ScheduledDropPath(nn.Module):
     """Drop-path (in training) at the epoch's probability, held in a 0-dim buffer that
-    `start_epoch` fills: a compiled network reads it when it runs. As a Python number changed every epoch it was
-    a constant of the compiled graph, so each epoch compiled another, and after eight
-    torch.compile gave up and the network ran eagerly. `active` (whether anything is dropped)
-    changes at most once, after a ramp's first epoch: two graphs at most."""
+    `start_epoch` fills: a compiled network reads it when it runs. As a Python number changed
+    every epoch it was a constant of the compiled graph, so each epoch compiled another, and
+    after eight torch.compile gave up and the network ran eagerly. `active` (whether anything
+    is dropped) changes at most once, after a ramp's first epoch: two graphs at most."""
 
     probability: torch.Tensor
 
