@@ -82,6 +82,25 @@ def test_python_api_train_then_process(tmp_path: Path, mnist_folder: Path) -> No
     assert (processed.folder / "test_summary.json").is_file()
 
 
+def test_process_evaluates_a_bf16_run_as_its_own_test_pass_did(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    """`loom process` evaluated in float32 whatever the run's precision, so a bf16 (or fp16)
+    run's test split gave other figures than its own test pass: the same weights under other
+    numbers. It now runs under the run's autocast, and its summary says which."""
+    import json
+
+    config = small_config(tmp_path, mnist_folder)
+    overrides = ["training.terminal_conditions.epoch_limit=1", "+training.precision=bf16"]
+    result = torchloom.train(config, overrides, expdir=str(tmp_path / "runs"))
+    processed = torchloom.process(result.run_dir, section="test")
+    assert processed.statistics["loss"] == pytest.approx(
+        result.statistics["test"]["loss"], rel=1e-9
+    )
+    summary = json.loads((processed.folder / "test_summary.json").read_text())
+    assert summary["precision"] == "bf16"
+
+
 def test_python_api_accepts_a_pipeline_described_as_a_mapping(
     tmp_path: Path, mnist_folder: Path
 ) -> None:

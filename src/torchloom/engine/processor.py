@@ -113,6 +113,9 @@ def process(
         loaded_weights = match.report()
     torch_device = resolve_device(device)
     pipeline.to(torch_device)
+    # The run's autocast, so that its test split gives the figures of its own test pass; an
+    # int8 pipeline (a `loom quantize` folder) runs in float32.
+    precision = "fp32" if prebuilt is not None else training.get("precision") or "fp32"
     settings: Any = section_config(loaded.data, section, loaded.where)
     loader = SectionLoader(
         section,
@@ -146,7 +149,7 @@ def process(
             loader.epoch(0),
             statistics_copy(pipeline, torch_device),
             loss,
-            Precision("fp32", torch_device),
+            Precision(precision, torch_device),
             torch_device,
         )
     finally:
@@ -158,6 +161,7 @@ def process(
         "source": str(source) if not isinstance(source, Mapping) else str(loaded.path.name),
         "checkpoint": str(weights) if weights else None,
         "weights": loaded_weights,
+        "precision": precision,
         "samples": values.get("samples"),
         "wall_time_seconds": round(time.perf_counter() - started, 3),
         "statistics": values,
