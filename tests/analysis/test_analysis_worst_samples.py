@@ -301,3 +301,26 @@ def test_a_sample_seen_twice_in_a_block_keeps_its_last_loss_target_and_predictio
     history.observe_block(scores, targets, torch.tensor([2, 4, 2]), row)
     assert row[2] == F.cross_entropy(scores[2:], targets[2:])
     assert (history.targets[2], history.predictions[2]) == (0, 1)
+
+
+def test_ids_that_are_not_positions_in_the_split_are_refused_at_the_first_batch(
+    tmp_path: Path,
+) -> None:
+    """A user-named ids stream of other ids (file numbers, say) indexed past the history: on
+    the CPU an IndexError that failed the run, on a GPU a device-side assert after which not
+    even last.pt could be saved. The first batch's ids are read once; such an output is
+    skipped, saying why, and training goes on."""
+    hook = WorstSamples(AnalysisConfig())
+    run = fake_run(tmp_path)
+    hook.before_train(run)
+    batch = batch_of([7, 2, 5, 0])
+    batch["indices"] = torch.tensor([7, 2, 15, 0])  # 15: past the split's 10 samples
+    hook.after_step(run, batch, torch.tensor(0.0))
+    hook.after_step(run, batch_of([1, 3]), torch.tensor(0.0))  # the output stays skipped
+    hook.flush()
+    (tracker,) = hook.trackers
+    assert tracker.history.shape[0] == 0  # nothing observed
+    from torchloom.analysis.skipped import read_skipped
+
+    (why,) = read_skipped(tmp_path).values()
+    assert "its ids stream 'indices' holds 0 to 15, not positions in the split (0 to 9)" in why

@@ -23,6 +23,8 @@ class LossHistory:
         self.labels: list[int] = []
         self.targets = torch.full((size,), -1, dtype=torch.int64, device=device)
         self.predictions = torch.full((size,), -1, dtype=torch.int64, device=device)
+        self.ids_problem: str | None = None  # decided at the first batch (see problem)
+        self.ids_checked = False
 
     @property
     def size(self) -> int:
@@ -43,7 +45,8 @@ class LossHistory:
         return self.history[epoch]
 
     def problem(self, batch: Batch) -> str | None:
-        """Why this batch cannot be tracked (checked on shapes only: no host sync)."""
+        """Why this batch cannot be tracked: checked on shapes, and the ids' values at the first
+        batch only (one host read in the run)."""
         out = self.output
         missing = [s for s in (out.predictions, out.targets, out.ids) if s not in batch]
         if missing:
@@ -56,7 +59,18 @@ class LossHistory:
                 f"predictions must be [batch, classes] and targets and ids [batch], got "
                 f"{list(predictions.shape)}, {list(targets.shape)}, {list(ids.shape)}"
             )
-        return None
+        if not self.ids_checked and ids.numel():
+            # Ids outside the split (a stream of other ids than positions) index past the
+            # history: on a GPU a device-side assert, after which nothing, last.pt included,
+            # can be saved. Checked once: the ids are the same kind of value in every batch.
+            self.ids_checked = True
+            low, high = (int(v) for v in torch.stack([ids.min(), ids.max()]).tolist())
+            if low < 0 or high >= self.size:
+                self.ids_problem = (
+                    f"its ids stream '{out.ids}' holds {low} to {high}, not positions in the "
+                    f"split (0 to {self.size - 1}): name the task's sample positions (indices)"
+                )
+        return self.ids_problem
 
     def observe(self, batch: Batch, row: torch.Tensor) -> None:
         """Write the batch's per-sample losses into `row` by sample id (device only)."""
