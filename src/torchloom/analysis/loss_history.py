@@ -1,6 +1,9 @@
-"""The per-sample losses of one analysed output across epochs, kept on the device by sample
-id, for the worst-samples report (worst_samples.py): a [epochs, samples] tensor, NaN where a
-sample was not seen, and each sample's target and last prediction; never outputs."""
+"""The per-sample losses of one analysed output across epochs, by sample id, for the
+worst-samples report (worst_samples.py): a [epochs, samples] tensor, NaN where a sample was not
+seen, and each sample's target and last prediction; never outputs. The row being written lives
+on the device (the steps write it there without waiting); the rows of passes that ended are
+kept on the host, so a long run's history takes one row of the GPU's memory, not one per
+epoch (ImageNet: 5 MB an epoch)."""
 
 from __future__ import annotations
 
@@ -14,12 +17,14 @@ from torchloom.core.component import Batch
 
 
 class LossHistory:
-    """Per-sample losses of one output: `history` [epochs, samples] on the device, NaN where a
-    sample was not seen; `labels` numbers the rows (the epoch each one belongs to)."""
+    """Per-sample losses of one output: `history` [epochs, samples], NaN where a sample was
+    not seen; `labels` numbers the rows (the epoch each one belongs to)."""
 
     def __init__(self, output: OutputSpec, size: int, device: torch.device) -> None:
         self.output = output
-        self.history = torch.empty(0, size, device=device)
+        self.device = device
+        self.kept = torch.empty(0, size)  # on the host: every row, the open one as last synced
+        self.open: tuple[int, torch.Tensor] | None = None  # (epoch, its row on the device)
         self.labels: list[int] = []
         self.targets = torch.full((size,), -1, dtype=torch.int64, device=device)
         self.predictions = torch.full((size,), -1, dtype=torch.int64, device=device)
@@ -28,21 +33,44 @@ class LossHistory:
 
     @property
     def size(self) -> int:
-        return int(self.history.shape[1])
+        return int(self.kept.shape[1])
+
+    @property
+    def history(self) -> torch.Tensor:
+        """[epochs, samples] on the host: the open row copied in as written so far."""
+        self._keep_open_row()
+        return self.kept
+
+    def _keep_open_row(self) -> None:
+        if self.open is not None:
+            epoch, row = self.open
+            self.kept[epoch].copy_(row)
 
     def blank_row(self) -> torch.Tensor:
-        return torch.full((self.size,), float("nan"), device=self.history.device)
+        return torch.full((self.size,), float("nan"), device=self.device)
 
     def add_row(self, row: torch.Tensor, label: int) -> None:
-        # A copy per epoch (not per step) keeps the tensor exactly [epochs, samples].
-        self.history = torch.cat([self.history, row.unsqueeze(0)])
+        """A pass that ended (a validation pass, or a training epoch skipped): kept on the
+        host. A copy per epoch (not per step) keeps the tensor exactly [epochs, samples]."""
+        self.kept = torch.cat([self.kept, row.detach().cpu().unsqueeze(0)])
         self.labels.append(label)
 
     def row_for_epoch(self, epoch: int) -> torch.Tensor:
-        """The row of a training epoch (0-based), added (with any skipped ones) when new."""
+        """The row of a training epoch (0-based) on the device, added (with any skipped ones)
+        when new; the row it was writing before goes to the host."""
+        if self.open is not None and self.open[0] == epoch:
+            return self.open[1]
+        self._keep_open_row()
         while len(self.labels) <= epoch:
-            self.add_row(self.blank_row(), len(self.labels) + 1)
-        return self.history[epoch]
+            self.add_row(torch.full((self.size,), float("nan")), len(self.labels) + 1)
+        self.open = (epoch, self.kept[epoch].to(self.device, copy=True))
+        return self.open[1]
+
+    def row(self, epoch: int) -> torch.Tensor | None:
+        """Epoch `epoch`'s row where it is written (the device's for the open one), or None."""
+        if self.open is not None and self.open[0] == epoch:
+            return self.open[1]
+        return self.kept[epoch] if 0 <= epoch < len(self.labels) else None
 
     def problem(self, batch: Batch) -> str | None:
         """Why this batch cannot be tracked: checked on shapes, and the ids' values at the first
@@ -82,7 +110,7 @@ class LossHistory:
         self, scores: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor, row: torch.Tensor
     ) -> None:
         """`observe` for the samples of one batch or of a block of steps."""
-        device = self.history.device
+        device = self.targets.device
         targets = targets.to(device, torch.int64, non_blocking=True)
         ids = ids.to(device, torch.int64, non_blocking=True)
         losses = F.cross_entropy(scores.detach().float(), targets, reduction="none")
@@ -96,7 +124,7 @@ class LossHistory:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "history": self.history.cpu(),
+            "history": self.history.clone(),
             "labels": list(self.labels),
             "targets": self.targets.cpu(),
             "predictions": self.predictions.cpu(),
@@ -110,26 +138,26 @@ class LossHistory:
 
     def adopt(self, row: torch.Tensor, seen: tuple[torch.Tensor, ...]) -> None:
         """Write another process's `seen_in` into `row` and the targets and predictions."""
-        ids, losses, targets, predictions = (tensor.to(row.device) for tensor in seen)
-        row.index_copy_(0, ids, losses.to(row.dtype))
-        self.targets.index_copy_(0, ids, targets)
-        self.predictions.index_copy_(0, ids, predictions)
+        ids, losses, targets, predictions = seen
+        row.index_copy_(0, ids.to(row.device), losses.to(row.device, row.dtype))
+        ids = ids.to(self.device)
+        self.targets.index_copy_(0, ids, targets.to(self.device))
+        self.predictions.index_copy_(0, ids, predictions.to(self.device))
 
     def load_state_dict(self, state: dict[str, Any]) -> bool:
         """Adopt a checkpoint's history; False when it was kept for another data set size."""
         history = state["history"]
         if history.ndim != 2 or history.shape[1] != self.size:
             return False
-        device = self.history.device
-        self.history = history.to(device, torch.float32)
+        self.kept, self.open = history.to("cpu", torch.float32, copy=True), None
         self.labels = [int(v) for v in state["labels"]]
-        self.targets = state["targets"].to(device)
-        self.predictions = state["predictions"].to(device)
+        self.targets = state["targets"].to(self.device)
+        self.predictions = state["predictions"].to(self.device)
         return True
 
     def hardest(self, count: int) -> list[dict[str, Any]]:
-        """The `count` seen samples of highest cumulative loss, hardest first. Reduced on the
-        device; only their columns come to the host."""
+        """The `count` seen samples of highest cumulative loss, hardest first (reduced on the
+        host, where the rows are kept)."""
         history = self.history
         seen = ~torch.isnan(history)
         ever_seen = seen.any(dim=0)

@@ -2,7 +2,7 @@
 
 For each analysed output, the per-sample cross entropy of its predictions against its targets
 (the same for logits and log-probabilities, log_softmax being idempotent) is written by sample
-id into a device tensor [epochs, samples] (loss_history.py), one row per epoch (training: the
+id into a tensor [epochs, samples] (loss_history.py), one row per epoch (training: the
 losses of the training steps; validation: of each full validation pass). That, the target and
 the last prediction of each sample are all that is kept: ids and losses, never outputs. A step
 costs a few device kernels and no host sync; the host reads the history once per epoch, to
@@ -187,9 +187,7 @@ class WorstSamples(Hook):
         if self.row_merged:
             return
         epoch = self.buffered_epoch  # the same in every process: they take the same steps
-        self._merge(
-            [t.history[epoch] if 0 <= epoch < len(t.labels) else None for t in self.trackers]
-        )
+        self._merge([t.row(epoch) for t in self.trackers])
         self.row_merged = True
 
     def _merge(self, rows: Sequence[torch.Tensor | None]) -> None:
