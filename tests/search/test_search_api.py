@@ -265,10 +265,14 @@ def test_workers_on_a_machine_with_several_gpus_take_one_each(
 
     from torchloom.search.worker import worker_device
 
+    current: list[str] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
     assert [worker_device(None, w) for w in range(3)] == ["cuda:0", "cuda:1", "cuda:0"]
     assert worker_device("cuda", 1) == "cuda:1"
     assert (worker_device("cuda:1", 0), worker_device("cpu", 1)) == ("cuda:1", "cpu")
+    # Each worker's GPU is its process's current one (the broken-GPU check reads that one).
+    assert current == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:1"]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert worker_device(None, 1) is None

@@ -121,9 +121,10 @@ def work(
         record.study_identity(),
     )
     objective = Objective(record.monitor, record.mode)
+    device = worker_device(record.device, worker)
     options = TrainOptions(
         expdir=str(search_dir / "trials"),
-        device=worker_device(record.device, worker),
+        device=device,
         quiet=True,
         tensorboard=0,
         hook_factory=hook_factory,
@@ -291,15 +292,21 @@ def _tell(study: optuna.Study, trial: optuna.Trial, value: float | None = None, 
 
 
 def worker_device(requested: str | None, worker: int) -> str | None:
-    """Worker `worker`'s device: on a machine with several GPUs, no `--device` (or a bare
-    `cuda`) gives the workers the GPUs in turn, one each; all of them trained on GPU 0
-    before, the others idle and GPU 0 out of memory."""
+    """Worker `worker`'s device, made this process's current GPU when it is one: on a
+    machine with several GPUs, no `--device` (or a bare `cuda`) gives the workers the GPUs in
+    turn, one each; all of them trained on GPU 0 before, the others idle and GPU 0 out of
+    memory."""
     import torch
 
-    if requested not in (None, "cuda") or not torch.cuda.is_available():
-        return requested
-    count = torch.cuda.device_count()
-    return f"cuda:{worker % count}" if count > 1 else requested
+    device = requested
+    if requested in (None, "cuda") and torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        device = f"cuda:{worker % count}" if count > 1 else requested
+    if device is not None and device.startswith("cuda:"):
+        # What a bare `cuda` means in this process (pinned memory, the broken-GPU check of
+        # trial.gpu_answers): else GPU 0, and a context there for nothing.
+        torch.cuda.set_device(device)
+    return device
 
 
 def _short(value: Any) -> str:
