@@ -200,6 +200,18 @@ def test_safetensors_export_holds_every_weight(lenet_run: Path) -> None:
     own = run.pipeline.components["image_classifier"].state_dict()
     for key, value in own.items():
         assert torch.equal(saved[f"image_classifier.{key}"], value)
+    # The load the report gives works as given (strict: every weight, nothing else).
+    report = json.loads((result.folder / "export_report.json").read_text("utf-8"))
+    assert report["load"].startswith("safetensors.torch.load_model(pipeline.registered, path)")
+    from safetensors.torch import load_model
+
+    fresh = load_trained_run(lenet_run).pipeline
+    for parameter in fresh.registered.parameters():
+        torch.nn.init.zeros_(parameter)
+    load_model(fresh.registered, result.folder / "model.safetensors")
+    assert all(
+        torch.equal(v, own[k]) for k, v in fresh.components["image_classifier"].state_dict().items()
+    )
 
 
 def test_safetensors_export_of_a_pipeline_with_a_vocabulary_holds_its_weights(
@@ -248,12 +260,25 @@ def test_safetensors_keeps_a_tied_weight_once_and_a_view_as_a_copy(tmp_path: Pat
     saved = load_file(str(tmp_path / "model.safetensors"))
     assert sorted(saved) == ["encoder.weight", "viewer.row"] and "not_in_file" not in found
     assert torch.equal(saved["viewer.row"], encoder.weight[1])
+    # A view stored as a copy is what safetensors' load_model refuses ("unexpected"): the
+    # report gives torch's load, which takes it, and the tie, once.
+    assert found["load"].startswith("pipeline.registered.load_state_dict(")
     copy = torch.nn.ModuleDict(
         {"encoder": torch.nn.Embedding(5, 3), "decoder": torch.nn.Linear(3, 5, bias=False)}
     )
     copy["decoder"].weight = copy["encoder"].weight
-    load_model(copy, tmp_path / "model.safetensors", strict=False)
+    copy["viewer"] = torch.nn.Module()
+    copy["viewer"].register_buffer("row", torch.zeros(3))
+    missing, unexpected = copy.load_state_dict(saved, strict=False)
+    assert (missing, unexpected) == (["decoder.weight"], [])  # the tie, loaded through encoder
     assert torch.equal(copy["decoder"].weight, encoder.weight)
+    assert torch.equal(copy["viewer"].row, encoder.weight[1])
+    tied_only = torch.nn.ModuleDict({"encoder": encoder, "decoder": decoder})
+    assert _safetensors(tied_only, tmp_path / "tied")["load"].startswith(
+        "safetensors.torch.load_model("
+    )
+    del copy["viewer"]
+    load_model(copy, tmp_path / "tied" / "model.safetensors")  # strict, as the report says
 
 
 @pytest.mark.parametrize(
@@ -397,6 +422,18 @@ def test_a_trained_component_before_the_graph_predicts_with_its_trained_weights(
     label, probability = torch_prediction(run, text)
     assert line["top"][0]["label"] == label
     assert abs(line["top"][0]["probability"] - probability) < 1e-5
+    # A weights file that lacks one of them is refused, not half loaded.
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "artifacts" / "projection" / "weights.safetensors"
+    weights = load_file(str(path))
+    assert sorted(weights) == ["layers.0.bias", "layers.0.weight"]
+    save_file({"layers.0.weight": weights["layers.0.weight"]}, str(path))
+    capsys.readouterr()
+    assert main(["predict", str(folder), text]) == 2
+    error = capsys.readouterr().err
+    assert "does not hold component 'projection' (FeedForwardNetwork)'s weights" in error
+    assert "missing layers.0.bias" in error and "Traceback" not in error
 
 
 def _digit_png(folder: Path) -> Path:

@@ -263,12 +263,13 @@ def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str,
     tensors = {
         k: v for name, state in states.items() for k, v in tensors_of(state, f"{name}.").items()
     }
-    saved = write_tensors(tensors, path)
+    saved, copies = write_tensors(tensors, path)
     # safetensors' load_model reads the module's whole state, extra state included, which it
-    # cannot: such a pipeline loads the file's tensors through torch, the rest left as built.
+    # cannot, and counts a view stored as a copy as unexpected: such a pipeline loads the
+    # file's tensors through torch (the rest left as built).
     load = (
         "pipeline.registered.load_state_dict(safetensors.torch.load_file(path), strict=False)"
-        if not_tensors
+        if not_tensors or copies
         else "safetensors.torch.load_model(pipeline.registered, path)"
     )
     found: dict[str, Any] = {

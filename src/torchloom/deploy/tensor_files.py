@@ -19,11 +19,15 @@ def tensors_of(state: Mapping[str, Any], prefix: str = "") -> dict[str, torch.Te
     return {f"{prefix}{key}": value for key, value in state.items() if torch.is_tensor(value)}
 
 
-def write_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
-    """Write `tensors` to `path`, each memory once, and read them back: what the file holds."""
+def write_tensors(
+    tensors: Mapping[str, torch.Tensor], path: Path, *, aliases: bool = False
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Write `tensors` to `path` (see stored_once) and read them back: what the file holds,
+    and the names stored as copies of memory another name shares otherwise than wholly (a
+    view), which safetensors' `load_model` counts as unexpected."""
     from safetensors.torch import load_file, save_file
 
-    stored = stored_once(tensors)
+    stored, copies = stored_once(tensors, aliases)
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(stored, str(path))
     saved = load_file(str(path))
@@ -32,27 +36,35 @@ def write_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> dict[str, 
         raise DeployError.at(
             "", f"'{path}'", f"reads back different values for {', '.join(differ[:4])}"
         )
-    return saved
+    return saved, copies
 
 
-def stored_once(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Each memory under one name, as safetensors requires: a tied weight's second name is left
-    out (`safetensors.torch.load_model`, or torch's `load_state_dict(..., strict=False)`,
-    restores it with the first, as for safetensors' own `save_model`); a tensor that shares
-    memory otherwise (a view) is stored as a copy."""
+def stored_once(
+    tensors: Mapping[str, torch.Tensor], aliases: bool = False
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Each memory under one name, as safetensors requires (and the names stored as copies).
+    A tied weight's second name is left out (`safetensors.torch.load_model`, or torch's
+    `load_state_dict(..., strict=False)`, restores it with the first, as for safetensors' own
+    `save_model`), or stored as a copy with `aliases` (every name in the file, for a strict
+    load); a tensor that shares memory otherwise (a view) is stored as a copy."""
     kept: dict[str, torch.Tensor] = {}
+    copies: list[str] = []
     owners: dict[int, torch.Tensor] = {}
     for key, value in tensors.items():
-        value = value.detach().cpu()
+        value = value.detach()
+        # Ties are told by the memory the tensors share where they are (a GPU's included).
         memory = value.untyped_storage().data_ptr() if value.numel() else None
         first = owners.get(memory) if memory is not None else None
         if first is None:
             if memory is not None:
                 owners[memory] = value
-            kept[key] = value.contiguous()
+            kept[key] = value.cpu().contiguous()
         elif not _same_view(first, value):
-            kept[key] = value.clone().contiguous()
-    return kept
+            kept[key] = value.cpu().clone().contiguous()
+            copies.append(key)
+        elif aliases:
+            kept[key] = value.cpu().clone().contiguous()
+    return kept, copies
 
 
 def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 from torchloom.core.registry import resolve
+from torchloom.core.weights import read_weights_file
+from torchloom.deploy.tensor_files import tensors_of
 from torchloom.errors import DeployError
 
 VOCABULARY_ARTIFACT = "vocabulary.txt"
@@ -60,19 +62,26 @@ def rebuilt(folder: Path, step: dict[str, Any], trained: bool = True) -> Any:
         params["vocabulary_file"] = str(folder / vocabulary[0])
     component = resolve(step["type"]).create(name=step["name"], globals=step["globals"], **params)
     if trained and step.get("weights"):
-        from safetensors.torch import load_file
-
-        weights = load_file(str(folder / step["weights"]))
-        unexpected = component.load_state_dict(weights, strict=False).unexpected_keys
-        if unexpected:
-            raise DeployError.at(
-                "",
-                f"'{folder / step['weights']}'",
-                f"holds weights that {step['name']} ({step['type']}) has not: "
-                f"{', '.join(unexpected[:4])}",
-            )
+        _load_trained(component, folder / step["weights"], step)
     component.eval()
     return component
+
+
+def _load_trained(component: Any, path: Path, step: dict[str, Any]) -> None:
+    """Every tensor of the component from `path`, exactly (the export wrote each name)."""
+    who = f"component '{step['name']}' ({step['type']})"
+    weights = read_weights_file(path, f"'{path}'", who)
+    expected = tensors_of(component.state_dict())
+    missing = [k for k in expected if k not in weights]
+    unexpected = [k for k in weights if k not in expected]
+    if missing or unexpected:
+        differ = [f"missing {', '.join(missing[:4])}"] if missing else []
+        differ += [f"not its own {', '.join(unexpected[:4])}"] if unexpected else []
+        raise DeployError.at("", f"'{path}'", f"does not hold {who}'s weights: {'; '.join(differ)}")
+    try:
+        component.load_state_dict(weights, strict=False)  # its extra state is not in the file
+    except RuntimeError as error:  # a shape that is not the component's
+        raise DeployError.at("", f"'{path}'", f"does not fit {who}: {error}") from error
 
 
 def _reads_texts(component: Any, folder: Path, names: dict[str, str]) -> None:

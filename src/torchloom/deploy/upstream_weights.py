@@ -39,12 +39,26 @@ def carry_trained_weights(
                 f"cannot be built again from its record in sidecar.json ({error}), as `loom "
                 "predict` builds it",
             ) from error
-        if built.keys() == trained.keys() and all(
-            torch.equal(built[k], v.detach().cpu()) for k, v in trained.items()
-        ):
+        if built.keys() != trained.keys():
+            raise DeployError.at(
+                "",
+                component.label,
+                "built again from its record in sidecar.json, as `loom predict` builds it, has "
+                f"other weights ({_first(built.keys() ^ trained.keys())}): the deployment "
+                "could not give it the run's",
+                "start the graph before it with --inputs, so that the graph holds it",
+            )
+        if all(torch.equal(built[k], v.detach().cpu()) for k, v in trained.items()):
             continue
         relative = f"artifacts/{component.name}/{WEIGHTS_ARTIFACT}"
-        write_tensors(trained, folder / relative)
+        write_tensors(trained, folder / relative, aliases=True)  # every name: a strict load
         step["weights"] = relative
         carried.append(component.name)
     return carried
+
+
+def _first(keys: set[str], shown: int = 4) -> str:
+    names = sorted(keys)
+    return ", ".join(names[:shown]) + (
+        f" and {len(names) - shown} more" if len(names) > shown else ""
+    )
