@@ -99,6 +99,10 @@ def test_process_evaluates_a_bf16_run_as_its_own_test_pass_did(
     )
     summary = json.loads((processed.folder / "test_summary.json").read_text())
     assert summary["precision"] == "bf16"
+    # fp16 autocast is a GPU's: off one, the pass runs in float32, and says so.
+    fp16 = torchloom.process(result.run_dir, ["training.precision=fp16"], section="test")
+    summary = json.loads((fp16.folder / "test_summary.json").read_text())
+    assert summary["precision"] == "fp32"
 
 
 def test_python_api_accepts_a_pipeline_described_as_a_mapping(

@@ -114,8 +114,11 @@ def process(
     torch_device = resolve_device(device)
     pipeline.to(torch_device)
     # The run's autocast, so that its test split gives the figures of its own test pass; an
-    # int8 pipeline (a `loom quantize` folder) runs in float32.
+    # int8 pipeline (a `loom quantize` folder) runs in float32, and so does an fp16 run
+    # processed off a GPU (fp16 autocast on a host is slow, and not the GPU's numbers anyway).
     precision = "fp32" if prebuilt is not None else training.get("precision") or "fp32"
+    if precision == "fp16" and torch_device.type != "cuda":
+        precision = "fp32"
     settings: Any = section_config(loaded.data, section, loaded.where)
     loader = SectionLoader(
         section,
