@@ -354,3 +354,22 @@ def test_histograms_of_an_overflowed_fp16_step_draw_the_finite_values(tmp_path: 
     assert not any(tag.startswith("gradients/a/") for tag in tags)  # nothing finite to draw
     drawn = events.Histograms("gradients/b/weight")[0].histogram_value
     assert (drawn.num, drawn.min, drawn.max) == (5, 1.0, 1.0)
+
+
+def test_full_float32_turns_tf32_off_through_the_older_torch_flags_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch before 2.9 has no `fp32_precision` settings: there the legacy `allow_tf32`
+    flags are turned off within, and back as they were after, an exception included."""
+    from torchloom.engine.step import full_float32
+
+    matmul_before = torch.backends.cuda.matmul.fp32_precision
+    monkeypatch.delattr(type(torch.backends.cudnn), "conv")  # as torch 2.8 and before
+    before = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    with pytest.raises(RuntimeError, match="in the step"), full_float32():
+        assert not torch.backends.cudnn.allow_tf32
+        assert not torch.backends.cuda.matmul.allow_tf32
+        raise RuntimeError("in the step")
+    assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == before
+    monkeypatch.undo()
+    torch.backends.cuda.matmul.fp32_precision = matmul_before  # the legacy flag set 'ieee'

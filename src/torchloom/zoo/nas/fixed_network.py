@@ -43,7 +43,7 @@ class FixedCell(nn.Module):
                 op = self.operations[index]
                 h = op(states[self.sources[index]])
                 if not isinstance(op, nn.Identity):  # a skip connection is never dropped
-                    h = drop(h)
+                    h = drop.dropped(h)
                 node = h if node is None else node + h
             assert node is not None
             states.append(node)
@@ -52,15 +52,16 @@ class FixedCell(nn.Module):
 
 class AuxiliaryHead(nn.Sequential):
     """The auxiliary classifier of DARTS's CIFAR network, on the last reduction cell's output
-    (an 8x8 map there, pooled 5/3 to 2x2 as in the paper; other sizes to 2x2 by halves, or
-    adaptively when odd)."""
+    (an 8x8 map there, pooled 5/3 to 2x2 as in the paper; another size to the 2x2 adaptive
+    pooling gives, by a plain average pool: adaptive pooling's backward has no deterministic
+    version on a GPU, which `training.deterministic` refuses)."""
 
     def __init__(self, channels: int, size: int, classes: int) -> None:
         pool: nn.Module
         if size == 8:
             pool = nn.AvgPool2d(5, stride=3, padding=0, count_include_pad=False)
-        elif size % 2 == 0:  # the same 2x2 as adaptive pooling, whose backward on a GPU has no
-            pool = nn.AvgPool2d(size // 2)  # deterministic version (training.deterministic)
+        elif size >= 2:  # windows [0, ceil(s/2)) and [floor(s/2), s): adaptive pooling's own
+            pool = nn.AvgPool2d((size + 1) // 2, stride=size // 2)
         else:
             pool = nn.AdaptiveAvgPool2d(2)
         hidden, features = AUXILIARY_CHANNELS

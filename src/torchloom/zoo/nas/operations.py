@@ -146,7 +146,10 @@ class ScheduledDropPath(nn.Module):
             self.probability.fill_(self.value)
         self.active = self.value > 0
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def dropped(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` with whole samples dropped (in training). A method, not `forward`: called from
+        every cell, as a module it would be one "layer" to the layer statistics' hooks,
+        mixing every cell's outputs in one row."""
         return drop_path(x, self.probability) if self.training and self.active else x
 
 

@@ -18,13 +18,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from torchloom.core.component import (
-    Batch,
-    BuildContext,
-    Component,
-    ComponentParams,
-    host_to_device,
-)
+from torchloom.core.component import Batch, BuildContext, Component, ComponentParams, host_to_device
 from torchloom.core.streams import INTEGER, StreamSpec
 from torchloom.errors import ComponentError, DataError, Problem, did_you_mean
 from torchloom.zoo.text.tokenizer import TokenizationOptions, Tokenizer
@@ -273,8 +267,7 @@ class SentenceIndexer(Component):
             sequences = [sequence[:limit] for sequence in sequences]
         width = limit or max([1, *(len(s) for s in sequences)])
         padded = [sequence + [0] * (width - len(sequence)) for sequence in sequences]
-        # Made on the host and copied through pinned memory: a tensor made on a GPU from a
-        # Python list is a copy from pageable memory, which waits for the GPU's queue.
+        # Made on the host, copied pinned: made on a GPU from lists, each waited for its queue.
         device = self._device_probe.device
         indices = torch.tensor(padded, dtype=torch.int64).view(-1, width)
         lengths = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
