@@ -49,20 +49,24 @@ def hooked(net: Net) -> bool:
     return bool(first._forward_hooks) or bool(first.weight._backward_hooks)
 
 
+def fake_run(folder: Path, net: Net, interval: int, scaler: Any = None) -> Any:
+    """What LayerStatistics reads of a run, with `net` as the pipeline's one model."""
+    return SimpleNamespace(
+        progress=SimpleNamespace(episode=0, epoch=0),
+        logging_interval=interval,
+        run_dir=folder,
+        pipeline=SimpleNamespace(models=[net], training=True),
+        precision=SimpleNamespace(scaler=scaler),
+        tensorboard=None,
+        log=make_logger(folder, quiet=True),
+    )
+
+
 def test_measured_steps_match_a_direct_computation_and_warn(tmp_path: Path) -> None:
     torch.manual_seed(0)
     net = Net()
-    pipeline = SimpleNamespace(models=[net], training=True)
-    log = make_logger(tmp_path, quiet=True)
-    run: Any = SimpleNamespace(
-        progress=SimpleNamespace(episode=0, epoch=0),
-        logging_interval=10,
-        run_dir=tmp_path,
-        pipeline=pipeline,
-        precision=SimpleNamespace(scaler=None),
-        tensorboard=None,
-        log=log,
-    )
+    run = fake_run(tmp_path, net, interval=10)
+    pipeline, log = run.pipeline, run.log
     config = AnalysisConfig(layer_statistics=LayerStatisticsConfig(interval=2))
     hook = LayerStatistics(config)
     hook.before_train(run)
@@ -117,18 +121,8 @@ def test_an_fp16_step_the_scaler_skipped_is_not_called_exploding(tmp_path: Path)
     and halves its scale. Their non-finite norms are written, but not warned of as exploding."""
     torch.manual_seed(0)
     net = Net()
-    pipeline = SimpleNamespace(models=[net], training=True)
-    log = make_logger(tmp_path, quiet=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    run: Any = SimpleNamespace(
-        progress=SimpleNamespace(episode=0, epoch=0),
-        logging_interval=1,
-        run_dir=tmp_path,
-        pipeline=pipeline,
-        precision=SimpleNamespace(scaler=scaler),
-        tensorboard=None,
-        log=log,
-    )
+    run = fake_run(tmp_path, net, interval=1, scaler=scaler)
     optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     hook = LayerStatistics(AnalysisConfig(layer_statistics=LayerStatisticsConfig(interval=1)))
     hook.before_train(run)
@@ -145,7 +139,7 @@ def test_an_fp16_step_the_scaler_skipped_is_not_called_exploding(tmp_path: Path)
     run.progress.episode = 1
     hook.after_step(run, {}, loss)
     hook.after_train(run, {})
-    close_logger(log)
+    close_logger(run.log)
     norms = {
         r["layer"]: float(r["gradient_norm"])
         for r in rows_of(tmp_path / "reports" / "layer_statistics.csv")
@@ -174,23 +168,14 @@ def test_an_overflowed_micro_batch_before_the_scaler_s_update_is_not_called_expl
         net = Net()
         folder = tmp_path / str(scaler.is_enabled())
         folder.mkdir()
-        log = make_logger(folder, quiet=True)
-        run: Any = SimpleNamespace(
-            progress=SimpleNamespace(episode=0, epoch=0),
-            logging_interval=1,
-            run_dir=folder,
-            pipeline=SimpleNamespace(models=[net], training=True),
-            precision=SimpleNamespace(scaler=scaler),
-            tensorboard=None,
-            log=log,
-        )
+        run = fake_run(folder, net, interval=1, scaler=scaler)
         hook = LayerStatistics(AnalysisConfig(layer_statistics=True))
         hook.before_train(run)
         scaler.scale(1e38 * net(torch.randn(4, 4)).sum()).backward()  # no step, no update
         run.progress.episode = 1
         hook.after_step(run, {}, torch.zeros(()))
         hook.after_train(run, {})
-        close_logger(log)
+        close_logger(run.log)
         text = (folder / "run.log").read_text()
         assert said in text and ("exploding" in text) is (not scaler.is_enabled())
 

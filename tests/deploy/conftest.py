@@ -4,6 +4,7 @@ session."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,15 +49,8 @@ def ffn_run(tmp_path_factory: pytest.TempPathFactory, mnist_data: Path) -> Path:
     return small_run(tmp_path_factory.mktemp("ffn"), mnist_data, "loom://mnist/ffn.yml")
 
 
-@pytest.fixture(scope="session")
-def bbc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The BBC News bag-of-words pipeline (a tokenizer, an indexer and an encoder before its
-    model) on 150 articles for one epoch: the packaged offline copy of the corpus."""
-    folder = tmp_path_factory.mktemp("bbc")
-    config = folder / "bbc.yml"
-    config.write_text(
-        """\
-default_configs: [loom://language/bbc_news_bow_ffn.yml]
+# The BBC News corpus (the packaged offline copy) cut small: 150 articles for one epoch.
+SMALL_BBC = """\
 training:
   task: {subset: 150}
   terminal_conditions: {epoch_limit: 1}
@@ -64,8 +58,25 @@ validation:
   task: {subset: 40}
 test:
   task: {subset: 40}
-""",
-        encoding="utf-8",
-    )
+"""
+
+
+def train_small_bbc(folder: Path, base: str, pipeline: str = "") -> Path:
+    """A run of the config `base` (and `pipeline`, YAML of its own components) on SMALL_BBC."""
+    config = folder / "bbc.yml"
+    config.write_text(f"default_configs: [{base}]\n{SMALL_BBC}{pipeline}", encoding="utf-8")
     result = torchloom.train(config, expdir=str(folder / "runs"), analysis=False, tensorboard=0)
     return Path(result.run_dir)
+
+
+@pytest.fixture(scope="session")
+def bbc_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The BBC News bag-of-words pipeline (a tokenizer, an indexer and an encoder before its
+    model) on 150 articles for one epoch."""
+    return train_small_bbc(tmp_path_factory.mktemp("bbc"), "loom://language/bbc_news_bow_ffn.yml")
+
+
+@pytest.fixture
+def bbc_trainer() -> Callable[[Path, str, str], Path]:
+    """`train_small_bbc`, for a test's own BBC News pipeline."""
+    return train_small_bbc

@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -359,14 +360,6 @@ def test_text_export_after_the_tokenizer_predicts_raw_texts_as_torch_does(
 
 
 TRAINED_BEFORE_THE_GRAPH = """\
-default_configs: [loom://language/default_bbc_news.yml]
-training:
-  task: {subset: 150}
-  terminal_conditions: {epoch_limit: 1}
-validation:
-  task: {subset: 40}
-test:
-  task: {subset: 40}
 pipeline:
   tokenizer: {type: SentenceTokenizer, remove_punctuation: true}
   indexer: {type: SentenceIndexer, build_from: inputs, remove_punctuation: true, min_count: 2}
@@ -388,22 +381,14 @@ pipeline:
 
 
 def test_a_trained_component_before_the_graph_predicts_with_its_trained_weights(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bbc_trainer: Callable[..., Path]
 ) -> None:
     """`loom predict` builds the components before the graph again from the sidecar: one the
     run trained (here a linear projection of the bag of words; a fine-tuned encoder alike)
     got its initial weights back, and the predictions were silently another model's. Its
     trained weights now travel with the export; components a rebuild gives back as trained
     (the tokenizer, the indexer with its vocabulary) carry none."""
-    import torchloom
-
-    config = tmp_path / "bbc.yml"
-    config.write_text(TRAINED_BEFORE_THE_GRAPH, encoding="utf-8")
-    run = Path(
-        torchloom.train(
-            config, expdir=str(tmp_path / "runs"), analysis=False, tensorboard=0
-        ).run_dir
-    )
+    run = bbc_trainer(tmp_path, "loom://language/default_bbc_news.yml", TRAINED_BEFORE_THE_GRAPH)
     assert main(["export", str(run), "--inputs", "projected", "--repeats", "3"]) == 0
     folder = run / "exports" / "onnx"
     record = json.loads((folder / "sidecar.json").read_text("utf-8"))
