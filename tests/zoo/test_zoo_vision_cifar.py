@@ -312,3 +312,42 @@ def test_a_task_held_on_a_device_gathers_its_batches_there(
         lambda: CIFAR10.create(data_folder=cifar10_folder, split="test", **settings),
         [5, 0, -1, 5, 2],
     )
+
+
+def test_a_loader_s_augmentation_is_the_same_whoever_reads_the_sample(
+    cifar10_folder: str,
+) -> None:
+    """A loader's random crops and flips drew from the global generator of whichever process
+    read the batch: a loader with workers (each seeded its own way), each process of a
+    multi-process run, or one without workers drew other numbers, so an augmented run changed
+    with them. They are keyed by (seed, epoch, position in the epoch's order) now: the same
+    batches with 0 or 2 workers, split between 2 processes, or resumed mid-epoch; another
+    epoch draws anew."""
+    from torchloom.config.schema import SectionConfig
+    from torchloom.engine.loaders import SectionLoader
+
+    augment = {"random_crop": {"size": [32, 32], "padding": 4}, "horizontal_flip": 0.5}
+    task = CIFAR10.create(data_folder=cifar10_folder, split="test", transforms=augment)
+
+    def batches(
+        workers: int = 0, rank: int = 0, world: int = 1, epoch: int = 0, start: int = 0
+    ) -> list[torch.Tensor]:
+        dataloader = {"batch_size": 4, "shuffle": epoch == 0, "num_workers": workers}
+        section = SectionConfig.model_validate({"task": {}, "dataloader": dataloader})
+        loader = SectionLoader("training", task, section, 5, lambda *k: "", rank=rank, world=world)
+        try:
+            torch.manual_seed(rank + workers)  # whatever the global generator holds
+            return [b["inputs"] for b in loader.epoch(epoch, start)]
+        finally:
+            loader.close()
+
+    alone = batches()
+    assert all(torch.equal(a, b) for a, b in zip(alone, batches(workers=2), strict=True))
+    halves = zip(batches(rank=0, world=2), batches(rank=1, world=2), strict=True)
+    assert all(torch.equal(a, torch.cat(h)) for a, h in zip(alone, halves, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(alone[1:], batches(start=1), strict=True))
+    # Epochs 2 and 3 unshuffled (shuffle: epoch == 0): the same samples, drawn anew.
+    assert not torch.equal(torch.cat(batches(epoch=2)), torch.cat(batches(epoch=3)))
+    plain = CIFAR10.create(data_folder=cifar10_folder, split="test")  # nothing to draw
+    section = SectionConfig.model_validate({"task": {}, "dataloader": {"batch_size": 4}})
+    assert SectionLoader("training", plain, section, 5, lambda *k: "").keyed is None

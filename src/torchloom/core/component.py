@@ -334,6 +334,12 @@ class Task(Component, torch.utils.data.Dataset):
     def collate(self, samples: list[Batch]) -> Batch:
         return dict(torch.utils.data.default_collate(samples))
 
+    # True for a task whose `fetch` also takes `draws=(seed, draw numbers)`, one number per
+    # index, unique in the run: its random transforms then draw from those alone
+    # (zoo/image_transforms.keyed_uniform), so a sample's augmentation is the same whichever
+    # process, worker or batch reads it. The loaders pass them (engine/loaders.KeyedDraws).
+    keyed_draws = False
+
     def fetch(self, indices: Sequence[int]) -> Batch:
         """The batch of the samples at `indices`: `collate` of each `self[index]`. The loaders
         ask for whole batches through this, so a task that holds its data in tensors can

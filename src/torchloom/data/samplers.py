@@ -93,6 +93,10 @@ class ResumableSampler(Sampler[int]):
         # Snapshot now, so set_epoch/set_start during iteration cannot tear the order.
         return iter(self._order(self.epoch)[self.start :].tolist())
 
+    def positioned(self) -> Iterator[tuple[int, int]]:
+        """(position in the epoch's order, index) of each index `__iter__` gives."""
+        return enumerate(self._order(self.epoch)[self.start :].tolist(), start=self.start)
+
     def _reshuffled(self, indices: torch.Tensor, epoch: int) -> torch.Tensor:
         """`indices` in an order drawn from (seed, epoch)."""
         permutation = torch.randperm(len(indices), generator=_generator(self.seed, epoch))
@@ -371,8 +375,8 @@ class RankShard(Sampler[int]):
     def epoch_length(self) -> int:
         return self.sampler.epoch_length()
 
-    def _chunks(self) -> Iterator[list[int]]:
-        order = list(self.sampler)
+    def _chunks(self) -> Iterator[list[tuple[int, int]]]:
+        order = list(self.sampler.positioned())
         for first in range(0, len(order), self.batch_size):
             chunk = order[first : first + self.batch_size]
             if self.drop_last and len(chunk) < self.batch_size:
@@ -381,6 +385,11 @@ class RankShard(Sampler[int]):
             yield chunk[start:end]
 
     def __iter__(self) -> Iterator[int]:
+        for chunk in self._chunks():
+            yield from (index for _, index in chunk)
+
+    def positioned(self) -> Iterator[tuple[int, int]]:
+        """(position in the global epoch order, index) of each index `__iter__` gives."""
         for chunk in self._chunks():
             yield from chunk
 

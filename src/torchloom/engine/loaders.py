@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from torchloom.config.schema import SectionConfig
 from torchloom.core.component import Batch, Task
@@ -25,10 +25,11 @@ from torchloom.errors import ConfigError, Where
 class TaskBatches(Dataset[Batch]):
     """The task as torch's DataLoader sees it. The loader hands each batch's indices to
     `__getitems__` at once, so `Task.fetch` can build the batch in one go; `__getitem__`
-    stays for code that reads single samples."""
+    stays for code that reads single samples. With `seed`, the indices come from
+    `KeyedDraws`, each with its draw number, which `fetch` gets as `draws`."""
 
-    def __init__(self, task: Task) -> None:
-        self.task = task
+    def __init__(self, task: Task, seed: int | None = None) -> None:
+        self.task, self.seed = task, seed
 
     def __len__(self) -> int:
         return len(self.task)
@@ -37,7 +38,34 @@ class TaskBatches(Dataset[Batch]):
         return self.task[index]
 
     def __getitems__(self, indices: list[int]) -> Batch:
-        return self.task.fetch(indices)
+        if self.seed is None:
+            return self.task.fetch(indices)
+        draws, positions = zip(*(divmod(i, len(self.task)) for i in indices), strict=True)
+        fetch: Any = self.task.fetch  # a keyed task's takes draws (Task.keyed_draws)
+        return fetch(list(positions), draws=(self.seed, list(draws)))
+
+
+class KeyedDraws(Sampler[int]):
+    """A sampler's indices, each carrying its draw number (epoch, position in the epoch's
+    global order) as `draw * size + index`, for `TaskBatches` to split again in whichever
+    process or worker fetches it: a sample's augmentation is then a function of the seed, the
+    epoch and its position alone, the same with any number of workers or processes, on the
+    host or the device, and on resume; a sample drawn twice in an epoch (with replacement)
+    is augmented twice."""
+
+    EPOCH_STRIDE = 2**32  # positions in an epoch are fewer
+
+    def __init__(self, sampler: ResumableSampler | RankShard, size: int) -> None:
+        super().__init__()
+        self.sampler, self.size, self.epoch = sampler, size, 0
+
+    def __iter__(self) -> Iterator[int]:
+        base = self.epoch * self.EPOCH_STRIDE
+        for position, index in self.sampler.positioned():
+            yield (base + position) * self.size + index
+
+    def __len__(self) -> int:
+        return len(self.sampler)
 
 
 class RenamingCollate:
@@ -101,6 +129,9 @@ class SectionLoader:
             )
         self.world = world
         self.shard = RankShard(self.sampler, batch, rank, world, self.config.drop_last)
+        # The task's augmentation keyed by each sample's draw (see KeyedDraws), where it can be.
+        order = self.shard if world > 1 else self.sampler
+        self.keyed = KeyedDraws(order, len(task)) if task.keyed_draws else None
         self.collate = RenamingCollate(task)
         if pin_memory is None:
             pin_memory = device is not None and device.type == "cuda"
@@ -196,6 +227,8 @@ class SectionLoader:
                 pin=self.pin_memory,
             )
         self.sampler.set_epoch(epoch)
+        if self.keyed is not None:
+            self.keyed.epoch = epoch
         # A save after the epoch's last batch, shorter than batch_size when the epoch does
         # not divide evenly, resumes at the epoch's end: nothing left to load.
         at_end = start_batch >= self.batches_per_epoch() > 0
@@ -205,9 +238,9 @@ class SectionLoader:
         # Persistent workers only help a loader that is reused across epochs.
         if self._loader is None or not self.config.persistent_workers or start_batch:
             self._loader = DataLoader(
-                TaskBatches(self.task),
+                TaskBatches(self.task, None if self.keyed is None else self.seed),
                 batch_size=self.config.batch_size // self.world,
-                sampler=self.shard if self.world > 1 else self.sampler,
+                sampler=self.keyed or (self.shard if self.world > 1 else self.sampler),
                 num_workers=self.config.num_workers,
                 # torch types collate_fn as taking a list of samples; with __getitems__ it
                 # receives whatever that returns, here the fetched batch.

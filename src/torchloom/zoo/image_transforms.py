@@ -12,11 +12,13 @@ The steps always run in one order: pixels to floats in [0, 1] -> `resize` -> `ra
 `cutout`.
 The deterministic steps before the first random one are computed once when the data is
 loaded (when the result fits in memory and they do more than convert to floats), the others
-on each batch, all its images at once. Random steps draw from torch's global generator, which
-the engine seeds (and DataLoader workers derive their seeds from), so augmented epochs are
-reproducible; each image draws its own numbers, the same whether it comes alone or in a
-batch. Augmentation happens only where a config asks for it: put random steps in the training
-task, not in validation or test.
+on each batch, all its images at once. In a run, the loaders key each image's draws by (seed,
+epoch, its position in the epoch's order) (`keyed_uniform`), so an augmented run is the same
+with any number of workers or processes, on the host or the device, and when resumed; read
+otherwise (`task[i]`, `task.fetch`, the reservoir's workers, which seed per delivery) random
+steps draw from torch's global generator, each image its own numbers, the same whether it
+comes alone or in a batch. Augmentation happens only where a config asks for it: put random
+steps in the training task, not in validation or test.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
@@ -98,12 +101,12 @@ class ImageTransformer:
     to precompute, or nothing but the conversion to floats to precompute) goes through
     `deterministic_steps` batch by batch.
 
-    The random steps draw each image's numbers in one row of `torch.rand` on the host, in
-    image order (`_draws`), and then crop, flip and cut the whole batch at once, on whatever
-    device it lies: a sample drawn alone and the same sample in a batch get the same numbers
-    (torch's generator gives rand(1, k) n times as it gives rand(n, k) once), so a batch is
-    its samples collated, on the host or on a GPU, where a step per image would be several
-    kernel launches each.
+    The random steps draw each image's numbers in one row of uniforms on the host (a row of
+    `torch.rand` in image order, or `keyed_uniform`'s row of its draw), and then crop, flip
+    and cut the whole batch at once, on whatever device it lies: a sample drawn alone and the
+    same sample in a batch get the same numbers (torch's generator gives rand(1, k) n times as
+    it gives rand(n, k) once), so a batch is its samples collated, on the host or on a GPU,
+    where a step per image would be several kernel launches each.
     """
 
     def __init__(
@@ -211,13 +214,17 @@ class ImageTransformer:
             image = self.deterministic_steps(image.unsqueeze(0))[0]
         return self.random_steps(image.unsqueeze(0))[0]
 
-    def random_steps(self, images: torch.Tensor) -> torch.Tensor:
+    def random_steps(
+        self, images: torch.Tensor, draws: tuple[int, Sequence[int]] | None = None
+    ) -> torch.Tensor:
         """A batch [count, depth, height, width] of deterministically transformed images
         through the random steps, in order: crop, flip, normalisation, cutout. Each image
-        draws its own numbers (torchvision's v2 transforms would draw once for a batch)."""
+        draws its own numbers (torchvision's v2 transforms would draw once for a batch): from
+        torch's global generator, or with `draws` (seed, a draw number per image) from those
+        alone (`keyed_uniform`)."""
         if not self.random:
             return images
-        drawn = self._draw(len(images), images.device)
+        drawn = self._draw(len(images), images.device, draws)
         transforms, count = self.transforms, len(images)
         crop = transforms.random_crop
         if crop is not None:
@@ -234,14 +241,19 @@ class ImageTransformer:
             images = self._cut_out(images, drawn["cutout_row"], drawn["cutout_column"])
         return images
 
-    def _draw(self, count: int, device: torch.device) -> dict[str, torch.Tensor]:
+    def _draw(
+        self, count: int, device: torch.device, draws: tuple[int, Sequence[int]] | None
+    ) -> dict[str, torch.Tensor]:
         """Each image's numbers: one row of uniform [0, 1) floats from torch's global
-        generator (on the host, as every random step of torchloom), turned into integer
-        positions below each draw's bound, or a flip when below its chance; copied to
-        `device` at once."""
+        generator (on the host, as every random step of torchloom), or keyed by `draws`,
+        turned into integer positions below each draw's bound, or a flip when below its
+        chance; copied to `device` at once."""
         if not self._draws:
             return {}
-        uniform = torch.rand(count, len(self._draws)).double()  # bounds are small: exact
+        if draws is None:
+            uniform = torch.rand(count, len(self._draws)).double()  # bounds are small: exact
+        else:
+            uniform = keyed_uniform(draws[0], draws[1], len(self._draws))
         positions = (uniform * self._bounds).long()  # below each bound, since uniform < 1
         if self._flip_column is not None:
             chance = self.transforms.horizontal_flip
@@ -317,6 +329,28 @@ def unit_floats(images: torch.Tensor, divisor: torch.Tensor | None = None) -> to
 
 def _per_channel(values: Sequence[float], depth: int) -> list[float]:
     return list(values) * depth if len(values) == 1 else list(values)
+
+
+# splitmix64 (Steele, Lea and Flood 2014): a counter-based generator, whose every output is
+# a function of its counter alone, in a few vectorised numpy operations on uint64 (which wrap).
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mixed(values: np.ndarray) -> np.ndarray:
+    values = (values ^ (values >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    values = (values ^ (values >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return values ^ (values >> np.uint64(31))
+
+
+def keyed_uniform(seed: int, draws: Sequence[int], width: int) -> torch.Tensor:
+    """[len(draws), width] float64 uniforms in [0, 1), row i a function of (seed, draws[i])
+    alone: a loader's augmentation draws, the same whichever process, worker or batch reads
+    a sample (engine/loaders.KeyedDraws numbers them)."""
+    seeds = _mixed(np.array([seed % 2**64], dtype=np.uint64) + _GOLDEN)
+    rows = _mixed(np.asarray(draws, dtype=np.uint64) * _GOLDEN ^ seeds)
+    columns = (np.arange(1, width + 1, dtype=np.uint64) * _GOLDEN)[None, :]
+    bits = _mixed(rows[:, None] + columns) >> np.uint64(11)  # 53 bits: a double's mantissa
+    return torch.from_numpy(bits.astype(np.float64) * 2.0**-53)
 
 
 def build_image_transformer(

@@ -73,6 +73,7 @@ class ImageClassificationTask(Task):
             where=self._context.where("transforms"),
         )
         self.class_names = list(class_names)
+        self.keyed_draws = self.transformer.random  # fetch takes draws= (Task.keyed_draws)
         self.normalized = transforms.normalize is not None or normalization is not None
         # Filled by prepare(); building the task must not touch the disk.
         self._images: torch.Tensor | None = None
@@ -160,13 +161,16 @@ class ImageClassificationTask(Task):
         }
         return sample
 
-    def fetch(self, indices: Sequence[int]) -> Batch:
+    def fetch(
+        self, indices: Sequence[int], draws: tuple[int, Sequence[int]] | None = None
+    ) -> Batch:
         """The batch `collate` makes of these samples, gathered with one tensor index when the
         split is held as a tensor: the loaders' path, run on the host between two steps, where
         a batch of 256 built sample by sample cost a millisecond of Python (a quarter of a
         CUDA-graphed ResNet-18 step on 32x32 images; docs/benchmarks.md). Images read from
         files are read one by one. The random transforms run on the whole batch, each image
-        with the numbers it draws alone, so the batch is the same, random draws included.
+        with the numbers it draws alone, so the batch is the same, random draws included;
+        given `draws` (seed, a draw number per index: the loaders'), from those alone.
         Held on a device (`dataloader.on_device`), the batch is gathered there."""
         self.prepare()
         positions = self.checked_positions(indices, len(self._targets))
@@ -182,7 +186,7 @@ class ImageClassificationTask(Task):
             images = self._images.index_select(0, positions)
         if images.dtype == torch.uint8:  # not precomputed: the same steps, on these images
             images = self.transformer.deterministic_steps(unit_floats(images, divisor))
-        images = self.transformer.random_steps(images)
+        images = self.transformer.random_steps(images, draws)
         return {
             "indices": positions,
             "inputs": images,
