@@ -351,3 +351,51 @@ def test_a_loader_s_augmentation_is_the_same_whoever_reads_the_sample(
     plain = CIFAR10.create(data_folder=cifar10_folder, split="test")  # nothing to draw
     section = SectionConfig.model_validate({"task": {}, "dataloader": {"batch_size": 4}})
     assert SectionLoader("training", plain, section, 5, lambda *k: "").keyed is None
+
+
+def test_keyed_draws_survive_a_resume_at_an_epoch_s_end_with_persistent_workers(
+    cifar10_folder: str,
+) -> None:
+    """A loader resumed at its epoch's end has nothing left: its keyed sampler had length 0,
+    was taken for false, and the plain sampler went in its place, so every draw was 0 and,
+    with persistent workers, every later epoch's images all got the same crop and flip. And a
+    sample a sampler with replacement draws twice in an epoch is augmented twice."""
+    from torchloom.config.schema import SectionConfig
+    from torchloom.engine.loaders import SectionLoader
+
+    augment = {"random_crop": {"size": [32, 32], "padding": 4}, "horizontal_flip": 0.5}
+    task = CIFAR10.create(data_folder=cifar10_folder, split="test", transforms=augment)
+    loader_settings = {"batch_size": 4, "num_workers": 1, "persistent_workers": True}
+    section = SectionConfig.model_validate({"task": {}, "dataloader": loader_settings})
+    resumed = SectionLoader("training", task, section, 5, lambda *k: "")
+    fresh = SectionLoader("training", task, section, 5, lambda *k: "")
+    try:
+        assert list(resumed.epoch(0, resumed.batches_per_epoch())) == []  # at the end
+        after = [b["inputs"] for b in resumed.epoch(1)]
+        expected = [b["inputs"] for b in fresh.epoch(1)]
+        assert all(torch.equal(a, b) for a, b in zip(after, expected, strict=True))
+    finally:
+        resumed.close()
+        fresh.close()
+    weighted = {"type": "weighted", "weights": [1.0] * TEST_SIZE, "num_samples": 64}
+    section = SectionConfig.model_validate(
+        {"task": {}, "sampler": weighted, "dataloader": {"batch_size": 64}}
+    )
+    loader = SectionLoader("training", task, section, 5, lambda *k: "")
+    (batch,) = list(loader.epoch(0))
+    loader.close()
+    twice = [
+        (i, j) for i in range(64) for j in range(i) if batch["indices"][i] == batch["indices"][j]
+    ]
+    assert twice and any(not torch.equal(batch["inputs"][i], batch["inputs"][j]) for i, j in twice)
+
+
+def test_a_subclass_whose_fetch_takes_no_draws_is_not_handed_any(cifar10_folder: str) -> None:
+    augment = {"horizontal_flip": 0.5}
+
+    class OwnFetch(CIFAR10):
+        def fetch(self, indices: Any) -> Any:  # an extension's, written before draws=
+            return super().fetch(indices)
+
+    assert CIFAR10.create(data_folder=cifar10_folder, transforms=augment).keyed_draws
+    assert not OwnFetch.create(data_folder=cifar10_folder, transforms=augment).keyed_draws

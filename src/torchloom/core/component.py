@@ -335,9 +335,10 @@ class Task(Component, torch.utils.data.Dataset):
         return dict(torch.utils.data.default_collate(samples))
 
     # True for a task whose `fetch` also takes `draws=(seed, draw numbers)`, one number per
-    # index, unique in the run: its random transforms then draw from those alone
-    # (zoo/image_transforms.keyed_uniform), so a sample's augmentation is the same whichever
-    # process, worker or batch reads it. The loaders pass them (engine/loaders.KeyedDraws).
+    # index, unique among one loader's (each loader its seed): its random transforms then
+    # draw from those alone (zoo/image_transforms.keyed_uniform), so a sample's augmentation
+    # is the same whichever process, worker or batch reads it. The loaders pass them
+    # (engine/loaders.KeyedDraws).
     keyed_draws = False
 
     def fetch(self, indices: Sequence[int]) -> Batch:

@@ -369,29 +369,35 @@ class RankShard(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
     def set_start(self, position: int) -> None:
         self.sampler.set_start(position)
 
     def epoch_length(self) -> int:
         return self.sampler.epoch_length()
 
-    def _chunks(self) -> Iterator[list[tuple[int, int]]]:
-        order = list(self.sampler.positioned())
+    def _chunks(self) -> Iterator[tuple[int, list[int]]]:
+        """(global position of its first, indices) of this rank's part of each batch."""
+        sampler = self.sampler
+        order = sampler._order(sampler.epoch)[sampler.start :]  # one tensor, not ints
         for first in range(0, len(order), self.batch_size):
             chunk = order[first : first + self.batch_size]
             if self.drop_last and len(chunk) < self.batch_size:
                 return
             start, end = share(len(chunk), self.rank, self.world)
-            yield chunk[start:end]
+            yield sampler.start + first + start, chunk[start:end].tolist()
 
     def __iter__(self) -> Iterator[int]:
-        for chunk in self._chunks():
-            yield from (index for _, index in chunk)
+        for _, chunk in self._chunks():
+            yield from chunk
 
     def positioned(self) -> Iterator[tuple[int, int]]:
         """(position in the global epoch order, index) of each index `__iter__` gives."""
-        for chunk in self._chunks():
-            yield from chunk
+        for position, chunk in self._chunks():
+            yield from enumerate(chunk, start=position)
 
     def __len__(self) -> int:
         remaining = len(self.sampler)

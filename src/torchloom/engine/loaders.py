@@ -40,7 +40,8 @@ class TaskBatches(Dataset[Batch]):
     def __getitems__(self, indices: list[int]) -> Batch:
         if self.seed is None:
             return self.task.fetch(indices)
-        draws, positions = zip(*(divmod(i, len(self.task)) for i in indices), strict=True)
+        size = len(self.task)
+        draws, positions = zip(*(divmod(i, size) for i in indices), strict=True)
         fetch: Any = self.task.fetch  # a keyed task's takes draws (Task.keyed_draws)
         return fetch(list(positions), draws=(self.seed, list(draws)))
 
@@ -53,14 +54,16 @@ class KeyedDraws(Sampler[int]):
     host or the device, and on resume; a sample drawn twice in an epoch (with replacement)
     is augmented twice."""
 
-    EPOCH_STRIDE = 2**32  # positions in an epoch are fewer
+    EPOCH_STRIDE = 2**32  # positions in an epoch are fewer (checked)
 
     def __init__(self, sampler: ResumableSampler | RankShard, size: int) -> None:
         super().__init__()
-        self.sampler, self.size, self.epoch = sampler, size, 0
+        self.sampler, self.size = sampler, size
 
     def __iter__(self) -> Iterator[int]:
-        base = self.epoch * self.EPOCH_STRIDE
+        if self.sampler.epoch_length() >= self.EPOCH_STRIDE:
+            raise ValueError(f"an epoch of {self.sampler.epoch_length()} draws is too long")
+        base = self.sampler.epoch * self.EPOCH_STRIDE  # the epoch the sampler was set to
         for position, index in self.sampler.positioned():
             yield (base + position) * self.size + index
 
@@ -227,8 +230,6 @@ class SectionLoader:
                 pin=self.pin_memory,
             )
         self.sampler.set_epoch(epoch)
-        if self.keyed is not None:
-            self.keyed.epoch = epoch
         # A save after the epoch's last batch, shorter than batch_size when the epoch does
         # not divide evenly, resumes at the epoch's end: nothing left to load.
         at_end = start_batch >= self.batches_per_epoch() > 0
@@ -237,10 +238,13 @@ class SectionLoader:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         # Persistent workers only help a loader that is reused across epochs.
         if self._loader is None or not self.config.persistent_workers or start_batch:
+            # Tested against None, not by `or`: a KeyedDraws with nothing left (resumed at an
+            # epoch's end) has length 0, so is false, and the draws would all be 0.
+            sampler: Sampler[int] = self.shard if self.world > 1 else self.sampler
             self._loader = DataLoader(
                 TaskBatches(self.task, None if self.keyed is None else self.seed),
                 batch_size=self.config.batch_size // self.world,
-                sampler=self.keyed or (self.shard if self.world > 1 else self.sampler),
+                sampler=sampler if self.keyed is None else self.keyed,
                 num_workers=self.config.num_workers,
                 # torch types collate_fn as taking a list of samples; with __getitems__ it
                 # receives whatever that returns, here the fetched batch.

@@ -14,6 +14,7 @@ the training set.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -73,7 +74,9 @@ class ImageClassificationTask(Task):
             where=self._context.where("transforms"),
         )
         self.class_names = list(class_names)
-        self.keyed_draws = self.transformer.random  # fetch takes draws= (Task.keyed_draws)
+        # Keyed draws (Task.keyed_draws) when random, unless a subclass's fetch takes none.
+        fetch_parameters = inspect.signature(type(self).fetch).parameters
+        self.keyed_draws = self.transformer.random and "draws" in fetch_parameters
         self.normalized = transforms.normalize is not None or normalization is not None
         # Filled by prepare(); building the task must not touch the disk.
         self._images: torch.Tensor | None = None
