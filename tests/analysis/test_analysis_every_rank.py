@@ -23,7 +23,7 @@ from torchloom.analysis.embeddings import EmbeddingExport
 from torchloom.analysis.prediction_errors import ErrorShare, merge_shares
 from torchloom.analysis.schema import AnalysisConfig, EmbeddingsConfig, WorstSamplesConfig
 from torchloom.analysis.worst_samples import WorstSamples
-from torchloom.data.samplers import share
+from torchloom.data.rank_shard import share
 from torchloom.engine.distributed import SINGLE, Distributed
 
 

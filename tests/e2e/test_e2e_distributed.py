@@ -23,7 +23,8 @@ from e2e_helpers import LOOM, only_run, summary
 from torchloom.analysis.skipped import read_skipped
 from torchloom.cli.main import main
 from torchloom.config import dump_config
-from torchloom.data.samplers import RankShard, build_sampler
+from torchloom.data.rank_shard import RankShard
+from torchloom.data.samplers import build_sampler
 from torchloom.engine.checkpoint import load_checkpoint
 from torchloom.engine.launch import free_port
 from torchloom.engine.run_folder import RunLock

@@ -5,7 +5,7 @@ completes (a partial validation pass is dropped): memory does not grow with the 
 wait on the device and are read `FLUSH` samples at a time, not one host sync per batch.
 
 With several processes each sees its share of every batch (a contiguous slice, rank 0's
-first: data/samplers.RankShard). Each keeps its share's rows, keyed by batch, and at the
+first: data/rank_shard.RankShard). Each keeps its share's rows, keyed by batch, and at the
 pass's end rank 0 writes every process's rows in the order one process would have written
 them (`merge_shares`); a sample without an id is numbered by its position in the whole pass.
 """

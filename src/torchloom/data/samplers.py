@@ -2,8 +2,8 @@
 
 A run killed mid-epoch and resumed from a checkpoint must see exactly the order an
 uninterrupted run would have seen. So every sampler draws from its own torch.Generator seeded
-from (seed, epoch), never from the global RNG (which model init, dropout and augmentation also
-consume), and can start part-way through an epoch:
+from (seed, epoch), never from the global RNG (which model init and dropout also consume), and
+can start part-way through an epoch:
 
     sampler = build_sampler(config, len(dataset), seed=7, shuffle=True)
     sampler.set_epoch(3)        # the order of epoch 3 ...
@@ -343,68 +343,3 @@ def _class_balanced_weights(targets: torch.Tensor | None, size: int, where: str)
         )
     _, inverse, counts = torch.unique(targets, return_inverse=True, return_counts=True)
     return 1.0 / counts.to(torch.float64)[inverse]
-
-
-def share(count: int, rank: int, world: int) -> tuple[int, int]:
-    """[start, end) of `rank`'s share of `count` items split as evenly as possible (the first
-    `count % world` ranks get one more)."""
-    base, extra = divmod(count, world)
-    start = rank * base + min(rank, extra)
-    return start, start + base + (1 if rank < extra else 0)
-
-
-class RankShard(Sampler[int]):
-    """One process's share of every global batch of a sampler (several processes training one
-    run): global batch k of the epoch's order, cut in `world` even parts, gives this rank its
-    part. So the processes together see exactly the batches one process would see, whatever
-    their number; no index is repeated or padded. Positions (`set_start`) stay global."""
-
-    def __init__(
-        self, sampler: ResumableSampler, batch_size: int, rank: int, world: int, drop_last: bool
-    ) -> None:
-        super().__init__()
-        self.sampler, self.batch_size, self.rank, self.world = sampler, batch_size, rank, world
-        self.drop_last = drop_last
-
-    def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
-
-    @property
-    def epoch(self) -> int:
-        return self.sampler.epoch
-
-    def set_start(self, position: int) -> None:
-        self.sampler.set_start(position)
-
-    def epoch_length(self) -> int:
-        return self.sampler.epoch_length()
-
-    def _chunks(self) -> Iterator[tuple[int, list[int]]]:
-        """(global position of its first, indices) of this rank's part of each batch."""
-        sampler = self.sampler
-        order = sampler._order(sampler.epoch)[sampler.start :]  # one tensor, not ints
-        for first in range(0, len(order), self.batch_size):
-            chunk = order[first : first + self.batch_size]
-            if self.drop_last and len(chunk) < self.batch_size:
-                return
-            start, end = share(len(chunk), self.rank, self.world)
-            yield sampler.start + first + start, chunk[start:end].tolist()
-
-    def __iter__(self) -> Iterator[int]:
-        for _, chunk in self._chunks():
-            yield from chunk
-
-    def positioned(self) -> Iterator[tuple[int, int]]:
-        """(position in the global epoch order, index) of each index `__iter__` gives."""
-        for position, chunk in self._chunks():
-            yield from enumerate(chunk, start=position)
-
-    def __len__(self) -> int:
-        remaining = len(self.sampler)
-        full, last = divmod(remaining, self.batch_size)
-        mine = full * share(self.batch_size, self.rank, self.world)[1]
-        mine -= full * share(self.batch_size, self.rank, self.world)[0]
-        if last and not self.drop_last:
-            start, end = share(last, self.rank, self.world)
-            mine += end - start
-        return mine

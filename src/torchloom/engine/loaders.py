@@ -16,8 +16,9 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from torchloom.config.schema import SectionConfig
 from torchloom.core.component import Batch, Task
+from torchloom.data.rank_shard import RankShard
 from torchloom.data.reservoir import AsyncReservoir
-from torchloom.data.samplers import RankShard, ResumableSampler, build_sampler
+from torchloom.data.samplers import ResumableSampler, build_sampler
 from torchloom.engine.checkpoint import worker_init
 from torchloom.errors import ConfigError, Where
 
