@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import functools
 import logging
+import math
 import os
 import signal
 from pathlib import Path
@@ -373,3 +374,50 @@ def test_full_float32_turns_tf32_off_through_the_older_torch_flags_too(
     assert (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) == before
     monkeypatch.undo()
     torch.backends.cuda.matmul.fp32_precision = matmul_before  # the legacy flag set 'ieee'
+
+
+def test_a_step_the_fp16_scaler_skips_does_not_advance_a_per_step_schedule() -> None:
+    """An fp16 step whose gradients overflowed is skipped by the scaler; the per-step
+    scheduler stepped anyway, so the schedule ran ahead of the optimizer (torch warned at a
+    run's first, usually overflowed, step: "lr_scheduler.step() before optimizer.step()").
+    `Precision.step` says whether the step was taken, from the optimizer's own post-step hook
+    (no read of the GPU), and the loop steps the schedule only then."""
+    import warnings
+
+    from torchloom.engine.step import Precision
+
+    precision = Precision("fp16", torch.device("cpu"))
+    layer = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    taken, rates = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's warning of a schedule ahead of its optimizer
+        for factor in (1e38, 1.0, 1.0):  # the first overflows at the scaler's 65536
+            precision.scaler.scale(layer(torch.ones(3, 2)).sum() * factor).backward()
+            precision.scaler.unscale_(optimizer)
+            taken.append(precision.step(optimizer))
+            optimizer.zero_grad()
+            if taken[-1]:
+                schedule.step()
+            rates.append(optimizer.param_groups[0]["lr"])
+    assert taken == [False, True, True] and rates == [0.1, 0.05, 0.025]
+    assert Precision("fp32", torch.device("cpu")).step(optimizer)  # a plain step is taken
+
+
+def test_the_loop_steps_a_per_step_schedule_only_with_the_optimizer(tmp_path: Path) -> None:
+    """An fp16 run whose loss is weighted so that its first scaled gradients overflow: the
+    scaler skips those steps (and halves its scale each time), and the per-step schedule
+    counts only the steps the optimizer took (it counted every batch)."""
+    config = toy_config(
+        epochs=3,
+        precision="fp16",
+        loss_weights={"loss": 1e3},  # scaled by 65536: past fp16; within it at a small scale
+        scheduler={"type": "StepLR", "step_size": 1, "gamma": 0.5, "interval": "step"},
+    )
+    result = train(config, tmp_path, device="cpu")
+    state = load_checkpoint(result.run_dir / "checkpoints" / "last.pt")
+    episodes = state["progress"]["episode"]
+    skipped = round(math.log2(2.0**16 / state["precision"]["scale"]))  # one halving each
+    assert episodes == 15 and 0 < skipped < episodes
+    assert state["scheduler"]["last_epoch"] == episodes - skipped

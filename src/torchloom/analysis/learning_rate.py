@@ -303,8 +303,7 @@ def _optimizer_step(
         total += float(loss.detach())  # the test needs every loss on the host: one sync a batch
     scaler.unscale_(optimizer)
     clip_gradients(parameters, clipping)
-    scaler.step(optimizer)
-    scaler.update()
+    precision.step(optimizer)
     optimizer.zero_grad(set_to_none=True)
     return total / len(group)
 

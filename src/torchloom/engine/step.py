@@ -95,6 +95,20 @@ class Precision:
         self.dtype = DTYPES.get(mode)
         self.scaler = torch.amp.GradScaler(device.type, enabled=mode == "fp16")
 
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """The optimizer's step through the scaler, and the scaler's update; whether the step
+        was taken (fp16 skips one whose gradients overflowed). Told by the optimizer's own
+        post-step hook, which runs only when the step does: reading the scale back would make
+        the host wait for the GPU at every step."""
+        taken: list[bool] = []
+        handle = optimizer.register_step_post_hook(lambda *_: taken.append(True))
+        try:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        finally:
+            handle.remove()
+        return bool(taken)
+
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """torch.autocast to the dtype; a plain block in full precision (every step enters
         it: a bare nullcontext costs least)."""

@@ -152,14 +152,13 @@ class TrainingLoop:
         scaler, optimizer = setup.precision.scaler, setup.optimizer
         scaler.unscale_(optimizer)  # clipping thresholds are for the true gradients
         clip_gradients(setup.parameters, setup.config.gradient_clipping)
-        scaler.step(optimizer)  # fp16: skipped when the gradients overflowed
-        scaler.update()
+        stepped = setup.precision.step(optimizer)  # fp16: not when the gradients overflowed
         if self.progress.episode - self.histogram_episode >= setup.config.logging_interval:
             setup.reporter.histograms(setup.pipeline, self.progress.episode)  # grads still here
             self.histogram_episode = self.progress.episode
         optimizer.zero_grad(set_to_none=True)
-        if setup.scheduler is not None and setup.scheduler_interval == "step":
-            setup.scheduler.step()
+        if setup.scheduler is not None and setup.scheduler_interval == "step" and stepped:
+            setup.scheduler.step()  # the schedule counts the optimizer's steps
 
     # ---- what happens around the step ------------------------------------------------------
     def record_step(self, batch: dict[str, Any], loss: torch.Tensor, bar: Any) -> None:
