@@ -419,6 +419,11 @@ def test_a_trained_component_before_the_graph_predicts_with_its_trained_weights(
     error = capsys.readouterr().err
     assert "does not hold component 'projection' (FeedForwardNetwork)'s weights" in error
     assert "missing layers.0.bias" in error and "Traceback" not in error
+    bias = weights["layers.0.bias"]
+    save_file({**weights, "layers.0.bias": torch.zeros(len(bias) + 1)}, str(path))
+    assert main(["predict", str(folder), text]) == 2
+    error = capsys.readouterr().err
+    assert f"layers.0.bias of shape [{len(bias) + 1}], not [{len(bias)}]" in error
 
 
 def _digit_png(folder: Path) -> Path:

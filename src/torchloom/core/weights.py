@@ -125,12 +125,11 @@ class WeightsMatch:
             subject = labels.get(name, f"component '{name}'")
             missing, unexpected = self.missing[name], self.unexpected[name]
             if missing:
-                message = f"{source} lacks {len(missing)} weights: {_first(missing)}"
+                message = f"{source} lacks {len(missing)} weights: {first_names(missing)}"
                 problems.append(Problem(where, subject, message, suggestion))
             if unexpected:
-                message = f"{source} has {len(unexpected)} weights the component lacks: " + _first(
-                    unexpected
-                )
+                lacked = first_names(unexpected)
+                message = f"{source} has {len(unexpected)} weights the component lacks: {lacked}"
                 problems.append(Problem(where, subject, message, suggestion))
         return problems
 
@@ -150,7 +149,8 @@ class WeightsMatch:
         }
 
 
-def _first(keys: list[str], shown: int = 6) -> str:
+def first_names(keys: list[str], shown: int = 6) -> str:
+    """The first `shown` of `keys` for a message, and how many more."""
     more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
     return ", ".join(keys[:shown]) + more
 
@@ -247,8 +247,8 @@ def load_weights(component: Component, spec: LoadSpec, where: str) -> WeightsMat
                 where,
                 subject,
                 f"{source} holds none of its weights (its first keys: "
-                f"{_first(sorted(str(k) for k in renamed)) or 'none'}; the component's: "
-                f"{_first(sorted(component.state_dict()))})",
+                f"{first_names(sorted(str(k) for k in renamed)) or 'none'}; the component's: "
+                f"{first_names(sorted(component.state_dict()))})",
                 hint,
             )
         )
@@ -260,7 +260,7 @@ def load_weights(component: Component, spec: LoadSpec, where: str) -> WeightsMat
     if not match.complete:
         component.note(
             f"load: {match.count} weights from {source}; not loaded (strict: false): "
-            f"{_first(match.missing[component.name]) or 'none'}; ignored from the file: "
-            f"{_first(match.unexpected[component.name]) or 'none'}"
+            f"{first_names(match.missing[component.name]) or 'none'}; ignored from the file: "
+            f"{first_names(match.unexpected[component.name]) or 'none'}"
         )
     return match

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from torchloom.core.registry import resolve
-from torchloom.core.weights import read_weights_file
+from torchloom.core.weights import WeightsMatch, first_names, read_weights_file
 from torchloom.deploy.tensor_files import tensors_of
 from torchloom.errors import DeployError
 
@@ -68,20 +68,20 @@ def rebuilt(folder: Path, step: dict[str, Any], trained: bool = True) -> Any:
 
 
 def _load_trained(component: Any, path: Path, step: dict[str, Any]) -> None:
-    """Every tensor of the component from `path`, exactly (the export wrote each name)."""
-    who = f"component '{step['name']}' ({step['type']})"
+    """Every tensor of the component from `path`, exactly (the export wrote each name),
+    matched by name and shape as a checkpoint's are (core/weights.WeightsMatch)."""
+    name = step["name"]
+    who = f"component '{name}' ({step['type']})"
     weights = read_weights_file(path, f"'{path}'", who)
-    expected = tensors_of(component.state_dict())
-    missing = [k for k in expected if k not in weights]
-    unexpected = [k for k in weights if k not in expected]
-    if missing or unexpected:
-        differ = [f"missing {', '.join(missing[:4])}"] if missing else []
-        differ += [f"not its own {', '.join(unexpected[:4])}"] if unexpected else []
+    match = WeightsMatch()
+    match.add(name, tensors_of(component.state_dict()), weights)
+    missing, unexpected = match.missing[name], match.unexpected[name]
+    differ = [f"missing {first_names(missing)}"] if missing else []
+    differ += [f"not its own {first_names(unexpected)}"] if unexpected else []
+    differ += [f"{key} of shape {given}, not {own}" for key, given, own in match.mismatched[name]]
+    if differ:
         raise DeployError.at("", f"'{path}'", f"does not hold {who}'s weights: {'; '.join(differ)}")
-    try:
-        component.load_state_dict(weights, strict=False)  # its extra state is not in the file
-    except RuntimeError as error:  # a shape that is not the component's
-        raise DeployError.at("", f"'{path}'", f"does not fit {who}: {error}") from error
+    component.load_state_dict(weights, strict=False)  # its extra state is not in the file
 
 
 def _reads_texts(component: Any, folder: Path, names: dict[str, str]) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from torchloom.core.component import Component
+from torchloom.core.weights import first_names
 from torchloom.deploy.tensor_files import tensors_of, write_tensors
 from torchloom.deploy.text_inputs import rebuilt
 from torchloom.errors import DeployError
@@ -40,12 +41,12 @@ def carry_trained_weights(
                 "predict` builds it",
             ) from error
         if built.keys() != trained.keys():
+            differ = first_names(sorted(built.keys() ^ trained.keys()))
             raise DeployError.at(
                 "",
                 component.label,
                 "built again from its record in sidecar.json, as `loom predict` builds it, has "
-                f"other weights ({_first(built.keys() ^ trained.keys())}): the deployment "
-                "could not give it the run's",
+                f"other weights ({differ}): the deployment could not give it the run's",
                 "start the graph before it with --inputs, so that the graph holds it",
             )
         if all(torch.equal(built[k], v.detach().cpu()) for k, v in trained.items()):
@@ -55,10 +56,3 @@ def carry_trained_weights(
         step["weights"] = relative
         carried.append(component.name)
     return carried
-
-
-def _first(keys: set[str], shown: int = 4) -> str:
-    names = sorted(keys)
-    return ", ".join(names[:shown]) + (
-        f" and {len(names) - shown} more" if len(names) > shown else ""
-    )
