@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from torchloom.core.weights import first_names
 from torchloom.errors import DeployError
 
 
@@ -33,9 +34,8 @@ def write_tensors(
     saved = load_file(str(path))
     differ = [k for k, v in stored.items() if not torch.equal(saved[k], v)]
     if differ:
-        raise DeployError.at(
-            "", f"'{path}'", f"reads back different values for {', '.join(differ[:4])}"
-        )
+        message = f"reads back different values for {first_names(differ)}"
+        raise DeployError.at("", f"'{path}'", message)
     return saved, copies
 
 
