@@ -738,3 +738,56 @@ def test_recurrent_models_train_under_cuda_bf16_autocast(cell_type: str) -> None
     out["predictions"].float().sum().backward()
     assert out["final_state"].dtype == torch.float32
     assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("kind", [Seq2Seq, AttentionDecoder])
+def test_a_compiled_decoder_compiles_once_whatever_the_target_length(
+    kind: type[Component],
+) -> None:
+    """torch.compile unrolls the decoding loop and specialises on its length: a decoder
+    compiled whole compiled again for every new target length, and after 8 ran eagerly.
+    Compiled, the decoder compiles its step alone; its outputs stay the eager ones, and a deep
+    copy (as quantization makes) steps with its own weights."""
+    import copy
+
+    import torch._dynamo
+
+    torch.manual_seed(0)
+    model = kind.create(
+        hidden_size=8,
+        teacher_forcing_ratio=0.5,
+        globals={"input_size": VOCABULARY, "prediction_size": VOCABULARY},
+    )
+    batch = decoder_batch()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model.compile(backend="eager")
+
+    def outputs(model: Component, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        targets = torch.randint(1, VOCABULARY, (6, length), generator=torch.Generator())
+        torch.manual_seed(length)
+        compiled = model(batch | {"targets": targets})["predictions"]
+        torch.manual_seed(length)
+        with torch.compiler.set_stance("force_eager"):
+            eager = model(batch | {"targets": targets})["predictions"]
+        return compiled, eager
+
+    try:
+        for length in (3, 4):
+            outputs(model, length)
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        assert graphs > 0  # the step was compiled
+        for length in range(5, 15):
+            compiled, eager = outputs(model, length)
+            assert compiled.shape[1] == length
+            assert torch.equal(compiled, eager), length
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+        twin = copy.deepcopy(model)
+        with torch.no_grad():
+            for weight in twin.parameters():
+                weight.mul_(-1.5)
+        compiled, eager = outputs(twin, 5)
+        assert torch.equal(compiled, eager)
+        assert not torch.equal(compiled, outputs(model, 5)[0])
+    finally:
+        torch._dynamo.reset()

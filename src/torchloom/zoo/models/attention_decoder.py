@@ -9,11 +9,12 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
+from torchloom.core.component import Batch, BuildContext, ComponentParams
 from torchloom.core.streams import FLOATING, Dim, StreamSpec
 from torchloom.zoo.models.recurrent import checked_lengths, length_mask
 from torchloom.zoo.models.seq2seq import (
     DecoderParams,
+    StepwiseDecoder,
     check_decoder_params,
     decoded_steps,
     decoder_input_specs,
@@ -42,7 +43,7 @@ class AttentionDecoderParams(DecoderParams):
     )
 
 
-class AttentionDecoder(Model):
+class AttentionDecoder(StepwiseDecoder):
     """A GRU decoder with additive attention (Bahdanau et al. 2015) over the outputs of an
     encoder (a `RecurrentNeuralNetwork` with `prediction_mode: none`, a `TransformerEncoder`).
 
@@ -178,14 +179,7 @@ class AttentionDecoder(Model):
         word = torch.full((batch,), self.params.start_index, device=encoded.device)
         predictions, attention = [], []
         for step in range(decoded_steps(self.params, inputs)):
-            scores = self.energy(torch.tanh(keys + self.query(state)[:, None])).squeeze(-1)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            weights = torch.softmax(scores, dim=-1)
-            context = torch.bmm(weights[:, None], encoded)[:, 0]
-            embedded = self.dropout(self.embedding(word))
-            state = self.cell(torch.cat([embedded, context], dim=-1), state)
-            logits = self.output(self.dropout(torch.cat([state, context], dim=-1)))
+            logits, state, weights = self.step(word, state, keys, encoded, mask)
             predictions.append(finish(logits, self.params.log_softmax))
             attention.append(weights)
             word = next_words(logits.argmax(dim=-1), inputs, step, self.params, self.training)
@@ -193,6 +187,26 @@ class AttentionDecoder(Model):
         if self.params.output_attention:
             results["attention"] = self._stack(attention, encoded, source_steps)
         return results
+
+    def decode_step(
+        self,
+        word: torch.Tensor,
+        state: torch.Tensor,
+        keys: torch.Tensor,
+        encoded: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next word's logits, the decoder's state and the attention weights, from the
+        previous word and state."""
+        scores = self.energy(torch.tanh(keys + self.query(state)[:, None])).squeeze(-1)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1)
+        context = torch.bmm(weights[:, None], encoded)[:, 0]
+        embedded = self.dropout(self.embedding(word))
+        state = self.cell(torch.cat([embedded, context], dim=-1), state)
+        logits = self.output(self.dropout(torch.cat([state, context], dim=-1)))
+        return logits, state, weights
 
     @staticmethod
     def _stack(steps: list[torch.Tensor], like: torch.Tensor, width: int) -> torch.Tensor:

@@ -3,7 +3,8 @@ sequence of word log-probabilities out; plus the decoding helpers `AttentionDeco
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -119,6 +120,27 @@ def finish(logits: torch.Tensor, log_softmax: bool) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1) if log_softmax else logits
 
 
+class StepwiseDecoder(Model):
+    """A decoder whose forward loops over the words it decodes, as many as the batch's targets
+    have: a count that changes from batch to batch. torch.compile unrolls such a loop and
+    specialises on its count, so a decoder compiled whole compiles again for each new length,
+    and after 8 (torch's recompile limit) runs eagerly. `training.compile` therefore compiles
+    one step of the loop (`decode_step`, called through `step`), the same at every length."""
+
+    decode_step: Callable[..., Any]
+    _compiled_step: Callable[..., Any] | None = None
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        # The class's function, not the bound method: a deep copy of the model (quantization
+        # copies models) then steps with its own weights, not with this one's.
+        self._compiled_step = torch.compile(type(self).decode_step, *args, **kwargs)
+
+    def step(self, *args: Any) -> Any:
+        if self._compiled_step is None:
+            return self.decode_step(*args)
+        return self._compiled_step(self, *args)
+
+
 class Seq2SeqParams(DecoderParams):
     cell_type: Literal["LSTM", "GRU"] = Field(
         "GRU", description="Recurrent cell of both the encoder and the decoder."
@@ -134,7 +156,7 @@ class Seq2SeqParams(DecoderParams):
     )
 
 
-class Seq2Seq(Model):
+class Seq2Seq(StepwiseDecoder):
     """Sequence to sequence (Sutskever et al. 2014): an encoder RNN reads the source vectors,
     its final state starts a decoder RNN that writes the output words one by one, each step
     fed the previous word through the decoder's own embedding (the first step is fed
@@ -220,12 +242,16 @@ class Seq2Seq(Model):
             return {"predictions": self._predict(outputs)}
         word, predictions = start[:, 0], []
         for step in range(steps):
-            embedded = self.dropout(self.embedding(word))[:, None]
-            output, state = call_rnn(self.decoder, embedded, state)
-            logits = self._predict(output[:, 0])
+            logits, state = self.step(word, state)
             predictions.append(logits)
             word = next_words(logits.argmax(dim=-1), inputs, step, self.params, self.training)
         return {"predictions": torch.stack(predictions, dim=1)}
+
+    def decode_step(self, word: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        """The next word's scores and the decoder's state, from the previous word."""
+        embedded = self.dropout(self.embedding(word))[:, None]
+        output, state = call_rnn(self.decoder, embedded, state)
+        return self._predict(output[:, 0]), state
 
     def _predict(self, outputs: torch.Tensor) -> torch.Tensor:
         return finish(self.output(self.dropout(outputs)), self.params.log_softmax)
