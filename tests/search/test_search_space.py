@@ -196,3 +196,17 @@ def test_a_cmaes_search_runs_its_trials(tmp_path: Path, mnist_folder: Path) -> N
     (folder,) = (runs / "searches").glob("*/*")
     rows = (folder / "trials.csv").read_text(encoding="utf-8").splitlines()[1:]
     assert len(rows) == 3 and all(",complete," in row for row in rows)
+
+
+def test_the_default_mode_minimises_every_loss_the_reports_rank_as_lower_is_better() -> None:
+    """A pipeline with two losses reports `loss_a` and `loss_b` (mnist/2lenet5_2losses.yml):
+    the search maximised them, where the run table and comparisons rank them lower is
+    better."""
+    from torchloom.search.runner import monitor_of
+
+    data = {"validation": {}}
+    for monitor in ("validation.loss_a", "validation.loss_std", "training.loss", "val.mse"):
+        assert monitor_of(data, monitor, None, set()) == (monitor, "min")
+    for monitor in ("validation.accuracy", "validation.bleu"):
+        assert monitor_of(data, monitor, None, set()) == (monitor, "max")
+    assert monitor_of(data, "validation.loss_a", "max", set()) == ("validation.loss_a", "max")

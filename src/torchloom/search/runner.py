@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchloom.analysis.run_reading import lower_is_better
 from torchloom.api import create_run_folder, pipeline_name
 from torchloom.config import dump_config, load_config
 from torchloom.config.loading import ConfigSource
@@ -176,7 +177,8 @@ def monitor_of(
 ) -> tuple[str, str]:
     """The statistic to optimise: --monitor, else the config's early-stopping monitor, else
     validation.loss; its mode: --mode, else early stopping's for the same statistic, else min
-    for losses and errors and max for the rest."""
+    for losses and errors (`lower_is_better`, as the reports rank runs: `loss_a` and
+    `loss_std` too) and max for the rest."""
     stopping = (data.get("training", {}).get("terminal_conditions") or {}).get("early_stopping")
     stopping = stopping if isinstance(stopping, Mapping) else {}
     if monitor is None:
@@ -194,5 +196,5 @@ def monitor_of(
         if stopping.get("monitor") == monitor and stopping.get("mode") in ("min", "max"):
             mode = str(stopping["mode"])
         else:
-            mode = "min" if monitor.endswith(("loss", "error", "perplexity")) else "max"
+            mode = "min" if lower_is_better(monitor) else "max"
     return str(monitor), mode
