@@ -48,6 +48,33 @@ def test_accumulation_steps_every_n_batches_and_once_more_at_an_epochs_end(
     assert {int(s["step"]) for s in state.values()} == {3}
 
 
+def test_a_run_stopped_at_its_episode_limit_steps_its_last_shorter_window(
+    tmp_path: Path,
+) -> None:
+    """5 batches an epoch, windows of 4: a limit of 6 stops one batch into a window. That
+    batch is counted in the figures; it was left out of the final weights (equal to a limit
+    of 5's). Now its window is stepped, as an epoch's last one is."""
+
+    def run(limit: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        config = toy_config(
+            epochs=None, gradient_accumulation=4, optimizer={"type": "Adam", "lr": 0.01}
+        )
+        config["training"]["terminal_conditions"] = {"episode_limit": limit}
+        config["pipeline"]["model"]["dropout"] = 0.0
+        folder = tmp_path / str(limit)
+        folder.mkdir()
+        train(write(folder, config), folder / "runs")
+        return model_weights(only_run(folder / "runs")), summary(only_run(folder / "runs"))
+
+    at_5, _ = run(5)
+    at_6, ended = run(6)
+    assert ended["status"] == "episode_limit" and ended["episodes"] == 6
+    assert any(not torch.equal(at_5[key], at_6[key]) for key in at_5)
+    state = load_checkpoint(only_run(tmp_path / "6" / "runs") / "checkpoints" / "last.pt")
+    # windows 1-4, 5 (the epoch's end) and 6: three optimizer steps, no gradients left over
+    assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {3}
+
+
 def test_a_loss_that_turns_nan_stops_the_run_within_the_step(tmp_path: Path) -> None:
     config = toy_config(epochs=3)
     config["pipeline"]["noise"] = {"type": "trust_components:NanAtStep", "at": 8}

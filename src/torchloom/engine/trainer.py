@@ -100,9 +100,12 @@ class TrainingLoop:
         ran_to_end = status is None or (
             not status.requested and progress.batch_in_epoch >= setup.train_data.batches_per_epoch()
         )
+        # An epoch's last, shorter accumulation window, and a run's that stops at its episode
+        # limit: its batches are in the figures, so they are in the weights.
+        stopped_at_limit = status is Status.EPISODE_LIMIT
+        if progress.batch_in_epoch % setup.accumulation and (ran_to_end or stopped_at_limit):
+            self.optimizer_step()
         if ran_to_end:
-            if progress.batch_in_epoch % setup.accumulation:
-                self.optimizer_step()  # the last, shorter accumulation window
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
         if bar is not None:
             bar.close()
