@@ -210,6 +210,61 @@ def test_online_mode_validates_part_of_the_set_every_n_episodes(tmp_path: Path) 
     assert column(result.run_dir, "validation_epoch_statistics.csv", "samples") == [16]
 
 
+def test_rows_of_an_epoch_cut_short_by_the_episode_limit_are_numbered_as_its_own(
+    tmp_path: Path,
+) -> None:
+    """5 batches an epoch, a limit of 7: the second epoch stops two batches in. Its training
+    row said epoch 1 (the epochs completed), its validation row epoch 2, the test row epoch 1
+    and the monitor's best epoch 1 for the second validation."""
+    config = toy_config(epochs=None)
+    config["training"]["terminal_conditions"] = {"episode_limit": 7}
+    config["training"]["terminal_conditions"]["early_stopping"] = {
+        "monitor": "validation.samples",  # 16 each time: the first is the best
+        "mode": "max",
+    }
+    result = train(config, tmp_path)
+    run = result.run_dir
+    assert column(run, "training_epoch_statistics.csv", "epoch") == [1, 2]
+    assert column(run, "validation_epoch_statistics.csv", "epoch") == [1, 2]
+    assert column(run, "test_statistics.csv", "epoch") == [2]
+    assert column(run, "training_statistics.csv", "epoch") == [1, 1, 2]  # episodes 2, 4, 6
+    assert summary(run)["monitor"]["best_epoch"] == 1
+
+
+def test_online_best_epoch_is_the_epoch_its_partial_validation_row_names(tmp_path: Path) -> None:
+    config: dict[str, Any] = toy_config(epochs=1, mode="online")
+    config["validation"].update(partial_validation_interval=2, partial_validation_batches=1)
+    config["training"]["terminal_conditions"]["early_stopping"] = {
+        "monitor": "validation.samples",
+        "mode": "max",
+    }
+    result = train(config, tmp_path)
+    assert column(result.run_dir, "validation_statistics.csv", "epoch") == [1, 1]
+    assert summary(result.run_dir)["monitor"]["best_epoch"] == 1
+
+
+def test_online_mode_s_final_full_validation_does_not_compete_with_the_partial_ones(
+    tmp_path: Path,
+) -> None:
+    """The monitor, best.pt and early stopping follow the partial validations (user guide):
+    the full pass at the end measured more samples, which as the monitor made it the best
+    and rewrote best.pt with the final weights."""
+    config: dict[str, Any] = toy_config(epochs=1, mode="online")
+    config["validation"].update(partial_validation_interval=2, partial_validation_batches=1)
+    config["validation"]["dataloader"] = {"batch_size": 4}
+    config["training"]["terminal_conditions"]["early_stopping"] = {
+        "monitor": "validation.samples",  # 4 per partial pass, 16 in the full one
+        "mode": "max",
+    }
+    result = train(config, tmp_path)
+    run = result.run_dir
+    assert column(run, "validation_epoch_statistics.csv", "samples") == [16]
+    ended = summary(run)
+    assert ended["monitor"]["best"] == 4 and ended["best"]["validation.samples"] == 4
+    assert load_checkpoint(run / "checkpoints" / "best.pt")["progress"]["episode"] == 2
+    assert ended["final"]["validation"]["samples"] == 16  # still reported
+
+
 # An epoch row's rate is read after the epoch's last step: per step, the rate the next step
 # will use; per epoch, the rate the epoch used (its scheduler step follows the row).
 @pytest.mark.parametrize(

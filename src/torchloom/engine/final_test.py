@@ -41,7 +41,7 @@ def run_test_pass(
         # replaces its row instead of adding a second one.
         CsvLog(
             setup.run_dir / "test_statistics.csv", keep_until_episode=progress.episode - 1
-        ).write({"epoch": progress.epoch, "episode": progress.episode, **values})
+        ).write({"epoch": progress.row_epoch, "episode": progress.episode, **values})
     setup.log.info("test: %s", format_statistics(values))
     return values
 

@@ -54,7 +54,7 @@ class LoopMeters:
         elapsed = max(time.perf_counter() - self.interval_started, 1e-9)
         row = {
             "episode": progress.episode,
-            "epoch": progress.epoch + 1,  # the epoch in progress, numbered as in epoch rows
+            "epoch": progress.row_epoch,
             **self.interval_loss.values("loss"),
             "batch_size": batch_size,
             "samples_per_second": self.interval_samples / elapsed,
@@ -69,7 +69,7 @@ class LoopMeters:
         """The epoch's row (training_epoch_statistics.csv), from now on the latest training
         values; starts the next epoch's meters."""
         row = {
-            "epoch": progress.epoch,
+            "epoch": progress.row_epoch,
             "episode": progress.episode,
             **self.epoch_loss.values("loss"),
             **self.train_statistics.epoch_values(),

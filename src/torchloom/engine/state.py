@@ -131,6 +131,13 @@ class Progress:
     batch_in_epoch: int = 0
     wall_time: float = 0.0  # seconds spent in earlier sessions of this run (resumed ones)
 
+    @property
+    def row_epoch(self) -> int:
+        """The epoch a row of figures belongs to, numbered from 1: the epoch in progress when
+        it is measured mid-epoch (a partial validation, a run stopped at its episode limit),
+        else the one just completed."""
+        return self.epoch + 1 if self.batch_in_epoch else self.epoch
+
     def state_dict(self) -> dict[str, Any]:
         return dict(vars(self))
 

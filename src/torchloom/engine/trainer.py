@@ -210,7 +210,7 @@ class TrainingLoop:
         setup.reporter.row("training_epoch_statistics", row, progress.episode)
         setup.log.info(
             "epoch %d (episode %d) training: %s",
-            progress.epoch,
+            row["epoch"],
             progress.episode,
             format_statistics(row),
         )
@@ -227,8 +227,9 @@ class TrainingLoop:
         stop = setup.signals.status if setup.distributed.agree(setup.signals.requested) else None
         return status or limit or stop
 
-    def validate(self, partial: bool) -> Status | None:
-        """Validation pass; updates best.pt and says whether the run should stop."""
+    def validate(self, partial: bool, judged: bool = True) -> Status | None:
+        """Validation pass; when `judged`, updates best.pt and says whether the run should
+        stop (online mode's full pass at the end is not: the partial ones are the monitor's)."""
         setup, progress = self.setup, self.progress
         if setup.validation_data is None:
             return None
@@ -247,26 +248,24 @@ class TrainingLoop:
         )
         setup.hooks.after_eval(self.view, "validation", values, partial)
         kind = "validation_statistics" if partial else "validation_epoch_statistics"
-        # Numbered as every row: the epoch the values were measured in, from 1 (mid-epoch
-        # partial validations belong to the epoch in progress).
-        epoch = progress.epoch + 1 if progress.batch_in_epoch else progress.epoch
-        row = {"epoch": epoch, "episode": progress.episode, **values}
+        row = {"epoch": progress.row_epoch, "episode": progress.episode, **values}
         setup.reporter.row(kind, row, progress.episode)
         setup.log.info(
             "epoch %d (episode %d) validation%s: %s",
-            epoch,
+            row["epoch"],
             progress.episode,
             " (partial)" if partial else "",
             format_statistics(values),
         )
-        self.meters.latest["validation"] = {f"validation.{k}": v for k, v in values.items()}
-        return self.judge(
-            {**self.meters.latest.get("training", {}), **self.meters.latest["validation"]}
-        )
+        latest = self.meters.latest
+        latest["validation"] = {f"validation.{k}": v for k, v in values.items()}
+        if not judged:
+            return None
+        return self.judge({**latest.get("training", {}), **latest["validation"]})
 
     def judge(self, statistics: dict[str, float]) -> Status | None:
         setup = self.setup
-        if setup.monitor.update(statistics, self.progress.epoch):
+        if setup.monitor.update(statistics, self.progress.row_epoch):  # as the rows number it
             self.meters.best_statistics = {
                 k: v for k, v in statistics.items() if not k.endswith((".epoch", ".episode", ".lr"))
             }
@@ -332,13 +331,8 @@ class TrainingLoop:
 
     def _run(self) -> tuple[RunResult, Diverged | None]:
         setup = self.setup
-        setup.log.info(
-            "training '%s' on %s, seed %d, run folder %s",
-            setup.name,
-            setup.device,
-            setup.seed,
-            setup.run_dir,
-        )
+        where = (setup.name, setup.device, setup.seed, setup.run_dir)
+        setup.log.info("training '%s' on %s, seed %d, run folder %s", *where)
         if setup.distributed.main:
             write_running(setup.run_dir, setup.name)
         setup.reporter.open()
@@ -368,7 +362,7 @@ class TrainingLoop:
                     command = started_by.get("command") or f"loom train --resume {setup.run_dir}"
                     setup.log.info("interrupted: last.pt saved; continue with `%s`", command)
             elif status is not Status.DIVERGED and setup.online and setup.validation_data:
-                self.validate(partial=False)
+                self.validate(partial=False, judged=False)
             for component in setup.pipeline.components.values():
                 component.end_pass()
             training_seconds = time.perf_counter() - started
