@@ -416,3 +416,56 @@ def test_the_progress_bar_counts_every_batch_and_shows_each_interval_rows_loss(
     assert [(b.total, b.done) for b in bars] == [(5, 5), (5, 5)]  # 40 samples, batch 8
     shown = [p["loss"] for b in bars for p in b.postfixes]
     assert shown == [f"{float(row['loss']):.4f}" for row in rows] and len(shown) == 5
+
+
+class SlowSteps(Hook):
+    """Every step takes at least `seconds`: a rate above batch / seconds is impossible."""
+
+    name = "slow_steps"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def after_step(self, run: RunView, batch: Any, loss: torch.Tensor) -> None:
+        import time
+
+        time.sleep(self.seconds)
+
+
+def test_a_resumed_interval_s_rate_divides_its_samples_by_its_whole_time(tmp_path: Path) -> None:
+    """Stopped two steps into an interval of four: the interval's samples were restored but
+    its time began again, so the row's samples_per_second counted the first session's samples
+    over the second session's time alone."""
+    import csv
+
+    config = write(tmp_path, toy_config(logging_interval=4))
+    stopped = train(config, tmp_path / "runs", StopAt(2), SlowSteps(0.2))
+    train(None, tmp_path / "runs", SlowSteps(0.2), resume=stopped.run_dir)
+    with open(stopped.run_dir / "training_statistics.csv", encoding="utf-8") as file:
+        first = next(csv.DictReader(file))
+    assert int(first["episode"]) == 4
+    assert float(first["samples_per_second"]) <= 8 / 0.2  # batches of 8
+
+
+def test_tensorboard_keeps_the_rows_at_the_checkpoint_s_episode_after_a_resume(
+    tmp_path: Path,
+) -> None:
+    """Rows at the checkpoint's episode are written before its save and kept in the CSV
+    files; TensorBoard purged them from that episode on, and they were never written again."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchloom.engine.setup import TrainOptions, prepare_training
+
+    config = write(tmp_path, toy_config(epochs=2))
+
+    def run(*hooks: Hook, resume: Path | None = None) -> Any:
+        options = TrainOptions(
+            expdir=str(tmp_path / "runs"), quiet=True, tensorboard=1, hooks=hooks, device="cpu"
+        )
+        return prepare_training(None if resume else config, (), options, resume=resume).run()
+
+    stopped = run(StopAt(6))
+    run(resume=stopped.run_dir)
+    events = EventAccumulator(str(stopped.run_dir / "tensorboard"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("training/loss")] == [2, 4, 6, 8, 10]

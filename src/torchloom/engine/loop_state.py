@@ -40,7 +40,7 @@ class LoopMeters:
     interval_samples: int = 0
     latest: dict[str, dict[str, float]] = field(default_factory=dict)
     best_statistics: dict[str, float] = field(default_factory=dict)
-    interval_started: float = field(default_factory=time.perf_counter)  # not saved
+    interval_started: float = field(default_factory=time.perf_counter)  # saved as seconds
 
     def add_step(self, loss: torch.Tensor, batch: Batch, samples: int) -> None:
         """A trained batch of `samples` samples over every process, and its (detached) loss."""
@@ -107,6 +107,7 @@ def checkpoint_state(
             "epoch_loss": meters.epoch_loss.state_dict(),
             "interval_loss": meters.interval_loss.state_dict(),
             "interval_samples": meters.interval_samples,
+            "interval_seconds": time.perf_counter() - meters.interval_started,
             **meters.train_statistics.state_dict(),
             "latest": meters.latest,
             "csv_rows": setup.reporter.row_counts(),
@@ -166,7 +167,11 @@ def restore_state(
     running = checkpoint["running"]
     meters.epoch_loss.load_state_dict(running["epoch_loss"], setup.device)
     meters.interval_loss.load_state_dict(running["interval_loss"], setup.device)
-    meters.interval_samples = running["interval_samples"]
+    # The interval's rate divides its samples by its time, both over the sessions (a
+    # checkpoint from before the time was saved: the samples of this session alone).
+    seconds = running.get("interval_seconds")
+    meters.interval_samples = running["interval_samples"] if seconds is not None else 0
+    meters.interval_started = time.perf_counter() - (seconds or 0.0)
     meters.train_statistics.load_state_dict(running)
     if running.get("gradients") is not None:
         for parameter, gradient in zip(setup.parameters, running["gradients"], strict=True):

@@ -124,8 +124,12 @@ class Reporter:
             # Imported on first use: tensorboard is slow to import and not always needed.
             from torch.utils.tensorboard import SummaryWriter
 
+            # Purged from the checkpoint's episode on: the rows at that episode were written
+            # before the save, and the CSV files keep them.
+            resumed = self._resume_episode
             self._writer = SummaryWriter(
-                str(self.run_dir / "tensorboard"), purge_step=self._resume_episode
+                str(self.run_dir / "tensorboard"),
+                purge_step=None if resumed is None else resumed + 1,
             )
         return self._writer
 
