@@ -31,6 +31,16 @@ def test_searchable_cell_and_the_fixed_cell_it_derives() -> None:
     assert fixed({"inputs": x, "previous_inputs": x})["outputs"].shape == (2, 8, 4, 4)
 
 
+def test_a_cell_searched_with_fewer_outputs_than_nodes_derives_a_cell_of_its_width() -> None:
+    cell = DartsCell.create(input_channels=6, channels=4, steps=3, multiplier=2)
+    x = torch.randn(2, 6, 8, 8)
+    assert cell({"inputs": x, "previous_inputs": x})["outputs"].shape == (2, 8, 8, 8)
+    entry = cell.derived_entry()
+    assert entry["concat"] == [3, 4]  # the last two of nodes 2, 3, 4
+    fixed = DartsFixedCell.create(**{k: v for k, v in entry.items() if k != "type"})
+    assert fixed({"inputs": x, "previous_inputs": x})["outputs"].shape == (2, 8, 8, 8)
+
+
 def test_fixed_cell_after_a_reduction_reads_the_older_input_at_twice_the_size() -> None:
     cell = DartsFixedCell.create(
         input_channels=8,

@@ -49,7 +49,7 @@ def test_genotype_keeps_the_two_strongest_non_none_edges_from_distinct_predecess
     alpha[2, PRIMITIVES.index("dil_conv_5x5")] = 1.0  # node 3 <- 0 (weakest of node 3)
     alpha[3, PRIMITIVES.index("skip_connect")] = 4.0  # node 3 <- 1
     alpha[4, PRIMITIVES.index("avg_pool_3x3")] = 5.0  # node 3 <- 2
-    genotype = derive(alpha, alpha, steps)
+    genotype = derive(alpha, alpha, steps, multiplier=2)
     assert genotype.normal == [
         ("sep_conv_3x3", 0),
         ("max_pool_3x3", 1),
@@ -57,6 +57,18 @@ def test_genotype_keeps_the_two_strongest_non_none_edges_from_distinct_predecess
         ("avg_pool_3x3", 2),
     ]
     assert genotype.normal_concat == [2, 3]
+
+
+def test_a_derived_network_concatenates_the_nodes_the_searched_one_did() -> None:
+    """With multiplier < steps a searched cell outputs its last `multiplier` nodes; the
+    genotype said every node, so the derived network was another, wider one."""
+    search = DartsNetwork.create(cells=3, channels=4, steps=3, multiplier=2, globals=GLOBALS)
+    genotype = search.genotype()
+    assert genotype.normal_concat == genotype.reduce_concat == [3, 4]
+    fixed = DartsFixedNetwork.create(
+        cells=3, channels=4, genotype=genotype.yaml_data(), globals=GLOBALS
+    )
+    assert fixed.classifier.in_features == search.classifier.in_features
 
 
 def test_fixed_network_with_auxiliary_head_and_drop_path() -> None:

@@ -110,7 +110,7 @@ class DartsCell(_CellBase):
         return [self.alpha]
 
     def genotype(self) -> Genotype:
-        return derive(self.alpha, self.alpha, self.params.steps)
+        return derive(self.alpha, self.alpha, self.params.steps, self.multiplier)
 
     def edge_labels(self) -> list[str]:
         steps = self.params.steps

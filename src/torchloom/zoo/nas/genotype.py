@@ -122,10 +122,13 @@ def reduction_problem(cells: int, reductions: int, where: str, label: str) -> Pr
     )
 
 
-def derive(alpha_normal: torch.Tensor, alpha_reduce: torch.Tensor, steps: int) -> Genotype:
+def derive(
+    alpha_normal: torch.Tensor, alpha_reduce: torch.Tensor, steps: int, multiplier: int
+) -> Genotype:
     """The genotype of architecture parameters (one row per edge, one column per primitive,
     edges ordered node by node): for each intermediate node, the two predecessors whose
-    strongest non-`none` operation is strongest, each with that operation."""
+    strongest non-`none` operation is strongest, each with that operation; the cell's output
+    is its last `multiplier` nodes, as the searched cell's."""
 
     def cell(alpha: torch.Tensor) -> list[tuple[str, int]]:
         weights = torch.softmax(alpha.detach().float(), dim=-1)
@@ -143,7 +146,7 @@ def derive(alpha_normal: torch.Tensor, alpha_reduce: torch.Tensor, steps: int) -
             start += inputs
         return edges
 
-    concat = list(range(2, steps + 2))
+    concat = list(range(2 + steps - multiplier, steps + 2))
     return Genotype(
         normal=cell(alpha_normal),
         normal_concat=concat,

@@ -93,7 +93,7 @@ class DartsNetwork(DartsBase):
 
     def __init__(self, params: DartsNetworkParams, context: BuildContext) -> None:
         super().__init__(params, context)
-        multiplier = min(params.multiplier, params.steps)
+        self.multiplier = multiplier = min(params.multiplier, params.steps)
         plans = plan_cells(params, multiplier)
         self.cells = nn.ModuleList(SearchCell(p, params.steps, multiplier) for p in plans)
         self.classifier_head(multiplier * plans[-1].channels)
@@ -111,7 +111,7 @@ class DartsNetwork(DartsBase):
         return [p for p in self.parameters() if id(p) not in alphas]
 
     def genotype(self) -> Genotype:
-        return derive(self.alpha_normal, self.alpha_reduce, self.params.steps)
+        return derive(self.alpha_normal, self.alpha_reduce, self.params.steps, self.multiplier)
 
     def edge_labels(self) -> list[str]:
         """'node <- source' per row of the alphas, for reports."""
