@@ -113,6 +113,29 @@ def test_a_code_first_grid_enumerates_the_builders_choices(
         torchloom.search(ranged, trials=2, sampler="grid", expdir=str(tmp_path / "grid"))
 
 
+def test_a_builder_that_fails_in_a_trial_fails_that_trial_not_the_search(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    """Only a LoomError from the builder failed its trial: any other exception ended the
+    search with a traceback, the trial left RUNNING and no trials.csv written."""
+    base = load_config(tiny_config(tmp_path, mnist_folder)).data
+    calls = []
+
+    def build(hp: Any) -> dict[str, Any]:
+        calls.append(1)
+        config = yaml.safe_load(yaml.safe_dump(base))
+        config["training"]["optimizer"]["lr"] = hp.float("lr", 1e-4, 1e-2, log=True)
+        if len(calls) == 3:  # after the check's call, in the second trial
+            raise KeyError("lr_schedule")
+        return config
+
+    found = torchloom.search(build, trials=2, seed=0, expdir=str(tmp_path / "runs"))
+    assert [row["state"] for row in found.trials] == ["complete", "fail"]
+    with open(found.search_dir / "trials.csv", encoding="utf-8") as file:
+        failed = list(csv.DictReader(file))[1]
+    assert "KeyError: 'lr_schedule'" in failed["reason"]
+
+
 def test_a_builder_that_returns_no_config_is_told_what_to_return(tmp_path: Path) -> None:
     import torch
 

@@ -448,6 +448,15 @@ def test_an_sqlite_file_that_cannot_be_made_is_named_as_a_file(tmp_path: Path) -
     assert "server runs" not in message
 
 
+def test_a_journal_file_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    from torchloom.search.study import StorageUnreachable, open_storage
+
+    with pytest.raises(StorageUnreachable) as refused:
+        open_storage(f"journal:{tmp_path / 'missing' / 'study.journal'}")
+    message = refused.value.format()
+    assert "cannot open the journal file" in message and "folder exists" in message
+
+
 @pytest.mark.parametrize("landed", ["before the value is stored", "after it is stored"])
 def test_a_stop_while_a_finished_trial_is_recorded_leaves_no_running_trial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, landed: str

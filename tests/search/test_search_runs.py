@@ -110,6 +110,23 @@ def test_a_resumed_search_runs_only_the_missing_trials(tmp_path: Path, mnist_fol
     assert len(_rows(found)) == 2
 
 
+def test_a_sampler_seeded_in_the_config_draws_new_values_in_a_resumed_session(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    """`sampler: {type: random, seed: 0}` skipped the per-session (and per-worker) offset
+    that `--seed` gets: a resumed session, or each of K workers, drew the same values."""
+    search = (
+        "search:\n  sampler: {type: random, seed: 0}\n"
+        "  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    )
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--trials", "1", "--expdir", str(runs)]) == 0
+    assert main(["search", "--resume", str(_search_dir(runs)), "--trials", "2"]) == 0
+    rows = _rows(_search_dir(runs))
+    assert rows[0]["training.optimizer.lr"] != rows[1]["training.optimizer.lr"]
+
+
 def test_a_sampled_config_refused_at_its_start_is_a_failed_trial(
     tmp_path: Path, mnist_folder: Path
 ) -> None:

@@ -114,6 +114,20 @@ def test_trial_values_become_overrides_the_config_reader_reads_back() -> None:
             "dotted config keys) (did you mean 'sampler'?)",
         ),
         (
+            "  pruner: percentile\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'pruner': PercentilePruner.__init__() missing 1 required positional "
+            "argument: 'percentile'",
+        ),
+        (
+            "  pruner: {type: median, n_warmup_steps: -1}\n"
+            "  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'pruner': Number of warmup steps cannot be negative",
+        ),
+        (
+            "  training.optimizer.lr: {loguniform: [1.0e-4, 1.0], step: 1}",
+            "search parameter 'training.optimizer.lr': step and a log scale cannot be combined",
+        ),
+        (
             "  sampler: {type: tpe, n_startup: 3}\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
             "search setting 'sampler.n_startup': is no argument of TPESampler "
             "(did you mean 'n_startup_trials'?)",

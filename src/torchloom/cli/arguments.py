@@ -217,7 +217,8 @@ def _search(p: argparse.ArgumentParser) -> None:
         "--pruner",
         default=None,
         metavar="NAME",
-        help="none (default), median, percentile, sha, hyperband, threshold",
+        help="none (default), median, sha, hyperband; percentile and threshold take their "
+        "arguments in the config's search section ({type: percentile, percentile: 25.0})",
     )
     p.add_argument(
         "--monitor",

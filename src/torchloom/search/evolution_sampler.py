@@ -19,8 +19,9 @@ attributes (`evolution`: parent, the sample, the changed parameter), for reading
 
 The paper's mutations change one operation or one input of one cell edge; with a genotype's
 edges as `choice` parameters of the space (docs/architecture-search.md), changing one
-parameter is exactly that. A changed `choice` or `int` takes another of its values,
-uniformly; a changed float range is drawn again from its distribution. A parameter the
+parameter is exactly that. A changed `choice`, `int` (a log one too) or stepped float takes
+another of its values, uniformly; a continuous range is drawn again from its distribution
+until it differs. A parameter the
 parent did not have (one whose `when` condition the mutation switched on) is drawn at random.
 """
 
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
+    FloatDistribution,
     IntDistribution,
 )
 from optuna.samplers import BaseSampler, RandomSampler
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     from optuna.study import Study
 
 ORIGIN = "evolution"  # the system attribute with a trial's origin
-MAX_INT_VALUES = 10_000  # an int range listed whole to pick "another value"; beyond, redrawn
+MAX_INT_VALUES = 10_000  # a range listed whole to pick "another value"; beyond, redrawn
 
 
 class RegularizedEvolutionSampler(BaseSampler):
@@ -134,13 +136,22 @@ class RegularizedEvolutionSampler(BaseSampler):
         if isinstance(distribution, CategoricalDistribution):
             others = [c for c in distribution.choices if c != value]
             return rng.choice(others) if others else value
-        if isinstance(distribution, IntDistribution) and not distribution.log:
-            count = (distribution.high - distribution.low) // distribution.step + 1
+        numbers = IntDistribution | FloatDistribution
+        if isinstance(distribution, numbers) and distribution.step is not None:
+            # An int range (a log one's step is 1) or a stepped float: listed whole when short.
+            low, high, step = distribution.low, distribution.high, distribution.step
+            count = round((high - low) / step) + 1
             if count <= MAX_INT_VALUES:
-                values = range(distribution.low, distribution.high + 1, distribution.step)
-                others_int = [v for v in values if v != value]
-                return rng.choice(others_int) if others_int else value
-        return self._random.sample_independent(study, trial, name, distribution)
+                values = [min(low + k * step, high) for k in range(count)]
+                # A stepped float's grid point, as Optuna rounds it, within half a step.
+                others = [v for v in values if abs(v - value) > step / 2]
+                return rng.choice(others) if others else value
+        # A wide or continuous range: drawn again until it changes (a float almost always).
+        for _ in range(100):
+            drawn = self._random.sample_independent(study, trial, name, distribution)
+            if drawn != value:
+                break
+        return drawn
 
     def _rng(self, number: int, purpose: str) -> random.Random:
         """A generator of its own per trial and purpose: a seeded search breeds the same

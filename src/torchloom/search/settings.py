@@ -157,7 +157,11 @@ def _component(key: str, raw: Any, kinds: Mapping[str, str], where: str) -> dict
                 f"is no argument of {cls.__name__}",
                 did_you_mean(name, accepted) or f"it takes {', '.join(accepted)}",
             )
-    if ":" in kinds[spec["type"]]:  # torchloom's own: its values are checked here, not later
+    # Built once here, so that a missing or wrong argument is refused before the search
+    # folder is made: torchloom's own and every pruner (Optuna's take numbers alone). Optuna's
+    # samplers are built by each worker (the grid's space is given then; no other needs an
+    # argument).
+    if key == "pruner" or ":" in kinds[spec["type"]]:
         try:
             cls(**{name: value for name, value in spec.items() if name != "type"})
         except (ValueError, TypeError) as error:

@@ -260,7 +260,7 @@ def parse_parameter(path: str, spec: Any, where: str) -> Parameter:
     if step is not None:
         if not _is_number(step) or step <= 0 or (kind == "int" and not isinstance(step, int)):
             raise ConfigError.at(where, subject, f"step must be a positive number, got {step!r}")
-        if log and step != 1:
+        if log and (step != 1 or kind != "int"):  # Optuna: a log float takes no step at all
             raise ConfigError.at(where, subject, "step and a log scale cannot be combined")
     return Parameter(path, kind, where, low, high, step, bool(log), when=when)
 

@@ -75,7 +75,15 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
 
     quiet_optuna()
     if url.startswith("journal:"):
-        return JournalStorage(JournalFileBackend(url[len("journal:") :]))
+        try:
+            return JournalStorage(JournalFileBackend(url[len("journal:") :]))
+        except OSError as error:
+            raise StorageUnreachable.at(
+                "--storage",
+                url,
+                f"cannot open the journal file: {error.strerror or error}",
+                "check that its folder exists and this user may write there",
+            ) from error
     if url.startswith(GRPC):
         return _grpc_proxy(url)
     from optuna.storages import RDBStorage
@@ -181,8 +189,8 @@ def make_sampler(settings: SearchSettings, space: SearchSpace | None, seed: int 
     cls = component_class("sampler", spec.pop("type"))
     if cls is optuna.samplers.GridSampler and space is not None:
         spec.setdefault("search_space", {p.path: p.grid() for p in space.parameters.values()})
-    if seed is not None and "seed" not in spec and cls is not optuna.samplers.GridSampler:
-        spec["seed"] = seed
+    if seed is not None and cls is not optuna.samplers.GridSampler:
+        spec["seed"] = seed  # the worker's and session's, from the sampler's own if written
     try:
         return cls(**spec)
     except ImportError as error:  # cmaes, and scipy for qmc

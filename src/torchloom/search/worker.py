@@ -105,11 +105,12 @@ def work(
     if propose is None:
         propose, space, epochs = yaml_proposer(search_dir, record)
     settings = record.search_settings()
-    seed = record.seed
+    seed = record.seed if record.seed is not None else settings.sampler.get("seed")
     url = record.storage_url(search_dir)
     if seed is not None:
         # Seeded samplers draw the same values from the same seed: each worker, and each
-        # session of a resumed study, gets its own (the same ones when run again).
+        # session of a resumed study, gets its own (the same ones when run again); a seed
+        # written in the sampler's settings too.
         existing = len(load_study(url, record.study, None, None, record.study_identity()).trials)
         seed += 1000 * existing + worker
     sampler = make_sampler(settings, space, seed)
@@ -205,6 +206,8 @@ def _run_one(
             source, overrides, values = propose(trial)
         except LoomError as error:  # a code-first builder refusing its values
             raise TrialFailed(failure_reason(error)) from error
+        except Exception as error:  # a builder's own bug, or Optuna refusing a distribution
+            raise TrialFailed(f"its values could not be drawn: {failure_reason(error)}") from error
         # As sampled: Optuna's params hold a list or mapping choice as its JSON text.
         trial.set_user_attr(VALUES, values)
         shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in values.items())
