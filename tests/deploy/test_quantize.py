@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -403,3 +404,35 @@ def test_each_int8_latency_is_timed_on_layers_first_called_at_that_batch_size(
         handle.remove()
     assert [sorted({size for _, size in calls}) for calls in timed] == [[1], [32]]
     assert all(first[conv] == size for calls in timed for conv, size in calls)
+
+
+def test_a_dynamic_int8_gru_folder_loads_again_and_gives_the_reported_accuracy(
+    tmp_path: Path, bbc_trainer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dynamic int8 GRU keeps its weights in TorchScript objects: model.pt could not be
+    read with weights_only=True, and its digest (of their repr, an address) never matched."""
+    run = bbc_trainer(tmp_path, "loom://language/bbc_news_embeddings_gru.yml", "")
+    assert main(["quantize", str(run), "--mode", "dynamic", "--repeats", "2"]) == 0
+    folder = run / "quantized" / "dynamic"
+    saved = _saved(folder)  # weights_only=True
+    gru_weights = [k for k in saved["components"]["classifier"] if ".weight_bias." in k]
+    assert gru_weights and all(
+        torch.is_tensor(saved["components"]["classifier"][k]) for k in gru_weights
+    )
+    assert main(["process", str(folder), "--section", "test"]) == 0
+    (written,) = (folder / "process").iterdir()
+    processed = json.loads((written / "test_summary.json").read_text(encoding="utf-8"))
+    reported = report_of(folder)["statistics"]["test"]["int8"]
+    assert processed["statistics"]["accuracy"] == reported["accuracy"]
+
+
+def test_a_digest_refuses_what_it_cannot_read_rather_than_hash_an_address() -> None:
+    import torch.ao.quantization as tq
+
+    from torchloom.engine.checkpoint import content_digest
+
+    with accepted_deprecations():
+        gru = tq.quantize_dynamic(torch.nn.Sequential(torch.nn.GRU(3, 4)), {torch.nn.GRU})
+    packed = gru.state_dict()["0._all_weight_values.0.param"]
+    with pytest.raises(TypeError, match="cannot hold"):
+        content_digest({"weights": packed})

@@ -9,7 +9,12 @@ CPU without `torch.compile`; dynamic LSTM/GRU quantization exists only here. PyT
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
+from typing import Any
+
 import torch
+import torch.ao.nn.quantized.dynamic as nnqd
 import torch.ao.quantization as tq
 from torch import nn
 
@@ -67,3 +72,42 @@ class EagerDynamicQuantizer(Quantizer):
             return
         with accepted_deprecations():
             tq.quantize_dynamic(component, chosen, dtype=torch.qint8, inplace=True)
+
+
+# ---- saving and loading ---------------------------------------------------------------------
+# A dynamic int8 LSTM/GRU keeps its weights packed in TorchScript objects: `torch.load` with
+# `weights_only=True` refuses them, and no digest can read them. A quantized folder holds
+# them as plain tensors instead (int8 weights with their scales, float biases), under
+# `<layer>.weight_bias.<torch's name>`, and the loaded layer packs them again.
+PACKED, PLAIN = "_all_weight_values.", "weight_bias."
+
+
+def savable_state(component: nn.Module) -> dict[str, Any]:
+    """`component.state_dict()` with every dynamic int8 LSTM/GRU's weights as plain tensors
+    (the same dict for a component without one)."""
+    state = component.state_dict()
+    for path, rnn in _dynamic_rnns(component):
+        for key in [k for k in state if k.startswith(f"{path}.{PACKED}")]:
+            del state[key]
+        for part in rnn._weight_bias().values():
+            state.update({f"{path}.{PLAIN}{n}": t.detach() for n, t in part.items()})
+    return state
+
+
+def load_savable_state(component: nn.Module, saved: dict[str, Any]) -> None:
+    """Load what `savable_state` gave into a component converted as it was (strict)."""
+    state = copy.copy(saved)  # its _metadata too: the layers' versions, which loading reads
+    for path, rnn in _dynamic_rnns(component):
+        prefix = f"{path}.{PLAIN}"
+        rnn.set_weight_bias(
+            {k[len(prefix) :]: state.pop(k) for k in list(state) if k.startswith(prefix)}
+        )
+        packed = f"{path}.{PACKED}"
+        state.update({k: v for k, v in component.state_dict().items() if k.startswith(packed)})
+    component.load_state_dict(state)
+
+
+def _dynamic_rnns(component: nn.Module) -> Iterator[tuple[str, nnqd.LSTM | nnqd.GRU]]:
+    for path, module in component.named_modules():
+        if isinstance(module, nnqd.LSTM | nnqd.GRU):
+            yield path, module

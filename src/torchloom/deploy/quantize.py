@@ -30,6 +30,7 @@ import torch
 from torchloom.core.component import Model
 from torchloom.core.pipeline import Pipeline
 from torchloom.data.atomic_files import atomic_file, write_text_atomic
+from torchloom.deploy.eager_dynamic import savable_state
 from torchloom.deploy.graph import InferenceGraph, graph_batch, model_graph, replaced
 from torchloom.deploy.measure import machine, paired_latency_ms, ratio, serialized_bytes
 from torchloom.deploy.output_folder import refuse_existing, staged_folder
@@ -169,7 +170,7 @@ def quantize(
         payload: dict[str, Any] = {
             "format": FORMAT,
             "options": options.record(),
-            "components": {n: c.state_dict() for n, c in pipeline.components.items()},
+            "components": {n: savable_state(c) for n, c in pipeline.components.items()},
         }
         payload[DIGEST_KEY] = content_digest(payload)
         with atomic_file(folder / "model.pt", durable=True) as out:
@@ -236,7 +237,7 @@ def _measure(run: TrainedRun, max_batches: int | None) -> dict[str, Any]:
             cpu,
             max_batches=max_batches,
         )
-    weights = {m.name: m.state_dict() for m in pipeline.models}
+    weights = {m.name: savable_state(m) for m in pipeline.models}
     return {"statistics": values, "size": serialized_bytes(weights)}
 
 

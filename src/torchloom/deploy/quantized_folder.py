@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from torchloom.core.pipeline import Pipeline
+from torchloom.deploy.eager_dynamic import load_savable_state, savable_state
 from torchloom.deploy.quantizer import (
     Plan,
     QuantizeOptions,
@@ -104,9 +105,9 @@ def load_quantized(folder: str | Path, overrides: Sequence[str] = ()) -> Pipelin
             quantizer.prepare(model, Plan())
             quantizer.convert(model)
         for name, component in pipeline.components.items():
-            _check_layout(name, component.state_dict(), components.get(name, {}), path)
+            _check_layout(name, savable_state(component), components.get(name, {}), path)
             try:
-                component.load_state_dict(components.get(name, {}))
+                load_savable_state(component, components.get(name, {}))
             except RuntimeError as error:  # missing, unexpected or reshaped weights
                 raise DeployError.at(
                     "",

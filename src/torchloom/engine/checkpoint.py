@@ -63,6 +63,8 @@ def _feed(digest: Any, value: Any) -> None:
         digest.update(f"L{len(value)}:".encode())
         for item in value:
             _feed(digest, item)
+    elif isinstance(value, torch.ScriptObject):  # its repr is its address: no digest of it
+        raise TypeError(f"a checkpoint cannot hold {value!r}: save its tensors instead")
     else:
         digest.update(f"V{value!r};".encode())
 
