@@ -292,6 +292,8 @@ def test_safetensors_keeps_a_tied_weight_once_and_a_view_as_a_copy(tmp_path: Pat
         (["--format", "pt2", "--int8"], "applies to --format onnx only"),
         (["--format", "onnx", "--aoti"], "applies to --format pt2 only"),
         (["--inputs", "targets"], "no chosen output needs it"),
+        (["--repeats", "0"], "--repeats: must be at least 1, got 0"),
+        (["--int8", "--static-batch"], "export without --static-batch"),
     ],
 )
 def test_bad_export_input_is_a_plain_error_and_writes_nothing(

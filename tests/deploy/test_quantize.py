@@ -124,6 +124,7 @@ def test_a_second_quantization_needs_force_and_keeps_the_first_until_then(
         (["--mode", "qat", "--qat-epochs", "0"], "must be at least 1"),
         (["--checkpoint", "nowhere.pt"], "has no checkpoint"),
         (["--calibration-batches", "0"], "must be at least 1"),
+        (["--mode", "dynamic", "--repeats", "0"], "--repeats: must be at least 1, got 0"),
     ],
 )
 def test_bad_input_is_a_plain_error_and_writes_nothing(
@@ -436,3 +437,25 @@ def test_a_digest_refuses_what_it_cannot_read_rather_than_hash_an_address() -> N
     packed = gru.state_dict()["0._all_weight_values.0.param"]
     with pytest.raises(TypeError, match="cannot hold"):
         content_digest({"weights": packed})
+
+
+def test_a_latency_said_to_be_of_batch_32_is_timed_at_32_on_a_smaller_split(
+    ffn_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With fewer samples than 32 (a test subset of 10), `t[:32]` timed 10 rows and the
+    report still said batch 32 (LeNet: 0.35 ms against 1.0 ms at a real 32)."""
+    from torchloom.deploy import quantize as quantize_module
+
+    timed: list[int] = []
+    paired = quantize_module.paired_latency_ms
+
+    def recording(calls: Any, repeats: int) -> dict[str, float]:
+        timed.append(int(calls["float"].args[0].shape[0]))
+        return paired(calls, repeats)
+
+    monkeypatch.setattr(quantize_module, "SENSITIVITY_SAMPLES", 10)
+    monkeypatch.setattr(quantize_module, "paired_latency_ms", recording)
+    run = tmp_path / "run"
+    shutil.copytree(ffn_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    report = quantize_module.quantize(run, "dynamic", repeats=1).report
+    assert timed == [1, 32] and set(report["latency_ms"]) == {"1", "32"}

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from torchloom.deploy.graph import InferenceGraph
-from torchloom.deploy.measure import largest_difference, paired_latency_ms, ratio
+from torchloom.deploy.measure import largest_difference, paired_latency_ms, ratio, timed_batch
 from torchloom.deploy.onnx_export import FLOAT_TOLERANCE, exporter_reason
 from torchloom.errors import DeployError
 
@@ -56,7 +56,7 @@ def aoti_package(
         )
     latency = {}
     for size in sizes:
-        inputs = tuple(t[:size] for t in batches[0])
+        inputs = timed_batch(batches[0], size)
         medians = paired_latency_ms(
             {
                 "eager": functools.partial(graph, *inputs),

@@ -30,7 +30,14 @@ from torch import nn
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.deploy.aoti import aoti_package
 from torchloom.deploy.graph import InferenceGraph, graph_batch, upstream_components
-from torchloom.deploy.measure import largest_difference, machine, paired_latency_ms, ratio
+from torchloom.deploy.measure import (
+    check_repeats,
+    largest_difference,
+    machine,
+    paired_latency_ms,
+    ratio,
+    timed_batch,
+)
 from torchloom.deploy.onnx_export import (
     FLOAT_TOLERANCE,
     agreement,
@@ -95,6 +102,15 @@ def export(
         raise DeployError.at(
             "command line", "--aoti", f"applies to --format pt2 only, not {format}"
         )
+    if int8 and not dynamic_batch:
+        raise DeployError.at(
+            "command line",
+            "--int8",
+            "calibrates and is timed on batches of 32, which a model exported for batches of "
+            "1 (--static-batch) cannot take",
+            "export without --static-batch",
+        )
+    check_repeats(repeats)
     run = load_trained_run(run_dir, checkpoint)
     target = run.run_dir / "exports" / format
     refuse_existing(target, force, "loom export")
@@ -173,7 +189,7 @@ def _onnx(
     latency = {}
     sizes = (1, BATCH) if dynamic else (1,)
     for size in sizes:
-        inputs = tuple(t[:size] for t in batches[0])
+        inputs = timed_batch(batches[0], size)
         medians = paired_latency_ms(
             {
                 "eager": functools.partial(graph, *inputs),
@@ -308,7 +324,7 @@ def _onnx_int8(
     session = onnx_session(path, threads=1)
     latency = {}
     for size in (1, BATCH):
-        inputs = tuple(t[:size] for t in batches[0])
+        inputs = timed_batch(batches[0], size)
         medians = paired_latency_ms(
             {
                 "float": onnx_call(graph, float_session, inputs),

@@ -14,13 +14,29 @@ import math
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
 from torchloom.errors import DeployError
+
+
+def check_repeats(repeats: int) -> None:
+    """--repeats, refused before any work when no call would be timed."""
+    if repeats < 1:
+        raise DeployError.at("command line", "--repeats", f"must be at least 1, got {repeats}")
+
+
+def timed_batch(inputs: Sequence[torch.Tensor], size: int) -> tuple[torch.Tensor, ...]:
+    """The first `size` rows of every input, its rows repeated in turn when it has fewer (a
+    split smaller than the batch timed): a figure said to be of batch 32 is timed at 32."""
+    count = int(inputs[0].shape[0]) if inputs else 0
+    if count >= size or count == 0:
+        return tuple(t[:size] for t in inputs)
+    rows = torch.arange(size) % count
+    return tuple(t[rows.to(t.device)] for t in inputs)
 
 
 @contextlib.contextmanager

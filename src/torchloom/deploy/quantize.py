@@ -32,7 +32,14 @@ from torchloom.core.pipeline import Pipeline
 from torchloom.data.atomic_files import atomic_file, write_text_atomic
 from torchloom.deploy.eager_dynamic import savable_state
 from torchloom.deploy.graph import InferenceGraph, graph_batch, model_graph, replaced
-from torchloom.deploy.measure import machine, paired_latency_ms, ratio, serialized_bytes
+from torchloom.deploy.measure import (
+    check_repeats,
+    machine,
+    paired_latency_ms,
+    ratio,
+    serialized_bytes,
+    timed_batch,
+)
 from torchloom.deploy.output_folder import refuse_existing, staged_folder
 from torchloom.deploy.qat import fine_tune, resumable, start_record
 from torchloom.deploy.quantized_folder import FORMAT
@@ -94,6 +101,7 @@ def quantize(
         raise DeployError.at("command line", "--qat-epochs", "must be at least 1")
     if calibration_batches < 1:
         raise DeployError.at("command line", "--calibration-batches", "must be at least 1")
+    check_repeats(repeats)
     if resume and mode != "qat":
         raise DeployError.at(
             "command line",
@@ -261,7 +269,7 @@ def _latency(
             graph, {c.name: copy.deepcopy(c) for c in graph.chosen if c.name in float_models}
         )
         float_graph = replaced(graph, {n: copy.deepcopy(m) for n, m in float_models.items()})
-        inputs = tuple(t[:size] for t in samples)
+        inputs = timed_batch(samples, size)
         medians = paired_latency_ms(
             {
                 "float": functools.partial(float_graph, *inputs),
