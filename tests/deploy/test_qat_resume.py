@@ -198,3 +198,15 @@ def test_resuming_a_finished_fine_tuning_converts_it_without_training_again(
     assert (training / "checkpoints" / "last.pt").stat().st_mtime_ns == checkpoint
     assert fine_tuning_runs(run) == [training]
     assert report_of(run)["statistics"] == report_of(reference)["statistics"]
+
+
+def test_a_fine_tuning_resumes_however_its_run_folder_is_spelled(
+    reference: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record names the run folder as the first command spelled it; a resume that named
+    it otherwise (relative, here) was refused as started with other options."""
+    run, training = moved(reference, tmp_path)
+    shutil.rmtree(run / "quantized" / "qat")
+    monkeypatch.chdir(tmp_path)
+    assert main(["quantize", "run", *QAT, "--resume", str(training)]) == 0
+    assert report_of(run)["run_dir"] == str(run)

@@ -196,6 +196,25 @@ def test_quantization_aware_training_of_a_run_trained_in_bf16_fine_tunes_in_floa
     assert "# override: ++training.precision=fp32" in (training / "config.yaml").read_text()
 
 
+def test_a_fine_tuning_that_its_run_s_own_condition_ends_early_is_reported_as_it_ran(
+    lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fine-tuning keeps the run's stopping conditions: one that converges after an epoch
+    was reported (and printed) as having fine-tuned the epochs asked."""
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    saved = run / "config.yaml"
+    config = yaml.safe_load(saved.read_text(encoding="utf-8"))
+    config["training"]["terminal_conditions"]["loss_stop_threshold"] = 100.0
+    saved.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    capsys.readouterr()
+    assert quantize(run, "--mode", "qat", "--qat-epochs", "3", "--qat-lr", "0.0002") == 0
+    assert "fine-tuned 1 epoch(s) of 3 asked (converged) in:" in capsys.readouterr().out
+    fine_tuning = report_of(run / "quantized" / "qat")["qat"]
+    assert (fine_tuning["epochs"], fine_tuning["epochs_asked"]) == (1, 3)
+    assert fine_tuning["status"] == "converged"
+
+
 def test_quantization_aware_training_fine_tunes_through_the_engine(
     lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -10,6 +10,7 @@ import sys
 
 from torchloom.deploy.qat import FineTuningInterrupted, unfinished_fine_tuning
 from torchloom.deploy.quantize import QuantizeResult, quantize
+from torchloom.deploy.report import fine_tuned_text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     report = result.report
     print(f"route: {report['route']}")
     if report["qat"]:
-        print(f"fine-tuned {report['qat']['epochs']} epoch(s) in: {report['qat']['training_run']}")
+        print(f"fine-tuned {fine_tuned_text(report['qat'])} in: {report['qat']['training_run']}")
     size = report["size_bytes"]
     print(f"weights: {size['float']:,} -> {size['int8']:,} bytes ({report['size_ratio']:.3f}x)")
     for batch, entry in report["latency_ms"].items():

@@ -35,7 +35,7 @@ from torchloom.deploy.run_model import TrainedRun
 from torchloom.engine.assemble import load_and_validate, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything, set_deterministic
 from torchloom.engine.resume import config_change_problem, finished_result
-from torchloom.engine.run_folder import read_started_by, read_summary, write_started_by
+from torchloom.engine.run_folder import Status, read_started_by, read_summary, write_started_by
 from torchloom.engine.setup import open_resume_point, start_run
 from torchloom.engine.state import TrainOptions
 from torchloom.engine.trainer import TrainingLoop
@@ -127,6 +127,19 @@ def fine_tune(
     return folder
 
 
+def fine_tuning_record(folder: Path, epochs_asked: int) -> dict[str, Any]:
+    """What the report says of a fine-tuning: what it trained, from its summary (the run's
+    own stopping conditions, which it keeps, may end it before the epochs asked)."""
+    summary = read_summary(folder)
+    return {
+        "epochs": summary.get("epochs"),
+        "episodes": summary.get("episodes"),
+        "status": summary.get("status"),
+        "epochs_asked": epochs_asked,
+        "training_run": str(folder),
+    }
+
+
 def resume_command(record: dict[str, Any]) -> str:
     """The `loom quantize` command that continues the fine-tuning `record` describes: the
     options it was started with (those that differ from the defaults), and `--resume`."""
@@ -155,7 +168,7 @@ def unfinished_fine_tuning(run_dir: str | Path) -> Path | None:
     if not folders:
         return None
     latest = folders[-1]
-    done = read_summary(latest).get("status") in ("epoch_limit", "early_stopped", "converged")
+    done = read_summary(latest).get("status") in {s.value for s in Status if s.finished}
     return None if done or not (latest / "checkpoints" / "last.pt").is_file() else latest
 
 

@@ -41,7 +41,7 @@ from torchloom.deploy.measure import (
     timed_batch,
 )
 from torchloom.deploy.output_folder import refuse_existing, staged_folder
-from torchloom.deploy.qat import fine_tune, resumable, start_record
+from torchloom.deploy.qat import fine_tune, fine_tuning_record, resumable, start_record
 from torchloom.deploy.quantized_folder import FORMAT
 from torchloom.deploy.quantized_folder import is_quantized_folder as is_quantized_folder
 from torchloom.deploy.quantized_folder import load_quantized as load_quantized
@@ -148,9 +148,7 @@ def quantize(
         "route": quantizer.route,
         "options": options.record(),
         "calibration_batches": calibration_batches if mode == "static" else 0,
-        "qat": None
-        if training_run is None
-        else {"epochs": qat_epochs, "training_run": str(training_run)},
+        "qat": None if training_run is None else fine_tuning_record(training_run, qat_epochs),
         "machine": machine(),
         "torch": torch.__version__,
         "threads": 1,

@@ -11,6 +11,14 @@ from typing import Any
 from torchloom.data.atomic_files import write_text_atomic
 
 
+def fine_tuned_text(record: dict[str, Any]) -> str:
+    """'N epoch(s)', with how it ended when that was before the epochs asked."""
+    text = f"{record['epochs']} epoch(s)"
+    if record["epochs"] != record["epochs_asked"]:
+        text += f" of {record['epochs_asked']} asked ({record['status']})"
+    return text
+
+
 def write_json(path: Path, record: dict[str, Any]) -> None:
     write_text_atomic(path, json.dumps(record, indent=2, default=_plain) + "\n")
 
@@ -64,7 +72,7 @@ def quantization_markdown(report: dict[str, Any]) -> str:
     ]
     if report.get("qat"):
         lines.append(
-            f"- quantization-aware fine-tuning: {report['qat']['epochs']} epoch(s), run folder "
+            f"- quantization-aware fine-tuning: {fine_tuned_text(report['qat'])}, run folder "
             f"`{report['qat']['training_run']}`"
         )
     lines += [

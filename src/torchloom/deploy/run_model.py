@@ -34,7 +34,8 @@ def load_trained_run(
 ) -> TrainedRun:
     """The run's pipeline in eval mode, on the CPU, with the weights of `checkpoint` (best,
     last or a path; the run's best.pt, else last.pt, by default)."""
-    folder = Path(run_dir).expanduser()
+    # Resolved: reports and a fine-tuning's record name it the same however it was spelled.
+    folder = Path(run_dir).expanduser().resolve()
     config_file = folder / "config.yaml"
     if not folder.is_dir():
         raise DeployError.at("", f"run folder '{folder}'", "does not exist")
