@@ -44,6 +44,12 @@ def lenet_run(tmp_path_factory: pytest.TempPathFactory, mnist_data: Path) -> Pat
     return small_run(tmp_path_factory.mktemp("lenet"), mnist_data, "loom://mnist/lenet5.yml")
 
 
+@pytest.fixture
+def small_trainer() -> Callable[[Path, Path, str], Path]:
+    """`small_run`, for a test's own MNIST pipeline."""
+    return small_run
+
+
 @pytest.fixture(scope="session")
 def ffn_run(tmp_path_factory: pytest.TempPathFactory, mnist_data: Path) -> Path:
     return small_run(tmp_path_factory.mktemp("ffn"), mnist_data, "loom://mnist/ffn.yml")

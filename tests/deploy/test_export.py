@@ -359,6 +359,10 @@ def test_text_export_after_the_tokenizer_predicts_raw_texts_as_torch_does(
     for line, (label, probability) in zip(lines, expected, strict=True):
         assert line["top"][0]["label"] == label
         assert abs(line["top"][0]["probability"] - probability) < 1e-5
+    # A mistyped file name was classified as a text of one word.
+    assert main(["predict", str(folder), str(tmp_path / "articel.txt")]) == 2
+    assert "is no file" in capsys.readouterr().err
+    assert main(["predict", str(folder), "Goal!", "--json"]) == 0  # a one-word text still is
 
 
 TRAINED_BEFORE_THE_GRAPH = """\

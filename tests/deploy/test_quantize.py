@@ -215,6 +215,26 @@ def test_a_fine_tuning_that_its_run_s_own_condition_ends_early_is_reported_as_it
     assert fine_tuning["status"] == "converged"
 
 
+def test_a_component_s_own_rate_is_scaled_for_the_fine_tuning_as_the_run_s_is(
+    lenet_run: Path, tmp_path: Path
+) -> None:
+    """Only training.optimizer.lr was scaled (or replaced by --qat-lr): a component with a
+    rate of its own (param_groups) fine-tuned at its full float-training rate."""
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    saved = run / "config.yaml"
+    config = yaml.safe_load(saved.read_text(encoding="utf-8"))
+    config["training"]["optimizer"]["param_groups"] = {"image_classifier": {"lr": 5.0e-4}}
+    saved.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert quantize(run, "--mode", "qat", "--qat-lr", "0.0002", "--repeats", "1") == 0
+    training = Path(report_of(run / "quantized" / "qat")["qat"]["training_run"])
+    rows = (training / "training_epoch_statistics.csv").read_text(encoding="utf-8")
+    text = (training / "config.yaml").read_text(encoding="utf-8")
+    # 5e-4 is half the run's 1e-3: half of 2e-4
+    assert "# override: training.optimizer.param_groups.image_classifier.lr=0.0001" in text
+    assert rows  # it trained
+
+
 def test_quantization_aware_training_fine_tunes_through_the_engine(
     lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -478,3 +498,20 @@ def test_a_latency_said_to_be_of_batch_32_is_timed_at_32_on_a_smaller_split(
     shutil.copytree(ffn_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
     report = quantize_module.quantize(run, "dynamic", repeats=1).report
     assert timed == [1, 32] and set(report["latency_ms"]) == {"1", "32"}
+
+
+def test_layers_of_a_model_outside_the_timed_graph_are_not_given_an_sqnr(
+    tmp_path: Path, mnist_data: Path, small_trainer: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A multitask pipeline's graph ends at one head: the other head's layers were given an
+    SQNR of inf (the graph's output does not change), which the report reads as harmless."""
+    run = small_trainer(tmp_path, mnist_data, "loom://multitask/mnist_shared_encoder_two_heads.yml")
+    capsys.readouterr()
+    assert quantize(run, "--mode", "dynamic", "--repeats", "1") == 0
+    assert "timed graph (latency, layers' SQNR): " in capsys.readouterr().out
+    report = report_of(run / "quantized" / "dynamic")
+    timed = {component.split(" ")[0] for component in report["graph"]["components"]}
+    quantized = [layer for layer in report["layers"] if layer["quantized"]]
+    outside = [layer for layer in quantized if layer["name"].split(".")[0] not in timed]
+    assert outside and all(layer["sqnr_db"] is None for layer in outside)
+    assert all(layer["sqnr_db"] is not None for layer in quantized if layer not in outside)

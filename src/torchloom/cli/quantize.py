@@ -10,7 +10,7 @@ import sys
 
 from torchloom.deploy.qat import FineTuningInterrupted, unfinished_fine_tuning
 from torchloom.deploy.quantize import QuantizeResult, quantize
-from torchloom.deploy.report import fine_tuned_text
+from torchloom.deploy.report import fine_tuned_text, graph_text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
         return 130
     report = result.report
     print(f"route: {report['route']}")
+    print(f"timed graph (latency, layers' SQNR): {graph_text(report['graph'])}")
     if report["qat"]:
         print(f"fine-tuned {fine_tuned_text(report['qat'])} in: {report['qat']['training_run']}")
     size = report["size_bytes"]

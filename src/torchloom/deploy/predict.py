@@ -9,6 +9,7 @@ by torchloom (text_inputs.py); the model still runs in ONNX Runtime.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,14 @@ def _predict_texts(
     results = []
     for given in inputs:
         path = Path(given).expanduser()
+        if not path.is_file() and _looks_like_a_file_name(given):
+            raise DeployError.at(
+                "",
+                f"input '{given}'",
+                "is no file (an input is a text file's name, or else a text)",
+                "check the path; a text of one word with a dot or a slash can be given with a "
+                "space after it",
+            )
         try:
             text = path.read_text(encoding="utf-8") if path.is_file() else given
         except (OSError, UnicodeDecodeError) as error:
@@ -206,3 +215,12 @@ def _predict_texts(
         feed = text_feed(folder, record, [text])
         results.append(_top(folder, record, session, given, feed, top))
     return results
+
+
+def _looks_like_a_file_name(given: str) -> bool:
+    """No space, and a folder or a file suffix (`articel.txt`, `texts/a`): a mistyped file
+    name, which would otherwise be classified as a text of one word."""
+    if not given or any(character.isspace() for character in given):
+        return False
+    path = Path(given)
+    return len(path.parts) > 1 or bool(re.fullmatch(r"\.[A-Za-z0-9]{1,5}", path.suffix))

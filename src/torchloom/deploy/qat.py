@@ -7,6 +7,8 @@ the weights of that run's best checkpoint, ready for `convert`.
 The fine-tuning run lives in `RUN_DIR/quantized/qat_training/<name>/<date>/`. Its learning
 rate is the run's own times `QAT_RATE_FACTOR` unless given: fake quantization moves weights by
 at most half a quantization step, and the full rate undoes the float training's last epochs.
+A component's own rate (`optimizer.param_groups`) is scaled alike, keeping its ratio to the
+run's rate.
 It is seeded with the run's seed, so two fine-tunings of the same checkpoint with the same
 options train alike.
 
@@ -24,6 +26,7 @@ that command: its checkpoints hold fake-quantized modules that config.yaml does 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -176,21 +179,30 @@ def unfinished_fine_tuning(run_dir: str | Path) -> Path | None:
 def _new_loop(
     run: TrainedRun, record: dict[str, Any], epochs: int, learning_rate: float | None
 ) -> TrainingLoop:
-    training = run.config.data.get("training") or {}
-    rate = learning_rate
-    if rate is None:
-        given = (training.get("optimizer") or {}).get("lr")
-        if not isinstance(given, (int, float)):
-            raise DeployError.at(
-                "command line",
-                "--qat-lr",
-                "the run's config gives no training.optimizer.lr to start from",
-                "give the fine-tuning rate with --qat-lr",
-            )
-        rate = float(given) * QAT_RATE_FACTOR
+    optimizer = (run.config.data.get("training") or {}).get("optimizer") or {}
+    given = optimizer.get("lr")
+    base = float(given) if isinstance(given, (int, float)) and given > 0 else None
+    if learning_rate is not None:
+        rate = learning_rate
+    elif base is not None:
+        rate = base * QAT_RATE_FACTOR
+    else:
+        raise DeployError.at(
+            "command line",
+            "--qat-lr",
+            "the run's config gives no training.optimizer.lr to start from",
+            "give the fine-tuning rate with --qat-lr",
+        )
+    # A component's own rate (optimizer.param_groups) keeps its ratio to the base rate.
+    groups = [
+        f"training.optimizer.param_groups.{name}.lr={float(group['lr']) * rate / base}"
+        for name, group in (optimizer.get("param_groups") or {}).items()
+        if isinstance(group, Mapping) and isinstance(group.get("lr"), (int, float)) and base
+    ]
     overrides = [
         f"training.terminal_conditions.epoch_limit={epochs}",
         f"training.optimizer.lr={rate}",
+        *groups,
         # On the CPU, in float32: fake quantization takes float32 alone (a bf16 or fp16 run's
         # autocast hands it other dtypes), and a GPU run's compile would need a C++ compiler.
         "++training.precision=fp32",

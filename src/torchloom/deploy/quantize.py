@@ -314,7 +314,9 @@ def _sensitivity(
 ) -> dict[str, float]:
     """SQNR (dB) of the graph's first output with only one layer quantized, per quantized
     layer: the lower, the more that layer alone costs (a candidate for --skip). QAT layers
-    are tried as post-training static ones (what they cost before fine-tuning)."""
+    are tried as post-training static ones (what they cost before fine-tuning). A layer of
+    a model outside the graph (a multitask pipeline's other heads) is not measured: the
+    graph's output would not change (an SQNR of inf, read as harmless)."""
     if options.mode == "qat":
         options = replace(options, mode="static")
     reference_graph = replaced(graph, {n: copy.deepcopy(m) for n, m in float_models.items()})
@@ -322,7 +324,9 @@ def _sensitivity(
         reference = reference_graph(*samples)[0].float()
     every = weighted_layers(list(float_models.values()))
     found: dict[str, float] = {}
-    for layer in plan.quantized[:SENSITIVITY_LIMIT]:
+    in_graph = {component.name for component in graph.components}
+    measured = [layer for layer in plan.quantized if layer.name.split(".")[0] in in_graph]
+    for layer in measured[:SENSITIVITY_LIMIT]:
         alone = replace(options, skip=tuple(n for n in every if n != layer.name))
         trial = choose_quantizer(alone)
         copies = {n: copy.deepcopy(m) for n, m in float_models.items()}

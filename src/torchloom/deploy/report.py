@@ -11,6 +11,14 @@ from typing import Any
 from torchloom.data.atomic_files import write_text_atomic
 
 
+def graph_text(graph: dict[str, Any]) -> str:
+    """The graph a report timed: its inputs, outputs and components."""
+    return (
+        f"{', '.join(graph['inputs'])} -> {', '.join(graph['outputs'])} through "
+        f"{', '.join(graph['components'])}"
+    )
+
+
 def fine_tuned_text(record: dict[str, Any]) -> str:
     """'N epoch(s)', with how it ended when that was before the epochs asked."""
     text = f"{record['epochs']} epoch(s)"
@@ -66,9 +74,7 @@ def quantization_markdown(report: dict[str, Any]) -> str:
         f"- measured on: {report['machine']}, torch {report['torch']}, "
         f"{report['threads']} thread, median of {report['latency_repeats']} runs "
         f"(warm-up excluded), inputs from the {report['latency_section']} set",
-        f"- timed graph: {', '.join(report['graph']['inputs'])} -> "
-        f"{', '.join(report['graph']['outputs'])} through "
-        f"{', '.join(report['graph']['components'])}",
+        f"- timed graph: {graph_text(report['graph'])}",
     ]
     if report.get("qat"):
         lines.append(
@@ -104,7 +110,9 @@ def quantization_markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Layers", ""]
     lines += [
         "SQNR: signal-to-quantization-noise ratio (dB) of the pipeline's output with only that "
-        "layer quantized; the lowest are the first to keep in float with `--skip`.",
+        "layer quantized; the lowest are the first to keep in float with `--skip`; `-`: not "
+        "measured (a layer of a model outside the timed graph, whose output it does not "
+        "change, or past the number of layers measured).",
         "",
     ]
     lines += _table(
