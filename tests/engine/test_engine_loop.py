@@ -231,6 +231,40 @@ def test_rows_of_an_epoch_cut_short_by_the_episode_limit_are_numbered_as_its_own
     assert summary(run)["monitor"]["best_epoch"] == 1
 
 
+@pytest.mark.parametrize(
+    ("monitor", "reported"),
+    [
+        ("training.samples", False),  # training rows have none: the run failed after epoch 1
+        ("validation.loss_std", True),  # reported, and refused before
+        ("training.loss_max", True),
+        ("training.lr", True),
+    ],
+)
+def test_a_monitor_is_checked_against_the_columns_the_rows_have(
+    tmp_path: Path, monitor: str, reported: bool
+) -> None:
+    config = toy_config(epochs=1)
+    config["training"]["terminal_conditions"]["early_stopping"] = {"monitor": monitor}
+    if not reported:
+        with pytest.raises(ConfigError, match="is not a statistic of this pipeline"):
+            train(config, tmp_path)
+        assert not list(tmp_path.glob("*/*"))
+        return
+    result = train(config, tmp_path)
+    assert summary(result.run_dir)["monitor"]["name"] == monitor
+    assert summary(result.run_dir)["monitor"]["best"] is not None
+
+
+def test_online_mode_without_a_validation_section_is_a_config_error(tmp_path: Path) -> None:
+    """It failed at the first step with an AssertionError (exit 1), its run folder made."""
+    config = toy_config(mode="online")
+    del config["validation"]
+    with pytest.raises(ConfigError, match="has no validation section") as refused:
+        train(config, tmp_path)
+    assert "training.mode" in refused.value.format()
+    assert not list(tmp_path.glob("*/*"))
+
+
 def test_online_best_epoch_is_the_epoch_its_partial_validation_row_names(tmp_path: Path) -> None:
     config: dict[str, Any] = toy_config(epochs=1, mode="online")
     config["validation"].update(partial_validation_interval=2, partial_validation_batches=1)

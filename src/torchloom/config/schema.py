@@ -283,6 +283,21 @@ def validate_sections(data: Mapping[str, Any], where: Where) -> dict[str, BaseMo
                 "use letters, digits, '_', '-' and '.' (not first)",
             )
         )
+    training = sections.get("training")
+    if (
+        isinstance(training, TrainingConfig)
+        and training.mode == "online"
+        and ("validation" not in data)
+    ):
+        problems.append(
+            Problem(
+                where("training", "mode"),
+                "training.mode",
+                "is online, which validates part of the validation set every few episodes, "
+                "and this config has no validation section",
+                "add a validation section, or use mode: offline",
+            )
+        )
     if "pipeline" in data and not isinstance(data["pipeline"], Mapping):
         problems.append(
             Problem(

@@ -249,10 +249,16 @@ def _on_cpu(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def statistic_names(pipeline: Pipeline, loss: WeightedLoss, sections: Iterable[str]) -> set[str]:
-    """Every `section.name` a run reports, known before any data is read (the statistics are
-    asked for their values while empty, and never made ready: `loom check` imports no
-    torchmetrics). Empty when a statistic cannot answer that early."""
-    keys = {"loss", "samples", *(loss.streams if len(loss.streams) > 1 else [])}
+    """Every `section.name` a run reports, as its rows name them, known before any data is
+    read (the statistics are asked for their values while empty, and never made ready:
+    `loom check` imports no torchmetrics). Empty when a statistic cannot answer that early.
+    Training rows have the loss over batches and the rate; evaluation rows the samples and,
+    with several losses, each one's."""
+    spread = ("", "_min", "_max", "_std")
+    losses = ["loss", *(loss.streams if len(loss.streams) > 1 else [])]
+    trained = {f"loss{suffix}" for suffix in spread} | {"lr"}
+    evaluated = {f"{name}{suffix}" for name in losses for suffix in spread} | {"samples"}
+    keys: set[str] = set()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -262,4 +268,8 @@ def statistic_names(pipeline: Pipeline, loss: WeightedLoss, sections: Iterable[s
             keys |= set(statistic_values(fresh))
     except Exception:  # a third-party statistic that cannot compute while empty
         return set()
-    return {f"{section}.{key}" for section in sections for key in keys}
+    return {
+        f"{section}.{key}"
+        for section in sections
+        for key in keys | (trained if section == "training" else evaluated)
+    }
