@@ -159,6 +159,17 @@ def test_bf16_and_a_second_order_search_are_refused_by_loom_check(
     assert main(["check", config, "+training.precision=bf16"]) == 0
 
 
+def test_gradient_accumulation_with_an_architecture_search_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One architecture step goes before each weight step; with gradient_accumulation it ran
+    before every batch, k architecture steps for one weight step."""
+    config = str(search_config(tmp_path, order="first"))
+    assert main(["check", config, "+training.gradient_accumulation=2"]) == 2
+    error = capsys.readouterr().err
+    assert "training.gradient_accumulation" in error and "before each weight step" in error
+
+
 def test_a_second_order_step_computes_in_full_float32(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

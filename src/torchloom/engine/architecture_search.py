@@ -80,8 +80,13 @@ def check_search(pipeline: Pipeline, training: TrainingConfig, where: Where) -> 
         ("precision",): training.precision == "fp16",
         ("compile",): training.compile is not False,
         ("dataloader", "reservoir"): training.dataloader.reservoir is not None,
+        ("gradient_accumulation",): training.gradient_accumulation > 1,
     }
-    why: dict[tuple[str, ...], str] = {("sampler",): " (the search splits the training set itself)"}
+    why: dict[tuple[str, ...], str] = {
+        ("sampler",): " (the search splits the training set itself)",
+        # One architecture step before each weight step: it would step at every batch.
+        ("gradient_accumulation",): " (the architecture steps before each weight step)",
+    }
     for key, clash in clashes.items():
         if clash:
             name = "training." + ".".join(key)
