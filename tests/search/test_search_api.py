@@ -113,6 +113,38 @@ def test_a_code_first_grid_enumerates_the_builders_choices(
         torchloom.search(ranged, trials=2, sampler="grid", expdir=str(tmp_path / "grid"))
 
 
+def test_a_resumed_search_through_the_api_refuses_what_it_would_ignore(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    """A code-first resume dropped sampler, seed, ... in silence and kept the old timeout; a
+    YAML one ignored the config and overrides given with it."""
+    from torchloom.search.record import read_record
+
+    config = tiny_config(tmp_path, mnist_folder)
+    base = load_config(config).data
+
+    def build(hp: Any) -> dict[str, Any]:
+        built = yaml.safe_load(yaml.safe_dump(base))
+        built["training"]["optimizer"]["lr"] = hp.float("lr", 1e-4, 1e-2, log=True)
+        return built
+
+    found = torchloom.search(build, trials=1, seed=0, expdir=str(tmp_path / "runs"))
+    with pytest.raises(ConfigError, match="--sampler: cannot change a resumed search"):
+        torchloom.search(build, trials=1, sampler="random", resume=found.search_dir)
+    with pytest.raises(ConfigError, match="--seed: cannot change a resumed search"):
+        torchloom.search(build, trials=1, seed=1, resume=found.search_dir)
+    torchloom.search(build, trials=1, timeout=3600.0, resume=found.search_dir)
+    assert read_record(found.search_dir).settings["timeout"] == 3600.0
+    space = {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}}
+    yaml_search = torchloom.search(
+        config, space=space, trials=1, expdir=str(tmp_path / "yaml")
+    ).search_dir
+    with pytest.raises(ConfigError, match="no config or overrides"):
+        torchloom.search(config, trials=1, resume=yaml_search)
+    with pytest.raises(ConfigError, match="no config or overrides"):
+        torchloom.search(overrides=["training.seed=4"], trials=1, resume=yaml_search)
+
+
 def test_a_builder_that_fails_in_a_trial_fails_that_trial_not_the_search(
     tmp_path: Path, mnist_folder: Path
 ) -> None:

@@ -60,12 +60,6 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
         resume=args.resume,
     )
     if args.resume:
-        if args.overrides:
-            from torchloom.errors import ConfigError
-
-            raise ConfigError.at(
-                "command line", "--resume", "continues a search as it started: no overrides"
-            )
         search_dir, record = resume_search(request)
     else:
         search_dir, record = prepare_search(request)

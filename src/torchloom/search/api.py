@@ -34,18 +34,17 @@ from torchloom.errors import ConfigError
 from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource
 from torchloom.search.page import write_page
 from torchloom.search.processes import run_workers
-from torchloom.search.record import SearchRecord, check_importance, read_record
+from torchloom.search.record import SearchRecord, check_importance
 from torchloom.search.results import sampled_values, write_results
 from torchloom.search.runner import (
     SearchRequest,
-    check_budget,
     monitor_of,
     prepare_search,
     resume_search,
 )
 from torchloom.search.settings import SearchSettings, component_spec
 from torchloom.search.space import parse_parameter
-from torchloom.search.study import config_digest, create_study, journal_url, load_study
+from torchloom.search.study import config_digest, create_study, journal_url
 from torchloom.search.trial import DeviceUnusable
 from torchloom.search.worker import Proposal, work
 
@@ -267,15 +266,22 @@ def _code_first(
     device: str | None,
     timeout: float | None,
 ) -> tuple[Path, SearchRecord]:
-    if resume is not None:
-        search_dir = Path(resume)
-        check_budget(trials, timeout)
-        record = read_record(search_dir)
-        url = record.storage_url(search_dir)
-        load_study(url, record.study, None, None, record.study_identity())
-        record.trials = trials or record.trials
-        record.save(search_dir)
-        return search_dir, record
+    if resume is not None:  # what it started with is kept, and a change refused, as in YAML
+        return resume_search(
+            SearchRequest(
+                trials=trials,
+                sampler=sampler,
+                pruner=pruner,
+                monitor=monitor,
+                mode=mode,
+                storage=storage,
+                study=study,
+                timeout=timeout,
+                seed=seed,
+                device=device,
+                resume=resume,
+            )
+        )
     if trials is None:
         raise ConfigError.at("torchloom.search", "trials", "says how many trials to run")
     # The builder's config at the first values (low ends, first choices) names the search

@@ -151,6 +151,13 @@ def resume_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
     """A search folder to continue, with --trials / --timeout given again when set; what the
     search started with (sampler, study, space, ...) is refused, not silently ignored."""
     assert request.resume is not None
+    if request.config is not None or request.overrides:
+        raise ConfigError.at(
+            "command line",
+            "--resume",
+            "continues a search as it started: no config or overrides",
+            "drop them, or start a new search",
+        )
     for key, option in KEPT_ON_RESUME.items():
         if getattr(request, key) is not None:
             raise ConfigError.at(
