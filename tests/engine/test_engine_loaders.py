@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from torchloom.config.schema import SectionConfig
-from torchloom.core.component import Batch, host_to_device
+from torchloom.core.component import Batch
+from torchloom.core.host_copies import host_to_device
 from torchloom.engine.loaders import SectionLoader
 from torchloom.errors import ConfigError
 from toy_components import ToyTask

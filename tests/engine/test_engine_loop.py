@@ -255,6 +255,28 @@ def test_a_monitor_is_checked_against_the_columns_the_rows_have(
     assert summary(result.run_dir)["monitor"]["best"] is not None
 
 
+class StepLosses(Hook):
+    name = "step_losses"
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[float, int]] = []
+
+    def after_step(self, run: RunView, batch: Any, loss: torch.Tensor) -> None:
+        self.steps.append((float(loss), len(batch["targets"])))
+
+
+def test_a_training_epoch_row_s_loss_is_the_mean_over_its_samples(tmp_path: Path) -> None:
+    """40 samples in batches of 16: the last batch of 8 counted as much as a full one."""
+    recorded = StepLosses()
+    config = toy_config(epochs=1, dataloader={"batch_size": 16})
+    result = train(config, tmp_path, recorded)
+    assert [size for _, size in recorded.steps] == [16, 16, 8]
+    expected = sum(loss * size for loss, size in recorded.steps) / 40
+    (row,) = column(result.run_dir, "training_epoch_statistics.csv", "loss")
+    assert row == pytest.approx(expected, rel=1e-5)
+    assert row != pytest.approx(sum(loss for loss, _ in recorded.steps) / 3, rel=1e-5)
+
+
 def test_online_mode_without_a_validation_section_is_a_config_error(tmp_path: Path) -> None:
     """It failed at the first step with an AssertionError (exit 1), its run folder made."""
     config = toy_config(mode="online")

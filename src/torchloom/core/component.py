@@ -215,6 +215,12 @@ class Loss(Component):
     def output_specs(self) -> dict[str, StreamSpec]:
         return {"loss": StreamSpec((), (torch.float32, torch.float64), "scalar loss of the batch")}
 
+    def elements(self, batch: Batch) -> torch.Tensor | None:
+        """How many elements the batch's loss is the mean of, when not its samples (the steps
+        a sequence loss counts): an evaluation weighs each batch's loss by it, so that a set's
+        loss does not depend on how the set is batched. None: the batch's samples."""
+        return None
+
 
 class Statistic(Component):
     """Collects per-batch values and aggregates them over a whole set.
@@ -379,15 +385,6 @@ class Task(Component, torch.utils.data.Dataset):
         self.prepare()
         for index in range(len(self)):
             yield self[index][stream]
-
-
-def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor made for one batch (`checked_positions`, random draws) copied to the
-    device a held task gathers on: through pinned memory to a GPU, since a copy from pageable
-    memory waits for the device's queue, which the host should keep ahead of."""
-    if device.type == "cuda":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
 
 
 def _on_the_device(tensor: torch.Tensor, device: torch.device) -> bool:

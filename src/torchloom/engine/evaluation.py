@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -135,7 +136,9 @@ def evaluate(
     distributed: Distributed = SINGLE,
 ) -> dict[str, float]:
     """Eval mode, no gradients; everything over the whole pass, never a mean of batch values:
-    `loss` is the mean over samples (each batch's mean loss weighted by its size), with
+    `loss` is the mean over what it averages (each batch's mean loss weighted by its samples,
+    or for a loss that says so, by its counted elements: a sequence loss's steps; see
+    `WeightedLoss.elements`), so a set's loss does not depend on how it is batched, with
     `loss_min/max/std` over batches; statistics come from their set-level counts. `stop`,
     asked before each batch, ends the pass with PassInterrupted when it says so. With
     several processes, each evaluates its share of the set (`batches`: its share of each
@@ -148,10 +151,12 @@ def evaluate(
     # "loss" is the weighted total; each loss's own stream is reported too when there are several
     streams = ["loss", *(loss.streams if loss and len(loss.streams) > 1 else [])]
     per_batch = {name: RunningStats() for name in streams}
-    weighted: dict[str, torch.Tensor] = {}
-    # With several processes: this process's share of each batch (its size and loss sums),
-    # from which the batches' own means are made once every process's shares are known.
-    shares: list[tuple[int, dict[str, torch.Tensor]]] = []
+    # Per stream: the sum of each batch's loss times its weight, and of the weights (tensors
+    # on the device: read once, at the end).
+    sums: dict[str, Sum] = {}
+    # With several processes: this process's share of each batch (its size and sums), from
+    # which the batches' own means are made once every process's shares are known.
+    shares: list[tuple[int, dict[str, Sum]]] = []
     samples = 0
     with torch.no_grad():
         for index, batch in enumerate(batches):
@@ -165,14 +170,18 @@ def evaluate(
                 pipeline(batch)
                 total = loss(batch) if loss is not None else None
             size = batch_size_of(batch)
-            share: dict[str, torch.Tensor] = {}
-            for name in streams:
-                if total is None:
-                    break
+            share: dict[str, Sum] = {}
+            weights = loss.elements(batch, size) if loss is not None else {}
+            for name, weight in weights.items():
+                assert total is not None  # a loss gives a total
                 value = (total if name == "loss" else batch[name]).detach().to(torch.float64)
-                weighted[name] = weighted.get(name, 0) + value * size
+                part = value * weight
+                if torch.is_tensor(weight):  # a batch that counts nothing has a NaN mean
+                    part = torch.where(weight > 0, part, 0.0)
+                before = sums.get(name, (0, 0))
+                sums[name] = (before[0] + part, before[1] + weight)
                 if distributed.active:
-                    share[name] = value * size  # a tensor: read once, at the end
+                    share[name] = (part, weight)
                 else:
                     per_batch[name].add(value)
             if distributed.active:
@@ -183,39 +192,52 @@ def evaluate(
             samples += size
     pipeline.train(was_training)
     if distributed.active:
-        samples, weighted = _sums_of_all(distributed, samples, weighted, shares, per_batch)
+        samples, sums = _sums_of_all(distributed, samples, sums, shares, per_batch)
         combine(statistics, distributed, device)
     values: dict[str, float] = {}
-    for name in streams if weighted else ():
+    for name in streams if sums else ():
         values.update(per_batch[name].values(name))
-        values[name] = float(weighted[name]) / max(samples, 1)
+        loss_sum, weight_sum = (float(part) for part in sums[name])
+        values[name] = loss_sum / weight_sum if weight_sum else math.nan
     values.update(statistic_values(statistics))
     values["samples"] = samples
     return values
 
 
+# A loss stream's running (sum of loss x weight, sum of weights): tensors or numbers.
+Sum = tuple[Any, Any]
+
+
 def _sums_of_all(
     distributed: Distributed,
     samples: int,
-    weighted: dict[str, torch.Tensor],
-    shares: list[tuple[int, dict[str, torch.Tensor]]],
+    sums: dict[str, Sum],
+    shares: list[tuple[int, dict[str, Sum]]],
     per_batch: dict[str, RunningStats],
-) -> tuple[int, dict[str, torch.Tensor]]:
-    """Every process's samples and weighted loss sums, added; `per_batch` filled with each
-    batch's mean loss (the k-th share of every process is a part of the k-th batch, and a
-    process may have one share fewer: the last batch had less samples than processes)."""
-    mine = [(size, {k: float(v) for k, v in share.items()}) for size, share in shares]
-    gathered = distributed.gather((samples, {k: float(v) for k, v in weighted.items()}, mine))
+) -> tuple[int, dict[str, Sum]]:
+    """Every process's samples and loss sums, added; `per_batch` filled with each batch's
+    mean loss (the k-th share of every process is a part of the k-th batch, and a process
+    may have one share fewer: the last batch had less samples than processes)."""
+
+    def plain(pair: Sum) -> tuple[float, float]:
+        return float(pair[0]), float(pair[1])
+
+    mine = [(size, {k: plain(v) for k, v in share.items()}) for size, share in shares]
+    gathered = distributed.gather((samples, {k: plain(v) for k, v in sums.items()}, mine))
     total = sum(count for count, _, _ in gathered)
     names = {name for part in gathered for name in part[1]}  # none from a process without data
-    sums = {name: torch.tensor(sum(part[1].get(name, 0.0) for part in gathered)) for name in names}
+    added = {
+        name: tuple(sum(part[1].get(name, (0.0, 0.0))[i] for part in gathered) for i in (0, 1))
+        for name in names
+    }
     for index in range(max(len(part[2]) for part in gathered)):
         parts = [part[2][index] for part in gathered if index < len(part[2])]
-        size = sum(count for count, _ in parts)
         for name in per_batch:
-            value = sum(share[name] for _, share in parts if name in share) / max(size, 1)
+            pairs = [share[name] for _, share in parts if name in share]
+            weight = sum(w for _, w in pairs)
+            value = sum(v for v, _ in pairs) / weight if weight else math.nan
             per_batch[name].add(torch.tensor(value, dtype=torch.float64))
-    return total, sums
+    return total, added
 
 
 def combine(

@@ -44,8 +44,8 @@ class LoopMeters:
 
     def add_step(self, loss: torch.Tensor, batch: Batch, samples: int) -> None:
         """A trained batch of `samples` samples over every process, and its (detached) loss."""
-        self.interval_loss.add(loss)
-        self.epoch_loss.add(loss)
+        self.interval_loss.add(loss, samples)  # the loss over samples: a batch weighs its own
+        self.epoch_loss.add(loss, samples)
         self.train_statistics.update(batch)
         self.interval_samples += samples
 

@@ -56,10 +56,22 @@ class WeightedLoss:
             (loss.stream_name("loss"), float(weights.get(loss.name, 1.0)))
             for loss in pipeline.losses
         ]
+        self.losses = {loss.stream_name("loss"): loss for loss in pipeline.losses}
 
     @property
     def streams(self) -> list[str]:
         return [stream for stream, _ in self.terms]
+
+    def elements(self, batch: Batch, samples: int) -> dict[str, torch.Tensor | int]:
+        """What each loss an evaluation reports is a mean over in this batch: the elements a
+        loss counts (`Loss.elements`: a sequence loss's steps) or the samples; "loss", the
+        total, as its one loss, or by the samples when several of different units add up."""
+        own = {}
+        for stream, component in self.losses.items():
+            counted = component.elements(batch)
+            own[stream] = counted if counted is not None else samples
+        total = next(iter(own.values())) if len(own) == 1 else samples
+        return {"loss": total, **(own if len(own) > 1 else {})}
 
     def __call__(self, batch: Batch) -> torch.Tensor:
         total: torch.Tensor | None = None

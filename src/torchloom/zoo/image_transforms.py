@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
-from torchloom.core.component import host_to_device
+from torchloom.core.host_copies import host_to_device
 from torchloom.errors import ComponentError, Problem
 
 Size2D = Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]

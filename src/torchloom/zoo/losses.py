@@ -63,7 +63,16 @@ def _full_precision(predictions: torch.Tensor) -> torch.Tensor:
     return predictions
 
 
-class NLLLoss(Loss):
+class _MeanOverTargets(Loss):
+    """A loss averaged over the targets it counts: those that are not `ignore_index`."""
+
+    params: NLLLossParams
+
+    def elements(self, batch: Batch) -> torch.Tensor:
+        return (batch[self.stream_name("targets")] != self.params.ignore_index).sum()
+
+
+class NLLLoss(_MeanOverTargets):
     """Negative log-likelihood of the target classes, averaged over the batch.
 
     Expects log-probabilities, i.e. a model ending in log_softmax (the default of `LeNet5`
@@ -96,7 +105,7 @@ class NLLLoss(Loss):
         return {"loss": loss}
 
 
-class CrossEntropyLoss(Loss):
+class CrossEntropyLoss(_MeanOverTargets):
     """Cross-entropy of raw class scores (logits) against the target classes, averaged over
     the batch, with optional label smoothing.
 

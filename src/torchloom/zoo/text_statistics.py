@@ -15,8 +15,8 @@ from torchloom.core.component import (
     BuildContext,
     ComponentParams,
     Statistic,
-    host_to_device,
 )
+from torchloom.core.host_copies import host_to_device
 from torchloom.core.streams import FLOATING, StreamSpec
 
 

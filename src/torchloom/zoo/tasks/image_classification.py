@@ -27,8 +27,8 @@ from torchloom.core.component import (
     BuildContext,
     ComponentParams,
     Task,
-    host_to_device,
 )
+from torchloom.core.host_copies import host_to_device
 from torchloom.core.streams import StreamSpec
 from torchloom.errors import ComponentError, DataError, Problem
 from torchloom.zoo.image_transforms import (

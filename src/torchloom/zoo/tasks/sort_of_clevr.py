@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from pydantic import Field, PositiveInt
 
-from torchloom.core.component import Batch, BuildContext, ComponentParams, Task, host_to_device
+from torchloom.core.component import Batch, BuildContext, ComponentParams, Task
+from torchloom.core.host_copies import host_to_device
 from torchloom.core.streams import StreamSpec
 from torchloom.data.sort_of_clevr_scenes import (
     ANSWERS,

@@ -18,7 +18,8 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from torchloom.core.component import Batch, BuildContext, Component, ComponentParams, host_to_device
+from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
+from torchloom.core.host_copies import host_to_device
 from torchloom.core.streams import INTEGER, StreamSpec
 from torchloom.errors import ComponentError, DataError, Problem, did_you_mean
 from torchloom.zoo.text.tokenizer import TokenizationOptions, Tokenizer
