@@ -48,31 +48,18 @@ def test_accumulation_steps_every_n_batches_and_once_more_at_an_epochs_end(
     assert {int(s["step"]) for s in state.values()} == {3}
 
 
-def test_a_run_stopped_at_its_episode_limit_steps_its_last_shorter_window(
-    tmp_path: Path,
-) -> None:
-    """5 batches an epoch, windows of 4: a limit of 6 stops one batch into a window. That
-    batch is counted in the figures; it was left out of the final weights (equal to a limit
-    of 5's). Now its window is stepped, as an epoch's last one is."""
-
-    def run(limit: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        config = toy_config(
-            epochs=None, gradient_accumulation=4, optimizer={"type": "Adam", "lr": 0.01}
-        )
-        config["training"]["terminal_conditions"] = {"episode_limit": limit}
-        config["pipeline"]["model"]["dropout"] = 0.0
-        folder = tmp_path / str(limit)
-        folder.mkdir()
-        train(write(folder, config), folder / "runs")
-        return model_weights(only_run(folder / "runs")), summary(only_run(folder / "runs"))
-
-    at_5, _ = run(5)
-    at_6, ended = run(6)
-    assert ended["status"] == "episode_limit" and ended["episodes"] == 6
-    assert any(not torch.equal(at_5[key], at_6[key]) for key in at_5)
-    state = load_checkpoint(only_run(tmp_path / "6" / "runs") / "checkpoints" / "last.pt")
-    # windows 1-4, 5 (the epoch's end) and 6: three optimizer steps, no gradients left over
-    assert {int(s["step"]) for s in state["optimizer"]["state"].values()} == {3}
+def test_a_run_stopped_at_its_episode_limit_inside_a_window_says_so(tmp_path: Path) -> None:
+    """5 batches an epoch, windows of 4: a limit of 6 stops one batch into a window, which is
+    not stepped (last.pt keeps its gradients, for a resume with a higher limit); the log says
+    so when the run starts."""
+    config = toy_config(epochs=None, gradient_accumulation=4)
+    config["training"]["terminal_conditions"] = {"episode_limit": 6}
+    result = train(config, tmp_path)
+    log = (result.run_dir / "run.log").read_text(encoding="utf-8")
+    assert "episode_limit 6 ends the run 1 batch(es) into a gradient_accumulation window" in log
+    assert load_checkpoint(result.run_dir / "checkpoints" / "last.pt")["running"]["gradients"]
+    config["training"]["terminal_conditions"] = {"episode_limit": 9}  # 5 + 4: a window's end
+    assert "ends the run" not in (train(config, tmp_path / "9").run_dir / "run.log").read_text()
 
 
 def test_a_loss_that_turns_nan_stops_the_run_within_the_step(tmp_path: Path) -> None:

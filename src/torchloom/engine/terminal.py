@@ -84,6 +84,28 @@ def make_monitor(conditions: TerminalConditions, has_validation: bool) -> Monito
     return Monitor("validation.loss" if has_validation else "training.loss", "min")
 
 
+def limit_inside_a_window(
+    conditions: TerminalConditions, batches_per_epoch: int, accumulation: int
+) -> str | None:
+    """What to tell when `episode_limit` ends the run inside a gradient-accumulation window:
+    that window's batches are trained on but not stepped. They are kept (last.pt holds their
+    gradients), so that a resume with a higher limit ends as an uninterrupted run would."""
+    limit = conditions.episode_limit
+    if limit is None or accumulation == 1 or batches_per_epoch <= 0:
+        return None
+    epochs = conditions.epoch_limit
+    if epochs is not None and limit >= epochs * batches_per_epoch:
+        return None  # the epoch limit comes first, at an epoch's end
+    left = limit % batches_per_epoch % accumulation
+    if not left:
+        return None
+    return (
+        f"episode_limit {limit} ends the run {left} batch(es) into a gradient_accumulation "
+        f"window of {accumulation}: they are not in the final weights (last.pt keeps their "
+        "gradients: a resume with a higher limit applies them)"
+    )
+
+
 def limit_reached(conditions: TerminalConditions, epoch: int, episode: int) -> Status | None:
     """EPOCH_LIMIT / EPISODE_LIMIT once a limit is reached (epoch counts completed epochs)."""
     if conditions.episode_limit is not None and episode >= conditions.episode_limit:

@@ -41,7 +41,7 @@ from torchloom.engine.run_folder import (
 )
 from torchloom.engine.state import Progress, RunSetup, RunView
 from torchloom.engine.step import Diverged, batch_size_of, clip_gradients, running_eagerly
-from torchloom.engine.terminal import converged, limit_reached
+from torchloom.engine.terminal import converged, limit_inside_a_window, limit_reached
 
 
 class TrainingLoop:
@@ -100,12 +100,9 @@ class TrainingLoop:
         ran_to_end = status is None or (
             not status.requested and progress.batch_in_epoch >= setup.train_data.batches_per_epoch()
         )
-        # An epoch's last, shorter accumulation window, and a run's that stops at its episode
-        # limit: its batches are in the figures, so they are in the weights.
-        stopped_at_limit = status is Status.EPISODE_LIMIT
-        if progress.batch_in_epoch % setup.accumulation and (ran_to_end or stopped_at_limit):
-            self.optimizer_step()
         if ran_to_end:
+            if progress.batch_in_epoch % setup.accumulation:
+                self.optimizer_step()  # the last, shorter accumulation window
             progress.epoch, progress.batch_in_epoch = progress.epoch + 1, 0
         if bar is not None:
             bar.close()
@@ -333,6 +330,11 @@ class TrainingLoop:
         setup = self.setup
         where = (setup.name, setup.device, setup.seed, setup.run_dir)
         setup.log.info("training '%s' on %s, seed %d, run folder %s", *where)
+        batches = setup.train_data.batches_per_epoch()
+        if note := limit_inside_a_window(
+            setup.config.terminal_conditions, batches, setup.accumulation
+        ):
+            setup.log.warning("%s", note)
         if setup.distributed.main:
             write_running(setup.run_dir, setup.name)
         setup.reporter.open()
