@@ -44,6 +44,33 @@ def test_other_scalars_keep_their_yaml_meaning(tmp_path: Path, text: str, expect
     assert load_text(tmp_path, f"v: {text}\n")["v"] == expected
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("064", 64),  # YAML 1.1: octal 52
+        ("010", 10),
+        ("0o17", 15),
+        ("1_000", 1000),
+        ("1:40", "1:40"),  # YAML 1.1: 100, in base 60
+        ("1:30.5", "1:30.5"),
+        ("no", "no"),  # YAML 1.1: False (Norwegian's language code)
+        ("on", "on"),
+        ("yes", "yes"),
+        ("False", False),
+    ],
+)
+def test_integers_and_booleans_are_yaml_1_2_s(tmp_path: Path, text: str, expected: object) -> None:
+    value = load_text(tmp_path, f"v: {text}\n")["v"]
+    assert value == expected and type(value) is type(expected)
+    assert parse_yaml_value(text) == expected
+
+
+def test_an_integer_too_long_to_read_is_an_error_at_its_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_text(tmp_path, "name: x\nbig: " + "1" * 5000 + "\n", name="big.yml")
+    assert "big.yml:2" in str(caught.value) and "cannot read this integer" in str(caught.value)
+
+
 def test_dates_stay_strings(tmp_path: Path) -> None:
     assert load_text(tmp_path, "day: 2024-01-31\n") == {"day": "2024-01-31"}
 

@@ -43,9 +43,29 @@ def test_module_class_form_resolves_a_component() -> None:
         "builtins:eval",
         "builtins:exec",
         "subprocess:run",
-        "toy_components:NotAComponent",
     ],
 )
+def test_the_standard_library_is_refused_before_it_is_imported(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ComponentError, match="it is in the standard library"):
+        resolve(name, "cfg.yml:1")
+
+
+def test_a_module_that_acts_when_imported_is_not_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`type: venv.__main__:X` made a whole virtual environment in the working folder, named
+    after loom's own arguments, before the type was found wrong."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("venv.__main__:Anything", "antigravity:Thing", "toy_components.__main__:X"):
+        with pytest.raises(ComponentError) as refused:
+            resolve(name, "cfg.yml:1")
+        assert "standard library" in str(refused.value) or "__main__" in str(refused.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["toy_components:NotAComponent"])
 def test_non_components_are_refused_without_being_called(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

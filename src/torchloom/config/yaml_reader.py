@@ -1,11 +1,13 @@
 """Reading YAML config text safely, remembering the line of every key.
 
 `ConfigLoader` is a `yaml.SafeLoader` (safe constructors only; nothing is ever executed) that
-differs from PyYAML's YAML 1.1 defaults in three ways:
+differs from PyYAML's YAML 1.1 defaults in four ways:
 
 * `1e-3`, `1E5` and `.5e-3` are floats. YAML 1.1 demands a dot and a signed exponent, so
   PyYAML reads `lr: 1e-3` as the *string* "1e-3" -- a classic silent config bug. OmegaConf's
   own loader works around it the same way: by swapping in a wider float resolver.
+* Integers and booleans are YAML 1.2's: `064` is 64 (not octal 52), `1:40` a string (not 100
+  in base 60), and `yes`/`no`/`on`/`off` words (`languages: [en, de, no]`), not booleans.
 * Dates such as `2024-01-31` stay strings: OmegaConf cannot hold `datetime.date` values.
 * A key written twice in one mapping is an error instead of the last one silently winning.
 
@@ -41,6 +43,8 @@ from torchloom.errors import ConfigError, Problem
 
 FLOAT_TAG = "tag:yaml.org,2002:float"
 TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+INT_TAG = "tag:yaml.org,2002:int"
+BOOL_TAG = "tag:yaml.org,2002:bool"
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 # YAML 1.1 floats plus the forms YAML 1.2 and Python accept: an exponent without a dot
@@ -50,12 +54,17 @@ FLOAT_PATTERN = re.compile(
         [-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?    # 1.0  1.  1.0e-3  1_000.5
       | [-+]?[0-9][0-9_]*[eE][-+]?[0-9]+                  # 1e-3  1E5
       | [-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?           # .5  .5e-3
-      | [-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\.[0-9_]*       # 1:30.5, YAML 1.1 base 60, kept
       | [-+]?\.(?:inf|Inf|INF)
       | \.(?:nan|NaN|NAN)
     )$""",
     re.VERBOSE,
 )
+
+# YAML 1.2's integers and booleans, not PyYAML's YAML 1.1 ones, which read `064` as octal 52,
+# `1:40` as 100 in base 60, and yes/no/on/off as booleans (a language code `no`, a value
+# `on`): decimal (leading zeros and `_` allowed), 0o octal and 0x hexadecimal; true/false.
+INT_PATTERN = re.compile(r"^(?:[-+]?[0-9][0-9_]*|0o[0-7_]+|0x[0-9a-fA-F_]+)$")
+BOOL_PATTERN = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
 
 # A key path inside a config: mapping keys and list indices, each turned into a string so
 # that `where("layers", 0)` and `where("layers", "0")` find the same entry.
@@ -63,22 +72,44 @@ KeyPath = tuple[str, ...]
 
 
 def _config_implicit_resolvers() -> dict[Any, list[tuple[str, re.Pattern[str]]]]:
-    """PyYAML's safe resolver table with the float rule widened and timestamps removed."""
+    """PyYAML's safe resolver table with the float rule widened, YAML 1.2's integers and
+    booleans, and timestamps removed."""
+    replaced = (FLOAT_TAG, TIMESTAMP_TAG, INT_TAG, BOOL_TAG)
     table: dict[Any, list[tuple[str, re.Pattern[str]]]] = {}
     for first_char, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items():
-        kept = [(tag, rx) for tag, rx in resolvers if tag not in (FLOAT_TAG, TIMESTAMP_TAG)]
+        kept = [(tag, rx) for tag, rx in resolvers if tag not in replaced]
         if kept:
             table[first_char] = kept
+    for first_char in "tTfF":
+        table.setdefault(first_char, []).append((BOOL_TAG, BOOL_PATTERN))
+    for first_char in "-+0123456789":
+        table.setdefault(first_char, []).append((INT_TAG, INT_PATTERN))
     for first_char in "-+0123456789.":
         table.setdefault(first_char, []).append((FLOAT_TAG, FLOAT_PATTERN))
     return table
+
+
+def _construct_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
+    """An integer as YAML 1.2 reads it (`064` is 64); one longer than Python converts (4,300
+    digits) is an error at its line, not a ValueError."""
+    text = str(loader.construct_scalar(node)).replace("_", "")
+    sign = -1 if text.startswith("-") else 1
+    digits = text.lstrip("+-")
+    base = {"0x": 16, "0o": 8}.get(digits[:2], 10)
+    try:
+        return sign * int(digits[2:] if base != 10 else digits, base)
+    except ValueError as error:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"cannot read this integer: {str(error).splitlines()[0]}", node.start_mark
+        ) from error
 
 
 CONFIG_IMPLICIT_RESOLVERS = _config_implicit_resolvers()
 
 
 class ConfigLoader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 floats, dates as strings and duplicate keys collected as errors.
+    """SafeLoader with YAML 1.2 floats, integers and booleans, dates as strings and duplicate
+    keys collected as errors.
 
     `source` is the name that error messages show for the text being read.
     """
@@ -184,6 +215,9 @@ class ConfigLoader(yaml.SafeLoader):
                 )
             else:
                 first_lines[key] = line
+
+
+ConfigLoader.add_constructor(INT_TAG, _construct_int)
 
 
 class ConfigDumper(yaml.SafeDumper):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 
 from torch import nn
 from torch.utils.data import Dataset
@@ -90,6 +91,19 @@ def _check_component_class(obj: object, type_name: str, where: str) -> type[Comp
     return obj
 
 
+def refused_module(module_name: str) -> str:
+    """Why a config may not import `module_name` ("" when it may). Importing runs a module's
+    top-level code: Python's standard library holds no component, and some of its modules act
+    when imported (`venv.__main__` makes a virtual environment in the working folder,
+    `antigravity` opens a browser); a `__main__` module is meant to be run, not imported."""
+    parts = module_name.split(".")
+    if parts[0] in sys.stdlib_module_names:
+        return "it is in the standard library; a config names the user's own code only"
+    if "__main__" in parts:
+        return "it is a __main__ module, which is meant to be run, not imported"
+    return ""
+
+
 def import_object(path: str) -> object:
     """The object that `package.module:attribute` (or `:Outer.Inner`) names, importing the
     module; a LookupError saying why not. Callers decide what the object may be before they
@@ -97,6 +111,9 @@ def import_object(path: str) -> object:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute or ":" in attribute:
         raise LookupError("expected the form 'package.module:Name'")
+    refused = refused_module(module_name)
+    if refused:
+        raise LookupError(refused)
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:

@@ -21,14 +21,13 @@ outside the standard library. The checks happen before anything is called.
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
 from torch.utils.data import Dataset
 
-from torchloom.core.registry import import_object
+from torchloom.core.registry import import_object, refused_module
 from torchloom.errors import ConfigError, Problem, Where
 
 KEY = "code_first"  # the top-level key of config.yaml holding the record
@@ -120,7 +119,7 @@ def open_dataset(value: Any, section: str, where: str) -> tuple[Any, dict[str, s
         return value, {"unavailable": why}
     path, why = import_path(value)
     if path is not None:
-        why = _not_a_factory(value) or _not_users_code(path) or ""
+        why = _not_a_factory(value) or refused_module(path.partition(":")[0]) or ""
     dataset = _dataset_of(value, where, getattr(value, "__qualname__", repr(value)))
     return dataset, ({"factory": path} if path is not None and not why else {"unavailable": why})
 
@@ -130,12 +129,6 @@ def _not_a_factory(obj: Any) -> str:
         return ""
     kind = "a class" if isinstance(obj, type) else f"a {type(obj).__name__}"
     return f"it is {kind}; a dataset factory is a Python function or a Dataset class"
-
-
-def _not_users_code(path: str) -> str:
-    if path.partition(":")[0].partition(".")[0] in sys.stdlib_module_names:
-        return "it is in the standard library; only the user's own code is built from a run"
-    return ""
 
 
 def _dataset_of(factory: Callable[[], Any], where: str, name: str) -> Any:
@@ -155,10 +148,8 @@ def _import_factory(path: str, where: str, subject: str) -> Callable[[], Any]:
 
 
 def _import(path: str, where: str, subject: str) -> Any:
-    """What `path` names, refusing the standard library before anything is imported."""
-    problem = _not_users_code(path)
-    if problem:
-        raise ConfigError.at(where, subject, problem)
+    """What `path` names, refusing the standard library before anything is imported
+    (registry.refused_module)."""
     try:
         return import_object(path)
     except LookupError as error:
