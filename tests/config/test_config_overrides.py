@@ -235,3 +235,16 @@ def test_list_positions_that_do_not_exist_are_errors(
 ) -> None:
     message = error_of(config_file, override)
     assert reason in message
+
+
+@pytest.mark.parametrize("segment", ["²", "١"])
+def test_a_list_index_is_written_in_ascii_digits(tmp_path: Path, segment: str) -> None:
+    """`²` passed str.isdigit and failed int() (a ValueError, exit 1); `١` (Arabic-Indic one)
+    was silently read as index 1."""
+    path = tmp_path / "lists.yml"
+    path.write_text("name: x\nlayers: [1, 2]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="is a list, not a mapping"):
+        load_config(path, [f"layers.{segment}=5"])
+    path.write_text("name: x\nlayers: [1, 2]\nsize: ${layers.²}\n", encoding="utf-8")
+    with pytest.raises(ConfigError):
+        load_config(path)

@@ -105,6 +105,29 @@ def test_resume_refuses_overrides_and_missing_runs(tmp_path: Path, reference: Pa
     assert "start a new run" in done.stderr and "Traceback" not in done.stderr
     done = run_loom("train", "--resume", str(tmp_path / "nowhere"))
     assert done.returncode == 2 and "last.pt" in done.stderr and "Traceback" not in done.stderr
+    # A config file given with --resume was read as an override ("expected KEY=VALUE").
+    done = run_loom("train", "--resume", str(reference), str(reference / "config.yaml"))
+    assert done.returncode == 2 and "give no config file" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("status", "advice"),
+    [
+        ("episode_limit", "training.terminal_conditions.episode_limit=N"),
+        ("early_stopped", "training.terminal_conditions.early_stopping.patience=N"),
+        ("epoch_limit", "training.terminal_conditions.epoch_limit=N"),
+        ("converged", "start a new run"),
+    ],
+)
+def test_a_finished_run_is_told_how_to_continue_by_what_ended_it(
+    tmp_path: Path, status: str, advice: str
+) -> None:
+    """It always advised raising epoch_limit, which does nothing for a run ended otherwise."""
+    from torchloom.cli.train import finished_message
+    from torchloom.engine.run_folder import RunResult
+
+    message = finished_message(RunResult(tmp_path, {"status": status, "reason": "..."}))
+    assert advice in message
 
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="torch's THP allocation is Linux's")

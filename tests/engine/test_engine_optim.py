@@ -73,6 +73,15 @@ def test_a_wrong_inner_scheduler_is_a_config_error() -> None:
     assert "CosineAnnealingLR" in message.split("'CosineAnealingLR'", 1)[1]
 
 
+@pytest.mark.parametrize("name", ["ReduceLROnPlateau", "LRScheduler"])
+def test_a_scheduler_the_loop_cannot_step_is_a_config_error(name: str) -> None:
+    """ReduceLROnPlateau passed `loom check` and failed at its first step (its step wants the
+    monitored value: a TypeError, exit 1); the base class failed loom check with one."""
+    with pytest.raises(ConfigError) as error:
+        build_scheduler({"type": name}, optimizer(), where)
+    assert "training.scheduler.type" in str(error.value) and "early stopping" in str(error.value)
+
+
 def test_a_null_for_an_argument_that_needs_a_value_is_a_config_error() -> None:
     # `T_max: ${training.terminal_conditions.epoch_limit}` in online mode without an epoch
     # limit resolves to null: torch builds the scheduler and fails at its first step.

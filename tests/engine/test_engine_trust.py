@@ -168,6 +168,53 @@ def test_resume_overrides_may_change_only_the_safe_keys(tmp_path: Path) -> None:
     assert resumed.status == "epoch_limit"
 
 
+def test_a_resume_that_disables_a_component_is_refused_without_overrides_too(
+    tmp_path: Path,
+) -> None:
+    """`--resume RUN --disable X` with no overrides was accepted, unrecorded: a second loss
+    disabled halved what the steps minimised and what best.pt was judged on."""
+    from torchloom.engine.setup import TrainOptions, prepare_training
+
+    config = toy_config()
+    config["pipeline"]["extra_loss"] = {
+        "type": "toy_components:ToyLoss",
+        "streams": {"loss": "loss2"},
+    }
+    result = train(write(tmp_path, config), tmp_path / "runs", StopAt(3))
+    options = TrainOptions(expdir=str(tmp_path / "runs"), quiet=True, disable=("extra_loss",))
+    with pytest.raises(ConfigError) as raised:
+        prepare_training(None, (), options, resume=result.run_dir)
+    assert "pipeline.disable" in raised.value.format()
+    assert "--disable extra_loss" in raised.value.format()
+
+
+def test_an_online_run_s_logging_interval_is_not_changed_on_resume_where_it_paces_validation(
+    tmp_path: Path,
+) -> None:
+    """Online, without partial_validation_interval, the logging interval is how often the
+    monitor and early stopping judge: a resume with 1 validated at every step (patience then
+    counted single steps)."""
+    config = toy_config(mode="online")
+    result = train(write(tmp_path, config), tmp_path / "runs", StopAt(3))
+    with pytest.raises(ConfigError, match=r"training\.logging_interval"):
+        start(
+            None,
+            tmp_path / "runs",
+            resume=result.run_dir,
+            overrides=["training.logging_interval=1"],
+        )
+    config["validation"]["partial_validation_interval"] = 2  # then it paces the rows alone
+    (tmp_path / "own").mkdir()
+    result = train(write(tmp_path / "own", config), tmp_path / "own" / "runs", StopAt(3))
+    resumed = train(
+        None,
+        tmp_path / "own" / "runs",
+        resume=result.run_dir,
+        overrides=["training.logging_interval=1"],
+    )
+    assert resumed.status == "epoch_limit"
+
+
 def test_a_stopped_run_with_gradient_accumulation_resumes_bit_identical(tmp_path: Path) -> None:
     # A stop between two optimizer steps: the gradients summed so far go into last.pt.
     config = write(tmp_path, toy_config(gradient_accumulation=3, checkpoint_interval=2))

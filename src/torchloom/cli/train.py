@@ -36,8 +36,9 @@ from torchloom.errors import ConfigError, LoomError
 
 def run(args: argparse.Namespace) -> int:
     check_run_tag(args.tag)  # before any data is read (create_run_folder checks it again)
-    if args.resume and args.config:
-        # argparse fills `config` positionally; with --resume it must be empty.
+    if args.resume and args.config and ("=" in args.config or args.config.startswith("~")):
+        # argparse fills `config` positionally: with --resume, that is the first override (a
+        # config file stays one, which --resume refuses, saying so).
         args.overrides = [args.config, *args.overrides]
         args.config = None
     request = {
@@ -227,14 +228,23 @@ def _report(outcome: dict[str, Any]) -> int:
     return 130 if result.status == "interrupted" else 0
 
 
+# The override that raises the condition a finished run ended on.
+RAISED = {
+    "episode_limit": "training.terminal_conditions.episode_limit=N",
+    "early_stopped": "training.terminal_conditions.early_stopping.patience=N",
+}
+
+
 def finished_message(result: RunResult) -> str:
     summary = result.summary
-    return "\n".join(
-        [
-            f"run already finished: {summary.get('status')} ({summary.get('reason')}); "
-            "nothing to do",
-            "to continue it, raise the condition that ended it, e.g. "
-            f"loom train --resume {result.run_dir} training.terminal_conditions.epoch_limit=N",
-            f"run folder: {result.run_dir}",
-        ]
-    )
+    status = str(summary.get("status"))
+    raised = RAISED.get(status, "training.terminal_conditions.epoch_limit=N")
+    lines = [f"run already finished: {status} ({summary.get('reason')}); nothing to do"]
+    if status in ("diverged", "converged"):
+        lines.append("it cannot be continued as it is: start a new run (loom train CONFIG)")
+    else:
+        lines.append(
+            "to continue it, raise the condition that ended it: "
+            f"loom train --resume {result.run_dir} {raised}"
+        )
+    return "\n".join([*lines, f"run folder: {result.run_dir}"])

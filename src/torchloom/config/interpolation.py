@@ -20,6 +20,12 @@ from torchloom.errors import ConfigError, Problem, Where
 MISSING_MARKER = "???"
 
 
+def ascii_digits(text: str) -> bool:
+    """Whether `text` is a whole number written in 0-9 (a key segment that indexes a list, a
+    port): `str.isdigit` also takes `²`, which `int` refuses, and other scripts' digits."""
+    return text.isascii() and text.isdigit()
+
+
 def dotted(path: tuple[Any, ...]) -> str:
     """'training.layers[2].size' for a key path with list indices as ints."""
     text = ""

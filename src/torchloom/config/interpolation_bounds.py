@@ -27,7 +27,7 @@ from omegaconf.grammar.gen.OmegaConfGrammarParser import OmegaConfGrammarParser 
 from omegaconf.grammar_parser import parse
 from omegaconf.vendor.antlr4.tree.Tree import TerminalNode
 
-from torchloom.config.interpolation import dotted
+from torchloom.config.interpolation import ascii_digits, dotted
 from torchloom.config.limits import (
     MAX_CHARS,
     MAX_DEPTH,
@@ -257,7 +257,7 @@ class _Estimator:
             keys = [k for k in node if str(k) == part] if isinstance(node, dict) else []
             if keys:
                 key_: Any = keys[0]
-            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            elif isinstance(node, list) and ascii_digits(part) and int(part) < len(node):
                 key_ = int(part)
             else:
                 return None

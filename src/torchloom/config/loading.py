@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from torchloom.config.dumping import dump_config
-from torchloom.config.interpolation import dotted, first_line, resolve_config
+from torchloom.config.interpolation import ascii_digits, dotted, first_line, resolve_config
 from torchloom.config.interpolation_bounds import check_interpolation_bounds
 from torchloom.config.limits import MAX_CHARS, MAX_FILE_BYTES, MAX_FILES, MAX_VALUES, limit_problem
 from torchloom.config.origins import (
@@ -320,7 +320,7 @@ def _is_missing_marker(data: Any, path: tuple[str, ...]) -> bool:
             if not matches:
                 return False
             data = data[matches[0]]
-        elif isinstance(data, list) and key.isdigit() and int(key) < len(data):
+        elif isinstance(data, list) and ascii_digits(key) and int(key) < len(data):
             data = data[int(key)]
         else:
             return False

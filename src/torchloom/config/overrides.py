@@ -26,7 +26,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from torchloom.config.interpolation import first_line
+from torchloom.config.interpolation import ascii_digits, first_line
 from torchloom.config.limits import MAX_DEPTH, limit_problem, value_depth
 from torchloom.config.origins import CommandLineOverride, Origins, iter_key_paths
 from torchloom.config.yaml_reader import describe_type, parse_yaml_value
@@ -125,7 +125,7 @@ def _existing_depth(data: Any, key: tuple[str, ...]) -> tuple[int, Any]:
     for depth, segment in enumerate(key):
         if isinstance(node, dict) and segment in node:
             node = node[segment]
-        elif isinstance(node, list) and segment.isdigit() and int(segment) < len(node):
+        elif isinstance(node, list) and ascii_digits(segment) and int(segment) < len(node):
             node = node[int(segment)]
         else:
             return depth, node
@@ -141,7 +141,7 @@ def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
     text, key = override.text, override.dotted_key
 
     parent = ".".join(override.key[:depth])
-    if not exists and isinstance(found, list) and override.key[depth].isdigit():
+    if not exists and isinstance(found, list) and ascii_digits(override.key[depth]):
         raise ConfigError(
             [
                 _problem(

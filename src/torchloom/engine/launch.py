@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from torchloom.config.interpolation import ascii_digits
 from torchloom.errors import ConfigError, LoomError
 from torchloom.signals import set_parent_death_signal, terminating_signals
 
@@ -104,7 +105,7 @@ def check_launch(options: LaunchOptions, gpus: int | None = None) -> None:
 
 def _endpoint_ok(text: str) -> bool:
     host, _, port = text.rpartition(":")
-    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+    return bool(host) and ascii_digits(port) and 0 < int(port) < 65536
 
 
 # ---- what the launcher and its workers share -----------------------------------------------

@@ -193,6 +193,16 @@ def build_scheduler(
         (*key, "type"),
         where,
     )
+    if cls is torch.optim.lr_scheduler.ReduceLROnPlateau or cls is scheduler_base:
+        raise ConfigError.at(
+            where(*key, "type"),
+            f"{dotted(key)}.type '{cls.__name__}'",
+            "is not a schedule the loop can step: it steps on a monitored value"
+            if cls is not scheduler_base
+            else "is the base class of the schedulers",
+            "use a schedule of steps or epochs (StepLR, CosineAnnealingLR, OneCycleLR, ...), "
+            "and early stopping for a plateau",
+        )
     _check_kwargs(cls, options, 1, key, where)
     try:
         return cls(optimizer, **options)

@@ -83,6 +83,7 @@ def check_resumed_config(started_text: str, resumed_text: str, where: str, subje
     started = parse_config_text(started_text, "the started config").data
     resumed = parse_config_text(resumed_text, "the resumed config").data
     unsafe = [c for c in config_changes(started, resumed) if c[0] not in SAFE_RESUME_KEYS]
+    unsafe += [c for c in config_changes(started, resumed) if _paces_validation(c[0], resumed)]
     if unsafe:
         raise ConfigError.at(
             where,
@@ -91,6 +92,18 @@ def check_resumed_config(started_text: str, resumed_text: str, where: str, subje
             f"a resumed run may change only {', '.join(SAFE_RESUME_KEYS)}; "
             "start a new run for anything else",
         )
+
+
+def _paces_validation(key: str, config: Mapping[str, Any]) -> bool:
+    """Whether `key` is the logging interval of an online run that validates at it (no
+    `validation.partial_validation_interval`): then it sets how often the monitor and early
+    stopping judge, and what their patience counts."""
+    training, validation = config.get("training") or {}, config.get("validation") or {}
+    return (
+        key == "training.logging_interval"
+        and training.get("mode") == "online"
+        and validation.get("partial_validation_interval") is None
+    )
 
 
 def config_header(text: str) -> str:

@@ -174,11 +174,12 @@ def _prepare(
     if resume is not None:
         _check_checkpoint_fits(pipeline, resume, changed)
         current_text = (resume.run_dir / "config.yaml").read_text(encoding="utf-8")
-        if overrides:
+        if overrides or options.disable:  # --disable changes the pipeline: checked alike
             at = resume.checkpoint["progress"]["episode"]
             recorded = "".join(f"# override on resume at episode {at}: {o}\n" for o in overrides)
             config_text = config_header(current_text) + recorded + dump_config(loaded.data)
-            subject = f"--resume {' '.join(overrides)}"
+            given = [*overrides, *(f"--disable {name}" for name in options.disable)]
+            subject = f"--resume {' '.join(given)}"
             check_resumed_config(current_text, config_text, "command line", subject)
         else:
             config_text = started_text or current_text  # exactly as it started

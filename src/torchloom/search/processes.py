@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchloom.config.interpolation import ascii_digits
 from torchloom.search.record import SearchRecord, read_record
 from torchloom.signals import set_parent_death_signal, stopping_on_signals
 
@@ -184,7 +185,7 @@ def _torch_threads(setting: str) -> Iterator[None]:
     import torch
 
     previous = torch.get_num_threads()
-    if setting.isdigit() and int(setting) > 0:
+    if ascii_digits(setting) and int(setting) > 0:
         torch.set_num_threads(int(setting))
     try:
         yield

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from torchloom.config.interpolation import ascii_digits
 from torchloom.config.schema import schema_fields
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean
 
@@ -167,7 +168,7 @@ def lookup(config: Mapping[str, Any], path: str) -> tuple[int, Any]:
     for depth, part in enumerate(parts):
         if isinstance(current, Mapping) and part in current:
             current = current[part]
-        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+        elif isinstance(current, list) and ascii_digits(part) and int(part) < len(current):
             current = current[int(part)]
         else:
             return depth, _MISSING
