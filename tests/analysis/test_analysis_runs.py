@@ -237,3 +237,29 @@ def test_report_and_compare_of_a_malformed_run_name_the_folder_and_the_field(
     assert compared.status == 2 and "Traceback" not in compared.err
     assert str(bad) in compared.err and f"'{field}'" in compared.err, compared.err
     assert not page.exists(), "nothing is written when a run cannot be read"
+
+
+def test_a_statistic_s_direction_is_its_monitor_s_or_a_whole_word_of_its_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Substrings decided it: `answer_accuracy` holds "wer" (word error rate), so runs were
+    ranked lowest first and `loom compare` marked the worst as best."""
+    from torchloom.analysis.run_reading import lower_is_better, read_run
+
+    assert not lower_is_better("validation.answer_accuracy")
+    assert lower_is_better("validation.loss_a") and lower_is_better("validation.val_mse")
+    assert lower_is_better("validation.loss_std") and not lower_is_better("validation.power")
+    expdir = tmp_path / "runs"
+    monitored = {"name": "validation.error_rate", "mode": "max", "best": 0.9, "best_epoch": 1}
+    for stamp, value in (("20240101_090000", 0.3), ("20240102_090000", 0.9)):
+        folder = fake_run(expdir, "vqa", stamp, None, 0.2)
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        summary["best"]["validation.answer_accuracy"] = value
+        summary["best"]["validation.error_rate"] = value
+        summary["monitor"] = monitored  # a statistic named like an error, maximised
+        (folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    for statistic in ("validation.answer_accuracy", "validation.error_rate"):
+        lines = show(expdir, capsys, sort=statistic)
+        assert "0.9000" in lines[0], (statistic, lines)
+    runs = [read_run(path) for path in sorted(expdir.glob("*/*"))]
+    assert not lower_is_better("validation.error_rate", runs)

@@ -45,12 +45,12 @@ def _labels(runs: Sequence[Run]) -> list[str]:
     return labels
 
 
-def _best_columns(values: Sequence[float | None], name: str) -> set[int]:
+def _best_columns(values: Sequence[float | None], name: str, runs: Sequence[Run]) -> set[int]:
     last = name.rsplit(".", 1)[-1]
     numbers = [v for v in values if v is not None and v == v]  # v == v: not NaN
     if len(numbers) < 2 or len(set(numbers)) == 1 or last in NOT_RANKED or last.endswith("_std"):
         return set()
-    best = min(numbers) if lower_is_better(name) else max(numbers)
+    best = min(numbers) if lower_is_better(name, runs) else max(numbers)
     return {i for i, v in enumerate(values) if v == best}
 
 
@@ -78,7 +78,7 @@ def summary_table(runs: Sequence[Run], labels: Sequence[str]) -> str:
         names += [k for k in final if k not in names]
     for name in names:
         values = [final.get(name) for final in finals]
-        add(name, values, _best_columns(values, name))
+        add(name, values, _best_columns(values, name, runs))
     return table(["", *labels], rows, best)
 
 

@@ -15,6 +15,7 @@ import json
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -250,10 +251,16 @@ def curve(rows: list[dict[str, float]], x: str, y: str) -> tuple[list[float], li
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def lower_is_better(name: str) -> bool:
-    """Direction of a statistic by its name: losses and errors fall, everything else rises."""
-    last = name.rsplit(".", 1)[-1].lower()
-    return any(word in last for word in _LOWER_IS_BETTER)
+def lower_is_better(name: str, runs: Sequence[Run] = ()) -> bool:
+    """Direction of a statistic: the mode of a run of `runs` that monitors it, else by its
+    name: a loss, an error, a perplexity, ... falls (a whole word of its last part: `loss_a`,
+    `loss_std`, `val_mse`; not `answer_accuracy`, which holds "wer"), everything else rises."""
+    for run in runs:
+        monitor = run.summary.get("monitor") or {}
+        if monitor.get("name") == name and monitor.get("mode") in ("min", "max"):
+            return bool(monitor["mode"] == "min")
+    words = re.split(r"[^a-z0-9]+", name.rsplit(".", 1)[-1].lower())
+    return any(word in _LOWER_IS_BETTER for word in words)
 
 
 def plotted_statistics(columns: set[str]) -> list[str]:

@@ -62,7 +62,7 @@ def sort_runs(rows: list[RunRow], statistic: str, descending: bool | None = None
             or "use a section.statistic name such as " + ", ".join(sorted(known)[:4]),
         )
     if descending is None:
-        descending = not lower_is_better(statistic)
+        descending = not lower_is_better(statistic, [row.run for row in rows])
     having = [row for row in rows if row.sort_value is not None]
     missing = [row for row in rows if row.sort_value is None]
     having.sort(key=lambda row: float(row.sort_value or 0.0), reverse=descending)
