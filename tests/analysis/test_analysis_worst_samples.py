@@ -303,6 +303,20 @@ def test_a_sample_seen_twice_in_a_block_keeps_its_last_loss_target_and_predictio
     assert (history.targets[2], history.predictions[2]) == (0, 1)
 
 
+def test_a_target_outside_the_classes_has_no_loss_rather_than_ending_the_run() -> None:
+    """A loss with `ignore_index: -1` (or an indexer's) leaves targets -1 in the batch:
+    cross_entropy raised on them (only -100 is its default), and the hook's error ended the
+    run with a traceback."""
+    from torchloom.analysis.loss_history import LossHistory
+
+    history = LossHistory(OutputSpec(), 5, torch.device("cpu"))
+    row = history.blank_row()
+    scores = torch.tensor([[4.0, 0.0], [0.0, 1.0], [0.0, 4.0]])
+    history.observe_block(scores, torch.tensor([1, -1, 2]), torch.tensor([0, 1, 2]), row)
+    assert row[0] == F.cross_entropy(scores[:1], torch.tensor([1]))
+    assert torch.isnan(row[1:]).all()  # unseen: no loss to rank them by
+
+
 def test_ids_that_are_not_positions_in_the_split_are_refused_at_the_first_batch(
     tmp_path: Path,
 ) -> None:

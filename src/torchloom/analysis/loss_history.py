@@ -113,7 +113,13 @@ class LossHistory:
         device = self.targets.device
         targets = targets.to(device, torch.int64, non_blocking=True)
         ids = ids.to(device, torch.int64, non_blocking=True)
-        losses = F.cross_entropy(scores.detach().float(), targets, reduction="none")
+        # A target outside the classes (a loss's ignore_index other than -100, say) has no
+        # loss: NaN, so the sample counts as unseen; cross_entropy would raise (a device-side
+        # assert on a GPU, after which nothing can be saved).
+        inside = (targets >= 0) & (targets < scores.shape[1])
+        losses = F.cross_entropy(
+            scores.detach().float(), targets.where(inside, 0), reduction="none"
+        ).masked_fill(~inside, float("nan"))
         # A sample seen twice in a block (a sampler with replacement, a reservoir) is written
         # with its last values at both places: which of repeated indices index_copy_ writes
         # last is not fixed on a GPU, and the loss, target and prediction could mix steps.
