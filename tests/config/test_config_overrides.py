@@ -237,9 +237,9 @@ def test_list_positions_that_do_not_exist_are_errors(
     assert reason in message
 
 
-@pytest.mark.parametrize("segment", ["²", "١"])
+@pytest.mark.parametrize("segment", ["²", "\u0661"])
 def test_a_list_index_is_written_in_ascii_digits(tmp_path: Path, segment: str) -> None:
-    """`²` passed str.isdigit and failed int() (a ValueError, exit 1); `١` (Arabic-Indic one)
+    """`²` passed str.isdigit and failed int() (a ValueError, exit 1); an Arabic-Indic one (U+0661)
     was silently read as index 1."""
     path = tmp_path / "lists.yml"
     path.write_text("name: x\nlayers: [1, 2]\n", encoding="utf-8")
