@@ -168,10 +168,11 @@ def fake_run(folder: Path, distributed: Distributed = SINGLE) -> Any:
     """A run as the hook sees it (of `distributed`'s process); class names zero, one, two."""
     store = GlobalsStore()
     store.publish("label_word_mappings", {"zero": 0, "one": 1, "two": 2}, "test")
+    task = SimpleNamespace(output_specs=lambda: {"targets": None}, stream_name=lambda key: key)
     return SimpleNamespace(
         run_dir=folder,
-        progress=SimpleNamespace(epoch=1, episode=10),
-        pipeline=SimpleNamespace(globals=store),
+        progress=SimpleNamespace(epoch=1, episode=10, row_epoch=1),
+        pipeline=SimpleNamespace(globals=store, tasks={"validation": task}),
         log=logging.getLogger("test"),
         distributed=distributed,
     )
@@ -259,6 +260,9 @@ def test_a_run_leaves_every_report(mnist_run: Path, split: str) -> None:
     ]
     expected = {"training": 256, "validation": 96, "test": 96}[split]
     assert int(rows[-1][4]) == expected  # support of the whole pass (the latest epoch)
+    # The test pass evaluates best.pt: it was titled with the last epoch.
+    title = text.splitlines()[0]
+    assert ("(best.pt)" in title) == (split == "test"), title
     if split == "training":  # ROC curves are drawn for validation and test only (cost)
         assert not (reports / "predictions-training-roc.png").exists()
         return
@@ -339,3 +343,30 @@ def test_prediction_errors_are_read_back_in_four_copies_a_flush(
         if t != p
     ]
     assert rows == expected and len(rows) > 300
+
+
+def test_the_task_s_class_names_name_only_an_output_of_the_task_s_targets(tmp_path: Path) -> None:
+    """A multitask pipeline's parity head (targets made from the digits) was reported with the
+    task's class names: 'T-shirt/top' and 'Trouser' for odd and even on Fashion-MNIST."""
+    from torchloom.analysis.image_grid import class_names
+    from torchloom.analysis.schema import OutputSpec
+
+    pipeline = fake_run(tmp_path).pipeline
+    assert class_names(pipeline, OutputSpec()) == ["zero", "one", "two"]
+    assert class_names(pipeline, OutputSpec(targets="parity_targets")) is None
+    # named in the config: the user's choice stands
+    chosen = OutputSpec(targets="parity_targets", class_names="label_word_mappings")
+    assert class_names(pipeline, chosen) == ["zero", "one", "two"]
+
+
+def test_a_report_of_an_epoch_cut_short_is_titled_with_its_own_number(tmp_path: Path) -> None:
+    """A run stopped by its episode limit two batches into epoch 2 titled its reports
+    'epoch 1' (the epochs completed) where its CSV rows say 2."""
+    from torchloom.engine.state import Progress
+
+    run, hook = fake_run(tmp_path), ClassificationAnalysis(AnalysisConfig())
+    run.progress = Progress(epoch=1, episode=7, batch_in_epoch=2)
+    hook.eval_batch(run, "validation", batch([0, 1], [0, 1], [0, 1]))
+    hook.after_eval(run, "validation", {}, partial=False)
+    title = (tmp_path / "reports" / "predictions-validation-report.md").read_text().splitlines()[0]
+    assert "(epoch 2, episode 7)" in title

@@ -27,7 +27,7 @@ from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.streams import StreamSpec
 from torchloom.engine.distributed import SINGLE
 from torchloom.engine.setup import prepare_training
-from torchloom.engine.state import Hook, RunView, TrainOptions
+from torchloom.engine.state import Hook, Progress, RunView, TrainOptions
 from torchloom.engine.trainer import TrainingLoop
 
 SMALL_RUN = """\
@@ -142,7 +142,7 @@ def fake_run(tmp_path: Path) -> Any:
     loader = SimpleNamespace(task=TextTask())
     return SimpleNamespace(
         device=torch.device("cpu"),
-        progress=SimpleNamespace(epoch=0, episode=0),
+        progress=Progress(),
         log=logging.getLogger("test.worst_samples"),
         train_data=loader,
         validation_data=loader,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from torchloom.analysis.classification_numbers import (
     report_markdown,
     roc_curves,
 )
+from torchloom.analysis.image_grid import class_names
 from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, figure, save_png
 from torchloom.analysis.prediction_errors import (
     ERROR_COLUMNS,
@@ -312,7 +313,9 @@ class ClassificationAnalysis(Hook):
             names = self.names.get(output.name) or _class_names(run, output, len(confusion))
             curves = roc_curves(scores, names) if scores is not None else []
             stem = self._reports(run) / f"{output.name}-{split}"
-            where = f"epoch {run.progress.epoch}, episode {run.progress.episode}"
+            where = f"epoch {run.progress.row_epoch}, episode {run.progress.episode}"
+            if split == "test" and (run.run_dir / "checkpoints" / "best.pt").exists():
+                where = "best.pt"  # what the test pass evaluates (engine/final_test.py)
             title = f"{output.name}, {split} ({where})"
             if done.merged_errors is not None:  # one process streamed its own
                 lines = [ERROR_COLUMNS, *(error_line(*row, names) for row in done.merged_errors)]
@@ -356,16 +359,9 @@ class ClassificationAnalysis(Hook):
 
 
 def _class_names(run: RunView, output: OutputSpec, classes: int) -> list[str]:
-    """Names from the output's class-names global ({name: index}), else numbers."""
-    names = [str(k) for k in range(classes)]
-    store = run.pipeline.globals
-    if output.class_names is None or output.class_names not in store:
-        return names
-    published = store.get(output.class_names, "analysis")
-    for name, index in published.items() if isinstance(published, Mapping) else ():
-        if isinstance(index, int) and 0 <= index < classes:
-            names[index] = str(name)
-    return names
+    """Names from the output's class-names global (image_grid.class_names), else numbers."""
+    named = class_names(run.pipeline, output) or []
+    return [named[k] if k < len(named) else str(k) for k in range(classes)]
 
 
 def _merged(gathered: Sequence[dict[str, PassShare]]) -> dict[str, PassShare]:

@@ -211,7 +211,7 @@ class EmbeddingExport(Hook):
         parts = kept.parts
         targets = _joined([part.targets for part in parts])
         if targets is not None:
-            names = class_names(run.pipeline, output.class_names)
+            names = class_names(run.pipeline, output)
             metadata = [
                 names[t] if names is not None and 0 <= t < len(names) else str(t)
                 for t in targets.tolist()

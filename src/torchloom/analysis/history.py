@@ -143,7 +143,7 @@ class HistoryPlots(Hook):
     def after_eval(self, run: RunView, section: str, values: dict[str, Any], partial: bool) -> None:
         if section == "validation" and not partial:
             p = run.progress
-            row = {"epoch": p.epoch, "episode": p.episode, **values}
+            row = {"epoch": p.row_epoch, "episode": p.episode, **values}
             self._draw(run, {("per epoch", "validation"): row}, force=False)
 
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None:

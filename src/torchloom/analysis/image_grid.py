@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from torchloom.analysis.schema import OutputSpec
 from torchloom.core.component import Batch, Task
 from torchloom.core.pipeline import Pipeline
 from torchloom.data.atomic_files import atomic_file
@@ -258,9 +259,18 @@ def fetch_samples(task: Task, ids: Sequence[int], seed: int | None = None) -> li
         return [task[int(i)] for i in ids]
 
 
-def class_names(pipeline: Pipeline, mapping: str | None) -> list[str] | None:
-    """Class names by index from a `name -> index` global (None when there is none)."""
+def class_names(pipeline: Pipeline, output: OutputSpec) -> list[str] | None:
+    """Class names by index from the output's `name -> index` global (None when there is
+    none). The default global, the task's classes, names only an output whose targets a task
+    publishes: another head's targets (a multitask pipeline's parity, made from the digits)
+    have classes of their own, numbered."""
+    mapping = output.class_names
     if mapping is None or mapping not in pipeline.globals:
+        return None
+    tasks = pipeline.tasks.values()
+    if "class_names" not in output.model_fields_set and not any(
+        task_key(task, output.targets) is not None for task in tasks
+    ):
         return None
     value = pipeline.globals.get(mapping, "analysis")
     if not isinstance(value, dict):

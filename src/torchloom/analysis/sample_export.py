@@ -134,7 +134,7 @@ class SampleExport(Hook):
             return
         output = self.config.outputs[0]
         targets = task_key(task, output.targets) or TARGETS
-        names = class_names(run.pipeline, output.class_names)
+        names = class_names(run.pipeline, output)
         labels = []
         for sample in samples:
             target = sample.get(targets)

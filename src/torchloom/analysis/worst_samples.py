@@ -157,7 +157,7 @@ class WorstSamples(Hook):
             pending = [t.blank_row() for t in self.trackers]
         self._merge(pending)
         for tracker, row in zip(self.trackers, pending, strict=True):
-            tracker.add_row(row, run.progress.epoch)
+            tracker.add_row(row, run.progress.row_epoch)
         self.dirty = True
         self.write(run)
 
@@ -235,7 +235,7 @@ class WorstSamples(Hook):
             if not tracker.labels:
                 continue
             prefix = "" if len(self.trackers) == 1 else f"{tracker.output.name}-"
-            names = class_names(run.pipeline, tracker.output.class_names)
+            names = class_names(run.pipeline, tracker.output)
             worst = tracker.hardest(self.settings.count)
             _write_csv(folder / f"{prefix}worst.csv", worst, names)
             if not worst or not draw:
