@@ -98,8 +98,11 @@ def test_translation_config_trains_and_reports_bleu(tmp_path: Path) -> None:
 def test_language_model_config_trains_on_a_plain_text_corpus(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
+    # Twenty documents, each the same two sentences a different number of times (a corpus's
+    # repeated documents are kept once, so that none is in two splits).
+    sentences = "the cat sat on the mat . the dog sat on the log ."
     for i in range(20):
-        (corpus / f"{i:02d}.txt").write_text("the cat sat on the mat . the dog sat on the log .\n")
+        (corpus / f"{i:02d}.txt").write_text(" ".join([sentences] * (i + 1)) + "\n")
     overrides = [
         f"training.task.data_folder={corpus}",
         "training.task.packaged=false",

@@ -159,9 +159,13 @@ def test_packaged_bbc_news_when_the_folder_is_missing(tmp_path: Path) -> None:
     names = ["business", "entertainment", "politics", "sports", "tech"]
     assert tasks["train"].class_names == names
     texts = {split: set(task.texts("inputs")) for split, task in tasks.items()}
-    assert sum(len(task) for task in tasks.values()) == 2225
-    assert len(texts["train"] | texts["validation"] | texts["test"]) >= 2225 - 100  # duplicates
-    assert tasks["test"].sample_targets().bincount().tolist() == [102, 77, 83, 102, 80]
+    # 2,225 articles, 101 of them repeats: one copy of each is kept, so that no article is in
+    # two splits (15 validation and 27 test articles were training ones).
+    assert sum(len(task) for task in tasks.values()) == 2124
+    assert len(texts["train"] | texts["validation"] | texts["test"]) == 2124
+    assert not texts["train"] & (texts["validation"] | texts["test"])
+    assert not texts["validation"] & texts["test"]
+    assert tasks["test"].sample_targets().bincount().tolist() == [101, 74, 81, 100, 69]
     assert any("\u00a3" in text for text in texts["train"] | texts["validation"] | texts["test"])
 
 
@@ -311,6 +315,17 @@ def test_sequence_mode_targets_are_shifted_by_one(wikitext: Path) -> None:
         LanguageModeling.create(
             data_folder=str(wikitext), split="test", ngram_size=3, end_of_line=None
         ).prepare()
+
+
+def test_a_document_repeated_in_a_corpus_is_in_one_split_only(tmp_path: Path) -> None:
+    """BBC News holds 101 repeated articles: copies fell in training and in test alike."""
+    for i in range(10):
+        (tmp_path / f"doc{i}.txt").write_text(f"Document {i} says: hello, world!\n")
+    for i in range(10):
+        (tmp_path / f"copy{i}.txt").write_text("A repeated story.\n")
+    params = {"format": "text", "data_folder": str(tmp_path), "tokenizer": "words"}
+    corpora = {s: LanguageModeling.create(split=s, **params).corpus_words() for s in SPLITS}
+    assert sum(corpora[s].count("repeated") for s in SPLITS) == 1
 
 
 def test_plain_text_corpus_splits_by_document(tmp_path: Path) -> None:

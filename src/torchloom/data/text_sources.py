@@ -186,6 +186,19 @@ def dedupe_key(text: str) -> str:
     return normalize_spaces(unicodedata.normalize("NFKC", text)).casefold()
 
 
+def distinct_positions(texts: Sequence[str], classes: Sequence[int] | None = None) -> list[int]:
+    """Positions of the texts worth splitting: the first copy of each text (`dedupe_key`), so
+    that no copy of a training text is validated or tested on, and none of a text found
+    under two classes (its label cannot be known)."""
+    first: dict[str, int] = {}
+    labels: dict[str, set[int]] = {}
+    for position, text in enumerate(texts):
+        key = dedupe_key(text)
+        first.setdefault(key, position)
+        labels.setdefault(key, set()).add(classes[position] if classes is not None else 0)
+    return sorted(position for key, position in first.items() if len(labels[key]) == 1)
+
+
 def locate_folder(
     data_folder: str | Path,
     packaged: tuple[str, str] | None,

@@ -16,6 +16,7 @@ from torchloom.core.streams import StreamSpec
 from torchloom.data.text_sources import (
     SplitName,
     collate_text_samples,
+    distinct_positions,
     locate_folder,
     read_text,
     split_positions,
@@ -234,6 +235,9 @@ class LanguageModeling(Task):
             folder = Path(p.data_folder).expanduser()
             return self._words_of(self._read(folder / name, layout))
         source, documents = self._documents()
+        # One copy of a document repeated in the corpus: in two splits, the model would be
+        # tested on text it trained on.
+        documents = [documents[i] for i in distinct_positions(documents)]
         chosen = split_positions(
             [0] * len(documents), split, p.validation_fraction, p.test_fraction, p.split_seed
         )

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 
 from torchloom.core.component import BuildContext
 from torchloom.data.text_sources import (
+    distinct_positions,
     locate_folder,
     pick_columns,
     read_delimited,
@@ -252,6 +253,15 @@ class TextClassification(LabelledTextTask):
                 LOGGER.warning(
                     "%s: skipped %d empty documents in %s", self.label, empty, self.folder()
                 )
+        kept = distinct_positions(texts, targets)
+        if len(kept) < len(texts):
+            LOGGER.info(
+                "%s: %d repeated documents left out (one copy of each is kept, so that none "
+                "is in two splits; a text under two classes is left out whole)",
+                self.label,
+                len(texts) - len(kept),
+            )
+            texts, targets = [texts[i] for i in kept], [targets[i] for i in kept]
         chosen = split_positions(
             targets, p.split, p.validation_fraction, p.test_fraction, p.split_seed
         )
