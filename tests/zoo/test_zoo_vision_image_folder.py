@@ -159,3 +159,22 @@ def test_a_fetched_batch_of_files_is_the_samples_collated(folder: Path) -> None:
     assert torch.equal(fetched["targets"], by_sample["targets"])
     assert fetched["labels"] == by_sample["labels"]
     assert fetched["indices"].tolist() == [3, 0, 24, 3, 7, 12]
+
+
+def test_a_16_bit_image_keeps_its_shades(tmp_path: Path) -> None:
+    """PIL's convert('L') clips a 16-bit picture (mode I;16) to 0 or 255: a 16-bit scan was
+    read as black and white."""
+    import numpy as np
+    from PIL import Image
+
+    folder = tmp_path / "scans" / "a"
+    folder.mkdir(parents=True)
+    ramp = (np.arange(16, dtype=np.uint16).reshape(4, 4) * 4369).astype(np.uint16)  # 0..65535
+    Image.fromarray(ramp).save(folder / "ramp.png")  # mode I;16
+    task = ImageFolder.create(
+        data_folder=str(tmp_path / "scans"), image_size=[4, 4], grayscale=True
+    )
+    task.prepare()
+    pixels = task.fetch([0])["inputs"][0, 0]
+    assert len(pixels.unique()) == 16
+    assert (float(pixels.min()), float(pixels.max())) == (0.0, 1.0)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from torchloom.data.image_modes import eight_bit
 from torchloom.errors import DeployError
 
 
@@ -57,8 +58,8 @@ def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
 
     try:
         with Image.open(path) as opened:
-            image = opened.convert("L" if recipe["depth"] == 1 else "RGB")
-    except (OSError, UnidentifiedImageError, Image.DecompressionBombError) as error:
+            image = eight_bit(opened).convert("L" if recipe["depth"] == 1 else "RGB")
+    except (OSError, UnidentifiedImageError, Image.DecompressionBombError, ValueError) as error:
         reason = getattr(error, "strerror", None) or str(error)
         raise DeployError.at(
             "", f"input '{path}'", f"cannot be read as an image: {reason}"

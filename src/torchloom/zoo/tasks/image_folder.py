@@ -11,6 +11,7 @@ from pydantic import Field, PositiveInt
 from torchvision.transforms.v2 import functional as TF
 
 from torchloom.core.component import BuildContext
+from torchloom.data.image_modes import eight_bit
 from torchloom.errors import DataError, Problem
 from torchloom.zoo.image_transforms import ImageTransforms
 from torchloom.zoo.tasks.drawn_split import DrawnSplitParams
@@ -191,7 +192,7 @@ class ImageFolder(ImageClassificationTask):
         height, width = self.params.image_size
         try:
             with Image.open(path) as image:
-                converted = image.convert("L" if self.params.grayscale else "RGB")
+                converted = eight_bit(image).convert("L" if self.params.grayscale else "RGB")
                 resized = converted.resize((width, height), Image.Resampling.BILINEAR)
         except (OSError, UnidentifiedImageError, ValueError) as error:
             raise self._error(path, f"cannot be read as an image: {error}") from error

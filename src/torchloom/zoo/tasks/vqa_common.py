@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, m
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Task
 from torchloom.core.streams import StreamSpec
+from torchloom.data.image_modes import eight_bit
 from torchloom.errors import ComponentError, DataError, Problem
 
 # The ignore index of torch's losses: the target of a question whose answer is unknown (test
@@ -142,7 +143,7 @@ def read_rgb_image(
         )
     try:
         with Image.open(path) as image:
-            rgb = image.convert("RGB")
+            rgb = eight_bit(image).convert("RGB")
             if rgb.size != (width, height):
                 rgb = rgb.resize((width, height), Image.Resampling.BILINEAR)
             pixels = np.array(rgb, dtype=np.uint8)  # [height, width, 3], a copy
