@@ -151,6 +151,10 @@ def test_csv_and_tsv_files(tmp_path: Path) -> None:
         text_task(data_folder=str(tmp_path), file="reviews.csv", classes=["neg"]).prepare()
     with pytest.raises(pydantic.ValidationError, match="must be indices"):
         text_task(data_folder=str(tmp_path), file="pairs.tsv", header=False)
+    # An empty label was a class of its own (''), shifting every other class's index.
+    (tmp_path / "unlabelled.csv").write_text("text,label\na text,a\nno label here,\nb text,b\n")
+    with pytest.raises(DataError, match=r"unlabelled\.csv:3: data file: row has an empty label"):
+        text_task(data_folder=str(tmp_path), file="unlabelled.csv")
 
 
 def test_packaged_bbc_news_when_the_folder_is_missing(tmp_path: Path) -> None:
@@ -208,6 +212,19 @@ def test_wili_format_dedupes_and_keeps_test_sentences_out_of_training(tmp_path: 
     (tmp_path / "y_test.txt").write_text("eng\n")
     with pytest.raises(DataError, match=r"x_test.txt.*3 lines but y_test.txt has 1"):
         create("test").prepare()
+
+
+def test_a_blank_line_in_both_wili_files_is_no_language(tmp_path: Path) -> None:
+    """A blank last line in x_train.txt and y_train.txt made '' a language; the task then
+    failed, telling the user to check `languages`, which they had not set."""
+    write_wili(tmp_path)
+    for name in ("x_train.txt", "y_train.txt"):
+        with (tmp_path / name).open("a", encoding="utf-8") as file:
+            file.write("\n")
+    task = LanguageIdentification.create(format="wili", data_folder=str(tmp_path))
+    assert task.global_value("label_word_mappings") == {"deu": 0, "eng": 1}
+    task.prepare()
+    assert "" not in set(task.texts("labels"))
 
 
 def test_wili_missing_files_say_where_to_get_them(tmp_path: Path) -> None:

@@ -189,6 +189,22 @@ def test_vqa_med_training_split(med: Path) -> None:
     assert batch["categories"].tolist() == [0, 1] and batch["images"].shape == (2, 3, 20, 30)
 
 
+def test_a_vqa_med_question_with_a_line_separator_in_it_is_one_row(
+    med: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    copy = tmp_path / "med"
+    shutil.copytree(med, copy)
+    (path,) = (copy / "ImageClef-2019-VQA-Med-Training" / "QAPairsByCategory").glob("C1*")
+    lines = path.read_text(encoding="utf-8").split("\n")
+    image, question, answer = lines[0].split("|")
+    lines[0] = f"{image}|{question}\u2028(one row)|{answer}"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    task = VQAMed2019.create(data_folder=str(copy))
+    assert len(task) == 12 and "\u2028(one row)" in task[0]["questions"]
+
+
 def test_vqa_med_categories_and_validation_targets(med: Path) -> None:
     task = VQAMed2019.create(data_folder=str(med), split="validation", categories=["C4", "C2"])
     # Category by category in the order asked, then in file order; 4 validation images.

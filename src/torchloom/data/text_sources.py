@@ -169,7 +169,16 @@ def pick_columns(
                 f"the {' and '.join(columns)}",
                 "check the delimiter and the column indices",
             )
-        picked.append(tuple(row[position].strip() for position in positions))
+        values = tuple(row[position].strip() for position in positions)
+        empty = [key for key, value in zip(columns, values, strict=True) if not value]
+        if empty:  # an empty label would be a class of its own, shifting every other index
+            raise DataError.at(
+                f"{path}:{number}",
+                "data file",
+                f"row has an empty {' and '.join(empty)}",
+                "fill it in, or remove the row",
+            )
+        picked.append(values)
     if not picked:
         raise DataError.at(str(path), "data file", "has no data rows")
     return picked

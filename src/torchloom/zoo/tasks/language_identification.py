@@ -148,7 +148,7 @@ class LanguageIdentification(LabelledTextTask):
             raise self._param_error("languages", f"languages are repeated: {languages}")
         if languages is None:
             languages = (
-                sorted(set(self._wili_labels("train")))
+                sorted(set(self._wili_labels("train")) - {""})
                 if params.format == "wili"
                 else list(CHATTERBOT_LANGUAGES)
             )
@@ -205,7 +205,8 @@ class LanguageIdentification(LabelledTextTask):
                 "they must pair line by line",
                 f"get both files again; the folder should hold {WILI_LAYOUT}",
             )
-        return list(zip(texts, labels, strict=True))
+        # A line with no language (a blank line, often the files' last) is no sample.
+        return [(text, label) for text, label in zip(texts, labels, strict=True) if label]
 
     # ---- chatterbot-corpus --------------------------------------------------------------------
     def _chatterbot_pairs(self) -> list[tuple[str, str]]:

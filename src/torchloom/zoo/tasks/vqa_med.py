@@ -243,7 +243,9 @@ class VQAMed2019(VQATask):
         except (OSError, UnicodeDecodeError) as error:
             raise self.error(path, f"cannot be read: {error}") from error
         rows = []
-        for number, line in enumerate(text.splitlines(), start=1):
+        # Lines end at "\n" alone (as text_sources.read_lines): `splitlines` also ends one at
+        # a form feed or U+2028 inside a question, whose row then had too few fields.
+        for number, line in enumerate(text.split("\n"), start=1):
             if not line.strip():
                 continue
             values = tuple(value.strip() for value in line.split("|"))
