@@ -142,6 +142,20 @@ def test_bad_input_is_a_plain_error_and_writes_nothing(
     assert not (run / "quantized").exists()
 
 
+def test_an_explicit_best_checkpoint_is_that_or_an_error(
+    lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--checkpoint best` of a run without best.pt quantized last.pt, saying so only in the
+    report; the default (best, else last) still falls back."""
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    (run / "checkpoints" / "best.pt").unlink()
+    assert quantize(run, "--mode", "dynamic", "--checkpoint", "best") == 2
+    assert "has no checkpoint" in capsys.readouterr().err
+    assert quantize(run, "--mode", "dynamic", "--repeats", "1") == 0
+    assert report_of(run / "quantized" / "dynamic")["checkpoint"].endswith("last.pt")
+
+
 def test_a_folder_that_is_not_a_trained_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

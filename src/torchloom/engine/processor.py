@@ -43,7 +43,7 @@ def checkpoint_path(run_dir: Path | None, checkpoint: str | None) -> Path | None
     if checkpoint in (None, "best", "last") and run_dir is not None:
         chosen = checkpoint or "best"
         path = run_dir / "checkpoints" / f"{chosen}.pt"
-        if chosen == "best" and not path.exists():
+        if checkpoint is None and not path.exists():  # asked for best.pt by name: it or none
             path = run_dir / "checkpoints" / "last.pt"  # a run with no validation has no best
         return path
     if checkpoint in ("best", "last"):
