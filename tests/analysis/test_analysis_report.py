@@ -187,6 +187,22 @@ def test_report_draws_history_curves_from_the_csvs_without_reports_history(run_c
         assert ImageStat.Stat(picture).stddev[0] > 5, f"{image['alt']} is blank"
 
 
+def test_history_pictures_older_than_the_statistics_give_way_to_curves_from_them(
+    run_copy: Path,
+) -> None:
+    """A run drawn during training, then stopped (a pruned trial) or killed, kept pictures
+    that ended epochs early: the report showed them as its history."""
+    import os
+
+    add_analysis_files(run_copy)
+    old = (run_copy / "reports" / "history" / "validation-accuracy.png").stat().st_mtime - 60
+    for picture in (run_copy / "reports" / "history").glob("*.png"):
+        os.utime(picture, (old, old))
+    page = Page(write_report(run_copy).read_text(encoding="utf-8"))
+    assert {"loss", "accuracy"} <= page.captions("history")
+    assert "validation-accuracy" not in page.captions("history")
+
+
 def test_report_shows_every_analysis_file_that_exists(run_copy: Path) -> None:
     add_analysis_files(run_copy)
     page = Page(write_report(run_copy).read_text(encoding="utf-8"))

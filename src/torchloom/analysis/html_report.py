@@ -105,7 +105,13 @@ def _summary(run: Run) -> list[str]:
 def _history(run: Run, files: _Files) -> list[str]:
     pngs, lr = files("history/*.png"), files("learning_rate.png")
     parts = [gallery(pngs)]
-    if not pngs:  # no history analysis: our own curves from the statistics CSVs
+    # No history analysis, or pictures older than the statistics (a run drawn during
+    # training and stopped or killed before it drew them again): curves from the CSVs.
+    csvs = list(run.path.glob("*statistics.csv"))
+    stale = bool(pngs) and max((p.stat().st_mtime for p in csvs), default=0.0) > min(
+        p.stat().st_mtime for p in pngs
+    )
+    if not pngs or stale:
         plots = history_plots(run, skip_lr=bool(lr))
         parts = [figure(data, name, show_caption=False) for name, data in plots]
     return parts + [png_file_figure(p, "learning rate") for p in lr]
