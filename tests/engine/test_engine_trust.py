@@ -215,6 +215,22 @@ def test_an_online_run_s_logging_interval_is_not_changed_on_resume_where_it_pace
     assert resumed.status == "epoch_limit"
 
 
+def test_a_held_out_split_over_another_size_than_its_training_side_is_refused(
+    tmp_path: Path,
+) -> None:
+    """`complement: true` holds out what a `fraction` subset leaves, when both permute the
+    same number of positions: with a training task of 40 samples and a validation task of
+    16 (a subset in one section only), the validation samples were training ones too."""
+    config = toy_config()
+    config["training"]["sampler"] = {"type": "subset", "fraction": 0.75}
+    config["validation"]["sampler"] = {"type": "subset", "fraction": 0.75, "complement": True}
+    with pytest.raises(DataError, match="over 16 samples where training has 40") as refused:
+        train(write(tmp_path, config), tmp_path / "runs")
+    assert "validation.sampler" in refused.value.format()
+    config["validation"]["task"]["size"] = 40  # the same data: the two sides agree
+    assert train(write(tmp_path, config), tmp_path / "runs").status == "epoch_limit"
+
+
 def test_a_stopped_run_with_gradient_accumulation_resumes_bit_identical(tmp_path: Path) -> None:
     # A stop between two optimizer steps: the gradients summed so far go into last.pt.
     config = write(tmp_path, toy_config(gradient_accumulation=3, checkpoint_interval=2))

@@ -17,7 +17,7 @@ a train/validation split of one set is the same in every run whatever the run se
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import torch
 from torch.utils.data import Sampler
@@ -30,7 +30,7 @@ from torchloom.config.sampler_schema import (
     SubsetSamplerConfig,
     WeightedSamplerConfig,
 )
-from torchloom.errors import DataError
+from torchloom.errors import DataError, Where
 
 # Seeds are folded into torch's accepted range; 1_000_003 is prime, so distinct small
 # (seed, epoch) pairs never collide.
@@ -343,3 +343,32 @@ def _class_balanced_weights(targets: torch.Tensor | None, size: int, where: str)
         )
     _, inverse, counts = torch.unique(targets, return_inverse=True, return_counts=True)
     return 1.0 / counts.to(torch.float64)[inverse]
+
+
+def check_split_sizes(
+    sizes: Mapping[str, int], samplers: Mapping[str, SamplerConfig | None], where: Where
+) -> None:
+    """A DataError when two sections' drawn split disagrees. A subset by `fraction` and
+    k-fold permute the dataset's positions with `split_seed`: a section holding out the other
+    side (`complement`, `held_out`) agrees with one that trains on it only over datasets of
+    the same size; over two sizes (a `task.subset` in one section only) the sides overlap."""
+    drawn = {
+        section: (
+            config.split_seed,
+            bool(getattr(config, "complement", False) or getattr(config, "held_out", False)),
+        )
+        for section, config in samplers.items()
+        if isinstance(config, KFoldSamplerConfig)
+        or (isinstance(config, SubsetSamplerConfig) and config.fraction is not None)
+    }
+    for section, (seed, out) in drawn.items():
+        for other, (other_seed, other_out) in drawn.items():
+            if out and not other_out and seed == other_seed and sizes[section] != sizes[other]:
+                raise DataError.at(
+                    where(section, "sampler"),
+                    f"{section}.sampler",
+                    f"holds out the side of a split that {other}.sampler trains on, over "
+                    f"{sizes[section]} samples where {other} has {sizes[other]}: the split is "
+                    "drawn over the dataset's size, so the two sides overlap",
+                    "give both sections' tasks the same subset (or none)",
+                )

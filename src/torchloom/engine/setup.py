@@ -25,6 +25,7 @@ from torchloom.config.loading import ConfigSource
 from torchloom.config.schema import TrainingConfig, ValidationConfig
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.weights import match_pipeline_weights
+from torchloom.data.samplers import check_split_sizes
 from torchloom.engine.architecture_search import build_search, with_search_split
 from torchloom.engine.assemble import (
     build_checked,
@@ -293,6 +294,9 @@ def _setup(
         s: _section_loader(s, pipeline, sections, seed, where, device)
         for s in ("training", "validation", "test")
     }
+    held = {s: loader for s, loader in loaders.items() if loader is not None}
+    samplers = {s: getattr(sections[s], "sampler", None) for s in held}
+    check_split_sizes({s: len(loader.task) for s, loader in held.items()}, samplers, where)
     train_data = loaders["training"]
     assert train_data is not None, "a training run has a training task"
     undo.callback(train_data.close)
