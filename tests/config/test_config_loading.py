@@ -158,7 +158,8 @@ def test_missing_packaged_include_suggests_close_name(
     write(tmp_path / "packaged", "lenet5.yml", "x: 1\n")
     monkeypatch.setattr(loading_module, "packaged_configs_root", lambda: tmp_path / "packaged")
     write(tmp_path, "top.yml", "default_configs: ['loom://lenet.yml']\n")
-    with pytest.raises(ConfigError, match=r"lenet\.yml.*did you mean 'lenet5\.yml'"):
+    # As it is written: 'lenet5.yml' would be read beside top.yml
+    with pytest.raises(ConfigError, match=r"lenet\.yml.*did you mean 'loom://lenet5\.yml'"):
         load_config("top.yml")
 
 
@@ -326,3 +327,11 @@ def test_a_mapping_is_loaded_as_its_yaml_would_be_without_a_file(
     with pytest.raises(ConfigError) as raised:
         load_config({"name": "mine", "training": {"x": "${training.nowhere}"}})
     assert "config mapping 'mine', key training.x" in raised.value.format()
+
+
+def test_a_misspelt_packaged_include_is_told_its_loom_path(tmp_path: Path) -> None:
+    """It suggested 'lenet5.yml', which written so resolves beside the including file."""
+    config = tmp_path / "mine.yml"
+    config.write_text("default_configs: [loom://mnist/lenet.yml]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"did you mean 'loom://mnist/lenet5\.yml'\?"):
+        load_config(config)

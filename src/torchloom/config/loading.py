@@ -148,8 +148,14 @@ def _missing_file_hint(path: Path) -> tuple[str, str]:
         return "is a directory, not a config file", ""
     if not path.parent.is_dir():
         return f"file not found (no directory {display_path(path.parent)})", ""
-    siblings = [p.name for p in path.parent.iterdir() if p.suffix in CONFIG_SUFFIXES]
-    return "file not found", did_you_mean(path.name, siblings)
+    siblings = [p for p in path.parent.iterdir() if p.suffix in CONFIG_SUFFIXES]
+    root = packaged_configs_root().resolve()
+    if path.is_relative_to(root):  # suggested as written: a packaged config's loom:// path
+        named = [f"{PACKAGED_PREFIX}{p.relative_to(root).as_posix()}" for p in siblings]
+        return "file not found", did_you_mean(
+            f"{PACKAGED_PREFIX}{path.relative_to(root).as_posix()}", named
+        )
+    return "file not found", did_you_mean(path.name, [p.name for p in siblings])
 
 
 class _IncludeReader:
