@@ -114,7 +114,7 @@ def test_a_code_first_grid_enumerates_the_builders_choices(
 
 
 def test_a_resumed_search_through_the_api_refuses_what_it_would_ignore(
-    tmp_path: Path, mnist_folder: Path
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A code-first resume dropped sampler, seed, ... in silence and kept the old timeout; a
     YAML one ignored the config and overrides given with it."""
@@ -135,6 +135,11 @@ def test_a_resumed_search_through_the_api_refuses_what_it_would_ignore(
         torchloom.search(build, trials=1, seed=1, resume=found.search_dir)
     torchloom.search(build, trials=1, timeout=3600.0, resume=found.search_dir)
     assert read_record(found.search_dir).settings["timeout"] == 3600.0
+    # The command line cannot call the builder: it says so ("config file: is a directory").
+    from torchloom.cli.main import main
+
+    assert main(["search", "--resume", str(found.search_dir), "--trials", "2"]) == 2
+    assert "is a code-first search" in capsys.readouterr().err
     space = {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}}
     yaml_search = torchloom.search(
         config, space=space, trials=1, expdir=str(tmp_path / "yaml")

@@ -4,6 +4,7 @@ run of its own (torchloom/search/). `--resume DIR` continues a search folder's s
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 # Only what starts the worker processes loads here: the rest imports torch, which the workers
 # import beside this process once started (search/processes.py, WorkerProcesses).
@@ -35,7 +36,7 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     from torchloom.analysis.build import build_hooks
     from torchloom.search.page import write_page
     from torchloom.search.processes import run_workers
-    from torchloom.search.record import check_importance
+    from torchloom.search.record import check_importance, read_record
     from torchloom.search.results import sampled_values, write_results
     from torchloom.search.runner import SearchRequest, prepare_search, resume_search
     from torchloom.search.trial import DeviceUnusable
@@ -60,6 +61,16 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
         resume=args.resume,
     )
     if args.resume:
+        if not read_record(Path(args.resume).expanduser()).config:  # a code-first search's
+            from torchloom.errors import ConfigError
+
+            raise ConfigError.at(
+                "command line",
+                f"--resume {args.resume}",
+                "is a code-first search (its trials' configs come from a Python function)",
+                "continue it from the code that started it: torchloom.search(build, "
+                "resume=SEARCH_DIR)",
+            )
         search_dir, record = resume_search(request)
     else:
         search_dir, record = prepare_search(request)
