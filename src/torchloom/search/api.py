@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -153,26 +153,30 @@ def search(
     say: Callable[[str], None] = (lambda line: None) if quiet else print
     check_importance(importance, "torchloom.search importance")
     interrupted, stopped = False, None
+    request = SearchRequest(
+        config=None if callable(config) else config,
+        overrides=overrides,
+        space=space,
+        trials=trials,
+        sampler=sampler,
+        pruner=pruner,
+        monitor=monitor,
+        mode=mode,
+        storage=storage,
+        study=study,
+        workers=workers,
+        timeout=timeout,
+        seed=seed,
+        expdir=expdir,
+        device=device,
+        resume=resume,
+    )
     if callable(config):
         if workers != 1:
             raise ConfigError.at(
                 "torchloom.search", "workers", "a code-first search runs in this process only"
             )
-        search_dir, record = _code_first(
-            config,
-            resume,
-            trials,
-            expdir,
-            storage,
-            study,
-            sampler,
-            pruner,
-            monitor,
-            mode,
-            seed,
-            device,
-            timeout,
-        )
+        search_dir, record = _code_first(config, replace(request, config=None))
         propose = _proposer(config)
         try:
             work(search_dir, record, build_hooks, say, _deadline(record), propose)
@@ -181,24 +185,6 @@ def search(
         except DeviceUnusable as error:
             stopped = error
     else:
-        request = SearchRequest(
-            config=config,
-            overrides=overrides,
-            space=space,
-            trials=trials,
-            sampler=sampler,
-            pruner=pruner,
-            monitor=monitor,
-            mode=mode,
-            storage=storage,
-            study=study,
-            workers=workers,
-            timeout=timeout,
-            seed=seed,
-            expdir=expdir,
-            device=device,
-            resume=resume,
-        )
         prepared = resume_search(request) if resume is not None else prepare_search(request)
         search_dir, record = prepared
         try:
@@ -251,66 +237,38 @@ def _config_of(build: Builder, built: Any) -> dict[str, Any]:
     )
 
 
-def _code_first(
-    build: Builder,
-    resume: str | os.PathLike[str] | None,
-    trials: int | None,
-    expdir: str,
-    storage: str | None,
-    study: str | None,
-    sampler: str | None,
-    pruner: str | None,
-    monitor: str | None,
-    mode: str | None,
-    seed: int | None,
-    device: str | None,
-    timeout: float | None,
-) -> tuple[Path, SearchRecord]:
-    if resume is not None:  # what it started with is kept, and a change refused, as in YAML
-        return resume_search(
-            SearchRequest(
-                trials=trials,
-                sampler=sampler,
-                pruner=pruner,
-                monitor=monitor,
-                mode=mode,
-                storage=storage,
-                study=study,
-                timeout=timeout,
-                seed=seed,
-                device=device,
-                resume=resume,
-            )
-        )
-    if trials is None:
+def _code_first(build: Builder, request: SearchRequest) -> tuple[Path, SearchRecord]:
+    if request.resume is not None:  # what it started with is kept, a change refused, as YAML's
+        return resume_search(request)
+    if request.trials is None:
         raise ConfigError.at("torchloom.search", "trials", "says how many trials to run")
     # The builder's config at the first values (low ends, first choices) names the search
     # and says what the monitor is; every trial's config is checked again when it starts.
     first = TrialParameters(None)
     loaded, _ = load_and_validate(_config_of(build, build(first)))
-    monitor, mode = monitor_of(loaded.data, monitor, mode, set())
+    monitor, mode = monitor_of(loaded.data, request.monitor, request.mode, set())
     where = "torchloom.search"
     settings = SearchSettings(
-        sampler=component_spec("sampler", sampler or "tpe", where),
-        pruner=component_spec("pruner", pruner or "none", where),
+        sampler=component_spec("sampler", request.sampler or "tpe", where),
+        pruner=component_spec("pruner", request.pruner or "none", where),
         monitor=monitor,
         mode=mode,
-        trials=trials,
-        timeout=timeout,
+        trials=request.trials,
+        timeout=request.timeout,
     )
     if settings.sampler["type"] == "grid":
         settings.sampler.setdefault("search_space", first.grid_space())
     name = pipeline_name(loaded)
     record = SearchRecord(
         name=name,
-        study=study or name,
-        storage=storage or journal_url(),
+        study=request.study or name,
+        storage=request.storage or journal_url(),
         monitor=monitor,
         mode=mode,
-        trials=trials,
+        trials=request.trials,
         settings=settings.to_json(),
-        seed=seed,
-        device=device,
+        seed=request.seed,
+        device=request.device,
         config="",
         digest=config_digest(dump_config(loaded.data)),
     )
@@ -318,7 +276,7 @@ def _code_first(
     assert identity is not None
     if not record.storage_in_folder():  # checked before any folder (runner.prepare_search)
         create_study(record.storage, record.study, identity)
-    search_dir = create_run_folder(Path(expdir).expanduser() / "searches", name)
+    search_dir = create_run_folder(Path(request.expdir).expanduser() / "searches", name)
     record.save(search_dir)
     if record.storage_in_folder():
         create_study(record.storage_url(search_dir), record.study, identity)
