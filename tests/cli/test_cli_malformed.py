@@ -83,7 +83,12 @@ CASES: dict[str, Case] = {
     ),
     "misspelt-packaged-include": Case(
         "default_configs: ['loom://mnist/default_mnis.yml']\n" + GOOD_PIPELINE,
-        ("bad.yml:1", "default_mnis.yml", "file not found", "did you mean 'default_mnist.yml'?"),
+        (
+            "bad.yml:1",
+            "default_mnis.yml",
+            "file not found",
+            "did you mean 'loom://mnist/default_mnist.yml'?",
+        ),
     ),
     "include-cycle": Case(
         "default_configs: [a.yml]\n" + GOOD_PIPELINE,
@@ -148,11 +153,11 @@ CASES: dict[str, Case] = {
     ),
     "os-system-refused": Case(
         GOOD_CONFIG + "  evil: {type: 'os:system'}\n",
-        ("bad.yml:8", "'evil'", "'os:system'", "not a torchloom Component subclass"),
+        ("bad.yml:8", "'evil'", "'os:system'", "it is in the standard library"),
     ),
     "builtins-eval-refused": Case(
         GOOD_CONFIG + "  evil: {type: 'builtins:eval'}\n",
-        ("bad.yml:8", "'evil'", "'builtins:eval'", "not a torchloom Component subclass"),
+        ("bad.yml:8", "'evil'", "'builtins:eval'", "it is in the standard library"),
     ),
     "class-that-is-not-a-component": Case(
         GOOD_CONFIG + "  params: {type: 'torchloom.zoo.models.lenet5:LeNet5Params'}\n",

@@ -157,6 +157,21 @@ def test_csv_and_tsv_files(tmp_path: Path) -> None:
         text_task(data_folder=str(tmp_path), file="unlabelled.csv")
 
 
+def test_a_section_that_draws_another_split_of_the_collection_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A validation_fraction of 0.2 in the validation section alone drew another split of
+    BBC News: 236 of its 444 articles were training ones."""
+    from torchloom.cli.main import main
+
+    config = "loom://language/bbc_news_bow_ffn.yml"
+    assert main(["check", config, "++validation.task.validation_fraction=0.2"]) == 2
+    error = capsys.readouterr().err
+    assert "validation_fraction is 0.2 where the training task's is 0.1" in error
+    assert main(["check", config, "++test.task.split_seed=3"]) == 2
+    assert main(["check", config]) == 0
+
+
 def test_packaged_bbc_news_when_the_folder_is_missing(tmp_path: Path) -> None:
     params = {"data_folder": str(tmp_path / "bbc"), "fallback_encoding": "latin-1"}
     tasks = {split: text_task(split=split, **params) for split in SPLITS}

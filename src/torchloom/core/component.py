@@ -29,7 +29,7 @@ from torch import nn
 
 from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.streams import StreamSpec
-from torchloom.errors import Where
+from torchloom.errors import Problem, Where
 
 Batch = dict[str, Any]
 
@@ -377,6 +377,11 @@ class Task(Component, torch.utils.data.Dataset):
         if already is None or not _on_the_device(already, device):  # else a second loader's
             self.held = {name: tensor.to(device) for name, tensor in tensors.items()}
         return True
+
+    def split_problems(self, training: Task) -> list[Problem]:
+        """Why this (validation or test) task's split cannot be held apart from `training`'s
+        (a task that draws its splits from one collection); none by default."""
+        return []
 
     def texts(self, stream: str) -> Iterator[Any]:
         """Every sample's value of one output stream (default name), in sample order, for

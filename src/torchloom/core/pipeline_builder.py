@@ -314,6 +314,11 @@ def build_pipeline(
         if entry.freeze:
             component.freeze()
         built[entry.name] = component
+    training = built.get("training.task")
+    for section in ("validation", "test"):
+        task = built.get(f"{section}.task")
+        if isinstance(task, Task) and isinstance(training, Task):
+            problems += task.split_problems(training)
     if problems:
         # The sections' tasks often share a data folder: one missing folder, said once.
         raise ComponentError(list(dict.fromkeys(problems)))

@@ -5,10 +5,13 @@ files: each field and check written once, the tasks override only a default or a
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from torchloom.core.component import ComponentParams
+from torchloom.core.component import ComponentParams, Task
 from torchloom.data.text_sources import SplitName, check_encoding
+from torchloom.errors import Problem
 
 
 class DrawnSplitParams(ComponentParams):
@@ -62,3 +65,32 @@ class FallbackEncodingParams(TextEncodingParams):
     @classmethod
     def _known_fallback_codec(cls, value: str | None) -> str | None:
         return None if value is None else check_encoding(value)
+
+
+SPLIT_KEYS = ("validation_fraction", "test_fraction", "split_seed")
+COLLECTION_KEYS = ("data_folder", "file", "format")  # which collection is split
+
+
+def drawn_split_problems(task: Task, training: Task) -> list[Problem]:
+    """A validation or test task draws its split from the collection the training task
+    splits: with another fraction or seed it draws another split, which overlaps the
+    training one (a `validation_fraction` set in the validation section alone made half its
+    articles training ones). Tasks of another type or collection are not compared."""
+    mine: Any = task.params
+    theirs: Any = training.params
+    if type(task) is not type(training) or not isinstance(mine, DrawnSplitParams):
+        return []
+    if any(getattr(mine, key, None) != getattr(theirs, key, None) for key in COLLECTION_KEYS):
+        return []
+    return [
+        Problem(
+            task.where(key),
+            task.label,
+            f"{key} is {getattr(mine, key)!r} where the training task's is "
+            f"{getattr(theirs, key)!r}: the splits are drawn from the whole collection, so "
+            "they would overlap",
+            f"give every section's task the same {key}",
+        )
+        for key in SPLIT_KEYS
+        if getattr(mine, key) != getattr(theirs, key)
+    ]

@@ -10,11 +10,11 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import Field, PositiveInt
 from torchvision.transforms.v2 import functional as TF
 
-from torchloom.core.component import BuildContext
+from torchloom.core.component import BuildContext, Task
 from torchloom.data.image_modes import eight_bit
 from torchloom.errors import DataError, Problem
 from torchloom.zoo.image_transforms import ImageTransforms
-from torchloom.zoo.tasks.drawn_split import DrawnSplitParams
+from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, drawn_split_problems
 from torchloom.zoo.tasks.image_classification import ImageClassificationTask
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -91,6 +91,10 @@ class ImageFolder(ImageClassificationTask):
 
     Params = ImageFolderParams
     params: ImageFolderParams
+
+    def split_problems(self, training: Task) -> list[Problem]:
+        return drawn_split_problems(self, training)
+
     IMAGES_DESCRIPTION = "images"
 
     def __init__(self, params: ImageFolderParams, context: BuildContext) -> None:

@@ -15,7 +15,11 @@ from torchloom.core.component import Batch, Task
 from torchloom.core.streams import StreamSpec
 from torchloom.data.text_sources import collate_text_samples
 from torchloom.errors import ComponentError, Problem
-from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, FallbackEncodingParams
+from torchloom.zoo.tasks.drawn_split import (
+    DrawnSplitParams,
+    FallbackEncodingParams,
+    drawn_split_problems,
+)
 
 CLASS_GLOBALS = {
     "num_classes": "number of classes",
@@ -32,6 +36,9 @@ class LabelledTextTask(Task):
 
     PUBLISHES_GLOBALS = CLASS_GLOBALS
     TEXTS_DESCRIPTION = "texts"
+
+    def split_problems(self, training: Task) -> list[Problem]:
+        return drawn_split_problems(self, training)
 
     def _setup_classes(self, class_names: Sequence[str]) -> None:
         self.class_names = list(class_names)

@@ -21,8 +21,12 @@ from torchloom.data.text_sources import (
     read_text,
     split_positions,
 )
-from torchloom.errors import ComponentError, DataError
-from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, FallbackEncodingParams
+from torchloom.errors import ComponentError, DataError, Problem
+from torchloom.zoo.tasks.drawn_split import (
+    DrawnSplitParams,
+    FallbackEncodingParams,
+    drawn_split_problems,
+)
 from torchloom.zoo.tasks.text_classification import BBC_PACKAGED, BBC_SOURCE
 
 WIKITEXT_SPLITS = {"train": "train", "validation": "valid", "test": "test"}
@@ -144,6 +148,9 @@ class LanguageModeling(Task):
 
     Params = LanguageModelingParams
     params: LanguageModelingParams
+
+    def split_problems(self, training: Task) -> list[Problem]:
+        return drawn_split_problems(self, training)
 
     def __init__(self, params: LanguageModelingParams, context: BuildContext) -> None:
         super().__init__(params, context)

@@ -19,8 +19,12 @@ from torchloom.data.text_sources import (
     read_lines,
     split_positions,
 )
-from torchloom.errors import DataError
-from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, TextEncodingParams
+from torchloom.errors import DataError, Problem
+from torchloom.zoo.tasks.drawn_split import (
+    DrawnSplitParams,
+    TextEncodingParams,
+    drawn_split_problems,
+)
 from torchloom.zoo.tasks.language_modeling import WORD_PATTERN
 
 LAYOUT = (
@@ -117,6 +121,9 @@ class TranslationPairs(Task):
 
     Params = TranslationPairsParams
     params: TranslationPairsParams
+
+    def split_problems(self, training: Task) -> list[Problem]:
+        return drawn_split_problems(self, training)
 
     def __init__(self, params: TranslationPairsParams, context: BuildContext) -> None:
         super().__init__(params, context)
