@@ -154,6 +154,25 @@ def test_an_edited_config_is_refused_naming_the_changed_keys(tmp_path: Path) -> 
     assert not run_liveness(result.run_dir).alive
 
 
+class FailsAtStart(Hook):
+    name = "fails_at_start"
+
+    def before_train(self, run: RunView) -> None:
+        raise RuntimeError("the session failed before its first save")
+
+
+def test_a_resume_that_failed_before_its_first_save_can_be_resumed_again(tmp_path: Path) -> None:
+    """config.yaml records a resume's overrides when it starts: a session that failed before
+    saving left config.yaml and last.pt apart, and every later resume was refused as an
+    edit, the same override included."""
+    result = train(write(tmp_path, toy_config()), tmp_path / "runs", StopAt(3))
+    limit = "training.terminal_conditions.epoch_limit=3"
+    with pytest.raises(RuntimeError):
+        train(None, tmp_path / "runs", FailsAtStart(), resume=result.run_dir, overrides=[limit])
+    resumed = train(None, tmp_path / "runs", resume=result.run_dir)
+    assert resumed.status == "epoch_limit" and summary(result.run_dir)["epochs"] == 3
+
+
 def test_resume_overrides_may_change_only_the_safe_keys(tmp_path: Path) -> None:
     result = train(write(tmp_path, toy_config()), tmp_path / "runs", StopAt(3))
     with pytest.raises(ConfigError) as raised:
@@ -317,6 +336,31 @@ def test_a_damaged_last_pt_is_an_error_and_resume_falls_back_to_the_previous(
     assert "resuming from last.prev.pt instead (episode 5)" in log
     for key, tensor in model_weights(reference.run_dir).items():
         assert torch.equal(tensor, model_weights(resumed.run_dir)[key]), key
+
+
+def test_a_fallback_resume_keeps_the_good_checkpoint_whatever_the_next_save_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After falling back to last.prev.pt, the next save linked the damaged last.pt over it
+    before writing: a save that then failed (a full disk) left no good checkpoint at all."""
+    from torchloom.data.atomic_files import PendingFile
+
+    stopped = train(write(tmp_path, toy_config(epochs=3)), tmp_path / "runs", StopAt(7))
+    folder = stopped.run_dir / "checkpoints"
+    flip_a_bit_in_the_largest_tensor(folder / "last.pt")
+
+    commit = PendingFile.commit
+
+    def full_disk(self: PendingFile, durable: bool = False) -> None:
+        if self.dest.name == "last.pt":  # at the flush, after the rotation
+            raise OSError(28, "No space left on device")
+        commit(self, durable)
+
+    monkeypatch.setattr(PendingFile, "commit", full_disk)
+    with pytest.raises(StorageError):
+        train(None, tmp_path / "runs", resume=stopped.run_dir)
+    assert load_checkpoint(folder / "last.prev.pt")["progress"]["episode"] == 5
+    assert (folder / "last.damaged.pt").exists()
 
 
 def test_a_checkpoint_whose_digest_was_removed_is_damaged_not_trusted(tmp_path: Path) -> None:

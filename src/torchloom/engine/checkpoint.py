@@ -197,10 +197,14 @@ def _first_reason(error: Exception) -> str:
     return type(error).__name__
 
 
-def load_resume_checkpoint(folder: Path) -> tuple[dict[str, Any], str | None]:
+def load_resume_checkpoint(
+    folder: Path, set_aside: bool = True
+) -> tuple[dict[str, Any], str | None]:
     """`last.pt` of a run folder's checkpoints, or `last.prev.pt` when `last.pt` is missing
     or damaged; also a note saying so (for the run's log), else None. A sharded checkpoint's
-    `components` are meta tensors (see load_checkpoint)."""
+    `components` are meta tensors (see load_checkpoint). A damaged `last.pt` is then set
+    aside (`set_aside`: the process that writes the folder), as `last.damaged.pt`: the next
+    save would otherwise keep it as `last.prev.pt`, over the one good checkpoint."""
     last = folder / "last.pt"
     try:
         return load_checkpoint(last, whole=False), None
@@ -213,6 +217,9 @@ def load_resume_checkpoint(folder: Path) -> tuple[dict[str, Any], str | None]:
             f"{error.problems[0].format()}; resuming from {previous.name} instead "
             f"(episode {state['progress']['episode']})"
         )
+        if set_aside and last.exists():
+            os.replace(last, last.with_name("last.damaged.pt"))
+            note += "; the damaged file is kept as last.damaged.pt"
         return state, note
 
 

@@ -49,8 +49,8 @@ def write_run_config(run_dir: Path, text: str) -> None:
 
 def config_change_problem(run_dir: Path, started_text: str) -> Problem | None:
     """The problem with a config.yaml that differs from the config the checkpoint was saved
-    with, naming the changed keys (comments and layout may change); None when it is the same.
-    A deleted config.yaml is written back."""
+    with, naming the changed keys (comments and layout may change, and the keys a resume may
+    change); None when it is the same. A deleted config.yaml is written back."""
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         write_run_config(run_dir, started_text)
@@ -60,7 +60,13 @@ def config_change_problem(run_dir: Path, started_text: str) -> Problem | None:
         return None
     started = parse_config_text(started_text, f"{path} (as started)").data
     current = parse_config_text(current_text, str(path)).data
-    changes = config_changes(started, current)
+    # What a resume may change is no edit: config.yaml records a resume's overrides when the
+    # resume starts, and a session that failed before its first save left them there.
+    changes = [
+        change
+        for change in config_changes(started, current)
+        if change[0] not in SAFE_RESUME_KEYS or _paces_validation(change[0], current)
+    ]
     if not changes:
         return None
     return Problem(

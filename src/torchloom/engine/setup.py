@@ -97,7 +97,7 @@ def open_resume_point(run_dir: Path, shown: str) -> ResumePoint:
         )
     lock = RunLock(run_dir).acquire() if current().main else NoLock()
     try:
-        checkpoint, note = load_resume_checkpoint(run_dir / "checkpoints")
+        checkpoint, note = load_resume_checkpoint(run_dir / "checkpoints", current().main)
     except BaseException:
         lock.release()
         raise
