@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -45,7 +47,7 @@ def test_statistic_over_uneven_batches_equals_the_whole_set() -> None:
     assert values["precision_0"] == pytest.approx(3 / 5)
     assert values["confusion_2_0"] == 1.0 and values["confusion_0_1"] == 1.0
     statistic.reset()
-    assert statistic.compute()["f1_micro"] == 0.0
+    assert math.isnan(statistic.compute()["f1_micro"])  # nothing counted, as accuracy says
 
 
 @pytest.mark.parametrize("ignore_index", [-100, 0, None])
@@ -98,3 +100,10 @@ def test_counts_an_older_version_saved_are_read() -> None:
     statistic.count_persistently()
     statistic.load_state_dict({"matrix.confmat": COUNTS.clone()})
     assert torch.equal(statistic.counts(), COUNTS)
+
+
+def test_a_set_that_counted_nothing_has_nan_scores_not_zero() -> None:
+    """Every target ignored: precision, recall and F1 were 0.0 (a model always wrong), where
+    accuracy says NaN; early stopping on f1_macro read it as a real zero."""
+    for average in ("micro", "macro", "weighted"):
+        assert all(math.isnan(v) for v in averaged_scores(torch.zeros(3, 3), average)), average

@@ -791,3 +791,18 @@ def test_a_compiled_decoder_compiles_once_whatever_the_target_length(
         assert not torch.equal(compiled, outputs(model, 5)[0])
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", [NLLLoss, CrossEntropyLoss])
+def test_a_batch_whose_targets_are_all_ignored_has_a_zero_loss_not_nan(kind: type) -> None:
+    """torch's mean over no target is NaN: a masked head's batch stopped training as
+    diverged ("lower the learning rate"). Over counted targets, the mean is torch's."""
+    predictions = torch.log_softmax(torch.randn(2, 3, 4, requires_grad=True), dim=-1)
+    loss = kind.create(sequence=True, ignore_index=0)
+    ignored = loss({"predictions": predictions, "targets": torch.zeros(2, 3, dtype=torch.int64)})
+    assert ignored["loss"].item() == 0.0
+    ignored["loss"].backward()  # a graph, with zero gradients
+    targets = torch.tensor([[1, 2, 0], [3, 0, 0]])
+    counted = loss({"predictions": predictions, "targets": targets})["loss"]
+    expected = F.nll_loss(predictions.reshape(-1, 4), targets.reshape(-1), ignore_index=0)
+    assert counted.item() == pytest.approx(expected.item(), rel=1e-6)

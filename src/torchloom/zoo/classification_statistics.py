@@ -10,6 +10,7 @@ for a GPU twice a step (a boolean mask to drop ignored targets, and `bincount`).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
@@ -50,11 +51,14 @@ def per_class_scores(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
 
 def averaged_scores(counts: torch.Tensor, average: str) -> tuple[float, float, float]:
     """(precision, recall, f1) averaged over classes. Macro skips classes that neither occur
-    nor are predicted; weighted weighs by support; micro (single-label) equals accuracy."""
+    nor are predicted; weighted weighs by support; micro (single-label) equals accuracy.
+    NaN over a set that counted nothing (every target ignored), as accuracy: a 0 would read
+    as a model that is always wrong."""
     counts = counts.double()
+    if counts.sum() == 0:
+        return math.nan, math.nan, math.nan
     if average == "micro":
-        total = counts.sum()
-        value = float(counts.diagonal().sum() / total) if total > 0 else 0.0
+        value = float(counts.diagonal().sum() / counts.sum())
         return value, value, value
     scores = per_class_scores(counts)
     actual, predicted = counts.sum(1), counts.sum(0)
@@ -63,8 +67,6 @@ def averaged_scores(counts: torch.Tensor, average: str) -> tuple[float, float, f
         precision, recall, f1 = (float((v * weights).sum()) for v in scores)
         return precision, recall, f1
     present = (actual + predicted) > 0
-    if not present.any():
-        return 0.0, 0.0, 0.0
     precision, recall, f1 = (float(v[present].mean()) for v in scores)
     return precision, recall, f1
 

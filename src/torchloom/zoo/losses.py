@@ -71,6 +71,12 @@ class _MeanOverTargets(Loss):
     def elements(self, batch: Batch) -> torch.Tensor:
         return (batch[self.stream_name("targets")] != self.params.ignore_index).sum()
 
+    def _mean(self, summed: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss summed over the counted targets, over their count: 0, not NaN, for a batch
+        that counts none (every target ignored: a masked head's batch), whose gradient is 0
+        either way; torch's mean is NaN there, which the divergence check stops a run on."""
+        return summed / (targets != self.params.ignore_index).sum().clamp(min=1)
+
 
 class NLLLoss(_MeanOverTargets):
     """Negative log-likelihood of the target classes, averaged over the batch.
@@ -101,8 +107,10 @@ class NLLLoss(_MeanOverTargets):
 
     def forward(self, inputs: Batch) -> Batch:
         predictions, targets = _flat(_full_precision(inputs["predictions"]), inputs["targets"])
-        loss = F.nll_loss(predictions, targets, ignore_index=self.params.ignore_index)
-        return {"loss": loss}
+        summed = F.nll_loss(
+            predictions, targets, ignore_index=self.params.ignore_index, reduction="sum"
+        )
+        return {"loss": self._mean(summed, targets)}
 
 
 class CrossEntropyLoss(_MeanOverTargets):
@@ -129,10 +137,11 @@ class CrossEntropyLoss(_MeanOverTargets):
 
     def forward(self, inputs: Batch) -> Batch:
         predictions, targets = _flat(_full_precision(inputs["predictions"]), inputs["targets"])
-        loss = F.cross_entropy(
+        summed = F.cross_entropy(
             predictions,
             targets,
             ignore_index=self.params.ignore_index,
             label_smoothing=self.params.label_smoothing,
+            reduction="sum",
         )
-        return {"loss": loss}
+        return {"loss": self._mean(summed, targets)}
