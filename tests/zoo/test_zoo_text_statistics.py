@@ -197,3 +197,13 @@ def test_a_step_s_counts_reach_the_device_in_one_copy_from_the_host(
     on_meta = BLEUStatistics.create(max_n=2).to("meta")
     on_meta.update({"predictions": as_scores(CANDIDATES), "targets": as_targets(REFERENCES)})
     assert len(copied) == 2 and on_meta.matches.device.type == "meta"
+
+
+def test_a_reference_word_out_of_the_vocabulary_matches_no_prediction() -> None:
+    """References index words the vocabulary lacks as <UNK> (2): a predicted <UNK> matched
+    them, so a decoder that wrote <UNK> for every rare word scored a perfect 1.0."""
+    UNK = 2
+    sentence = [3, UNK, UNK, 4, 1]  # two words outside the vocabulary, then <EOS>
+    assert bleu_of([sentence], [sentence], max_n=2) < 1.0
+    assert bleu_of([sentence], [sentence], max_n=2, unk_index=None) == 1.0  # as before
+    assert bleu_of([[3, 5, 4]], [[3, 5, 4]], max_n=2) == 1.0  # known words still match

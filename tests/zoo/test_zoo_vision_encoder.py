@@ -139,7 +139,8 @@ def test_freeze_backbone_keeps_weights_and_statistics() -> None:
 
 def test_build_errors_name_the_problem() -> None:
     with pytest.raises(ComponentError, match="too small for densenet121"):
-        build(model_type="densenet121", globals=image_globals(size=16))
+        build(model_type="densenet121", globals=image_globals(size=28))
+    build(model_type="densenet121", globals=image_globals(size=29))  # it said 31 were needed
     with pytest.raises(ComponentError, match="takes 1 or 3"):
         build(globals=image_globals(depth=4))
     with pytest.raises(ComponentError, match="output is feature_maps"):

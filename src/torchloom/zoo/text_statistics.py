@@ -97,10 +97,20 @@ class BLEUStatisticsParams(ComponentParams):
         description="With indices: <PAD> (0 in SentenceIndexer's vocabulary) is never counted; "
         "negative indices (the ignore index -100) never are either.",
     )
+    unk_index: int | None = Field(
+        2,
+        ge=0,
+        description="With indices: <UNK> (2 in SentenceIndexer's vocabulary), a reference word "
+        "the vocabulary lacks: it counts in the reference's length and n-grams but no "
+        "prediction matches it (a predicted <UNK> is not the unknown word); null: none.",
+    )
     eos_token: str | None = Field(
         "<EOS>", description="With strings: a sentence ends before this word; null: no marker."
     )
     pad_token: str | None = Field("<PAD>", description="With strings: never counted.")
+    unk_token: str | None = Field(
+        "<UNK>", description="With strings: as unk_index, a reference word nothing matches."
+    )
 
 
 class BLEUStatistics(Statistic):
@@ -155,16 +165,20 @@ class BLEUStatistics(Statistic):
             "targets": StreamSpec(("batch", -1), torch.int64, "reference word indices"),
         }
 
-    def _sentence(self, row: Sequence[Hashable]) -> list[Hashable]:
+    def _sentence(self, row: Sequence[Hashable], reference: bool = False) -> list[Hashable]:
         p = self.params
-        end, pad = (
-            (p.eos_token, p.pad_token) if p.tokens == "strings" else (p.eos_index, p.pad_index)
+        end, pad, unknown = (
+            (p.eos_token, p.pad_token, p.unk_token)
+            if p.tokens == "strings"
+            else (p.eos_index, p.pad_index, p.unk_index)
         )
-        words = []
+        words: list[Hashable] = []
         for word in row:
             if end is not None and word == end:
                 break
-            if word != pad and not (isinstance(word, int) and word < 0):
+            if reference and unknown is not None and word == unknown:
+                words.append(object())  # a word of its own: no n-gram of a prediction has it
+            elif word != pad and not (isinstance(word, int) and word < 0):
                 words.append(word)
         return words
 
@@ -177,7 +191,7 @@ class BLEUStatistics(Statistic):
         max_n = self.params.max_n
         matches, possible, lengths = [0] * max_n, [0] * max_n, [0, 0, 0]
         for predicted, target in zip(predictions, targets, strict=True):
-            candidate, reference = self._sentence(predicted), self._sentence(target)
+            candidate, reference = self._sentence(predicted), self._sentence(target, True)
             sentence_matches, sentence_possible = clipped_matches(candidate, reference, max_n)
             matches = [a + b for a, b in zip(matches, sentence_matches, strict=True)]
             possible = [a + b for a, b in zip(possible, sentence_possible, strict=True)]

@@ -19,7 +19,7 @@ from torchloom.errors import ComponentError, Problem, WeightsError
 
 ModelType = Literal["vgg16", "resnet18", "resnet50", "resnet152", "densenet121"]
 # Smallest images each network's pooling leaves at least one pixel of (found by dry runs).
-MINIMUM_SIZE = {"vgg16": 32, "resnet18": 1, "resnet50": 1, "resnet152": 1, "densenet121": 31}
+MINIMUM_SIZE = {"vgg16": 32, "resnet18": 1, "resnet50": 1, "resnet152": 1, "densenet121": 29}
 
 
 class GenericImageEncoderParams(ComponentParams):
