@@ -226,6 +226,22 @@ def test_training_counts_survive_a_checkpoint(tmp_path: Path) -> None:
     assert not (tmp_path / "reports" / "predictions-training-errors.csv").exists()
 
 
+def test_counts_saved_at_an_epoch_s_last_batch_are_that_epoch_s(tmp_path: Path) -> None:
+    """A stop at an epoch's last batch: the resumed session has none of that epoch left, so
+    its counts waited for the next epoch's first batch and were added to them (80 samples
+    reported for an epoch of 40)."""
+    run, hook = fake_run(tmp_path), ClassificationAnalysis(AnalysisConfig())
+    hook.after_step(run, batch([0, 1], [0, 1], [0, 0]), torch.tensor(0.0))
+    resumed = ClassificationAnalysis(AnalysisConfig())
+    resumed.load_state_dict(hook.state_dict())
+    resumed.after_training_epoch(run, {})  # the epoch ends at once
+    report = tmp_path / "reports" / "predictions-training-report.md"
+    assert "2 samples, accuracy 0.5000" in report.read_text()
+    resumed.after_step(run, batch([2], [2], [2]), torch.tensor(0.0))
+    resumed.after_training_epoch(run, {})
+    assert "1 samples, accuracy 1.0000" in report.read_text()
+
+
 # ---- a real run ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mnist_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
