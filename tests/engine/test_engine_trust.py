@@ -576,3 +576,17 @@ def test_tensorboard_keeps_the_rows_at_the_checkpoint_s_episode_after_a_resume(
     events = EventAccumulator(str(stopped.run_dir / "tensorboard"))
     events.Reload()
     assert [event.step for event in events.Scalars("training/loss")] == [2, 4, 6, 8, 10]
+
+
+def test_a_training_batch_of_one_that_batch_norm_refuses_is_a_config_error(tmp_path: Path) -> None:
+    """torch's ValueError ("Expected more than 1 value per channel when training") ended the
+    run as an internal error with a traceback: a last batch of one sample (the split's size
+    leaves one over), through a layer that normalises 1x1 maps. It names drop_last."""
+    from torchloom.engine.run_folder import as_user_error
+
+    raised = torch.nn.BatchNorm1d(4).train()
+    with pytest.raises(ValueError) as caught:
+        raised(torch.randn(1, 4))
+    error = as_user_error(caught.value, tmp_path)
+    assert isinstance(error, ConfigError)
+    assert "drop_last: true" in error.format() and "training.dataloader" in error.format()

@@ -343,6 +343,9 @@ def failure_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
+# How torch words BatchNorm's refusal of one value per channel in training
+# (torch/nn/functional.py, _verify_batch_size).
+BATCH_NORM_NEEDS_TWO = "Expected more than 1 value per channel when training"
 # How torch words its refusal of an operation in deterministic mode (torch/__init__.py).
 NO_DETERMINISTIC_VERSION = "does not have a deterministic implementation"
 
@@ -351,7 +354,9 @@ def as_user_error(error: BaseException, run_dir: Path) -> BaseException:
     """What ended a run, as the user error it is when it is one: a failed write (OSError) a
     StorageError naming the path; torch's refusal, under `training.deterministic`, of an
     operation it has no deterministic version of a ConfigError naming the key, since the
-    config asks for what the pipeline cannot give. Any other error as it is."""
+    config asks for what the pipeline cannot give; BatchNorm's refusal of a training batch of
+    one sample (a last batch of one, with 1x1 maps) a ConfigError naming drop_last. Any other
+    error as it is."""
     if isinstance(error, LoomError):
         return error
     if isinstance(error, OSError):
@@ -364,6 +369,15 @@ def as_user_error(error: BaseException, run_dir: Path) -> BaseException:
             f"is true, and torch has no deterministic version of {message.split()[0]}, which "
             "the pipeline runs on this device",
             "set training.deterministic: false, or replace the component that uses it",
+        )
+    if isinstance(error, ValueError) and BATCH_NORM_NEEDS_TWO in message:
+        return ConfigError.at(
+            str(run_dir / "config.yaml"),
+            "training.dataloader",
+            "a training batch had one sample where a batch normalisation layer's maps are 1x1: "
+            "it cannot normalise a single value per channel (the epoch's last batch, when the "
+            "split's size leaves one over)",
+            "set training.dataloader.drop_last: true, or another batch_size",
         )
     return error
 
