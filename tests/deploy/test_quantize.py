@@ -529,3 +529,17 @@ def test_layers_of_a_model_outside_the_timed_graph_are_not_given_an_sqnr(
     outside = [layer for layer in quantized if layer["name"].split(".")[0] not in timed]
     assert outside and all(layer["sqnr_db"] is None for layer in outside)
     assert all(layer["sqnr_db"] is not None for layer in quantized if layer not in outside)
+
+
+def test_the_report_says_how_many_batches_calibrated_and_from_which_split(
+    lenet_run: Path, tmp_path: Path
+) -> None:
+    """It recorded the batches asked for, not those the split had (24 of 32 images here)."""
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    args = ("--mode", "static", "--calibration-batches", "1000", "--repeats", "1")
+    assert quantize(run, *args) == 0
+    report = report_of(run / "quantized" / "static")
+    assert (report["calibration_batches"], report["calibration_section"]) == (24, "training")
+    text = (run / "quantized" / "static" / "quantization_report.md").read_text()
+    assert "calibration batches: 24 (training)" in text

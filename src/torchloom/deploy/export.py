@@ -145,8 +145,9 @@ def export(
         if format == "onnx":
             report.update(_onnx(graph, example, batches, folder, opset, dynamic_batch, repeats))
             if int8:
-                calibration = _calibration_batches(pipeline, graph)
+                calibrated, calibration = _calibration_batches(pipeline, graph)
                 report["int8"] = _onnx_int8(graph, batches, calibration, folder, repeats)
+                report["int8"]["calibration_section"] = calibrated
         elif format == "pt2":
             report.update(_pt2(graph, example, batches, folder, dynamic_batch, aoti, repeats))
         else:
@@ -302,12 +303,15 @@ def _safetensors(components: Mapping[str, nn.Module], folder: Path) -> dict[str,
     return found
 
 
-def _calibration_batches(pipeline: Any, graph: InferenceGraph) -> list[tuple[torch.Tensor, ...]]:
-    """Graph inputs of the training set's first CALIBRATION_SAMPLES samples (else the test
-    set's), in batches of BATCH."""
+def _calibration_batches(
+    pipeline: Any, graph: InferenceGraph
+) -> tuple[str, list[tuple[torch.Tensor, ...]]]:
+    """The section and the graph inputs of its first CALIBRATION_SAMPLES samples, in batches
+    of BATCH: the training set's, else the first section's (the report says which)."""
     section = "training" if "training" in pipeline.tasks else next(iter(pipeline.tasks))
     full = graph.example_inputs(graph_batch(pipeline, section, graph, CALIBRATION_SAMPLES))
-    return [tuple(t[i : i + BATCH] for t in full) for i in range(0, int(full[0].shape[0]), BATCH)]
+    steps = range(0, int(full[0].shape[0]), BATCH)
+    return section, [tuple(t[i : i + BATCH] for t in full) for i in steps]
 
 
 def _onnx_int8(

@@ -130,7 +130,9 @@ def quantize(
         training_run = None
         if mode == "qat":
             training_run = fine_tune(run, quantizer, qat_epochs, qat_lr, resume_from)
-        calibration = _calibrate(run, graph, calibration_batches, observe=mode == "static")
+        calibration, calibrated = _calibrate(
+            run, graph, calibration_batches, observe=mode == "static"
+        )
         for model in models:
             quantizer.convert(model)
         _check_runs(graph, samples, plan)
@@ -147,7 +149,8 @@ def quantize(
         "mode": mode,
         "route": quantizer.route,
         "options": options.record(),
-        "calibration_batches": calibration_batches if mode == "static" else 0,
+        "calibration_batches": calibrated[1] if mode == "static" else 0,  # as many as ran
+        "calibration_section": calibrated[0] if mode == "static" else None,
         "qat": None if training_run is None else fine_tuning_record(training_run, qat_epochs),
         "machine": machine(),
         "torch": torch.__version__,
@@ -281,21 +284,23 @@ def _latency(
 
 def _calibrate(
     run: TrainedRun, graph: InferenceGraph, batches: int, observe: bool
-) -> list[tuple[torch.Tensor, ...]]:
-    """With `observe`, run `batches` training batches (else validation) through the prepared
-    pipeline; returns the graph inputs of the first few, for the sensitivity trials."""
+) -> tuple[list[tuple[torch.Tensor, ...]], tuple[str, int]]:
+    """With `observe`, run `batches` training batches (else the measured section's) through
+    the prepared pipeline; returns the graph inputs of the first few, for the sensitivity
+    trials, and (the section, the batches observed: fewer when it has fewer)."""
     pipeline = run.pipeline
     section = "training" if "training" in pipeline.tasks else _measured_section(pipeline)
-    kept = []
+    kept, ran = [], 0
     with torch.no_grad():
         for index, batch in enumerate(_loader(run, section).epoch(0)):
             if index >= (batches if observe else 4):
                 break
             if observe or any(name not in batch for name in graph.input_names):
                 pipeline(batch)
+            ran += 1
             if index < 4:
                 kept.append(graph.example_inputs(batch))
-    return kept
+    return kept, (section, ran)
 
 
 def _sqnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:

@@ -70,7 +70,8 @@ def quantization_markdown(report: dict[str, Any]) -> str:
         f"- route: {report['route']}",
         f"- backend: {report['options']['backend']}, "
         f"{'per-channel' if report['options']['per_channel'] else 'per-tensor'} weights, "
-        f"calibration batches: {report['calibration_batches']}",
+        f"calibration batches: {report['calibration_batches']}"
+        + (f" ({report['calibration_section']})" if report.get("calibration_section") else ""),
         f"- measured on: {report['machine']}, torch {report['torch']}, "
         f"{report['threads']} thread, median of {report['latency_repeats']} runs "
         f"(warm-up excluded), inputs from the {report['latency_section']} set",
@@ -194,7 +195,8 @@ def export_markdown(report: dict[str, Any]) -> str:
             "",
             f"- file: `{int8['file']}` ({int8['bytes']:,} bytes, "
             f"{int8['bytes'] / int8['float_bytes']:.3f}x the float file)",
-            f"- calibration: {int8['calibration_samples']} training samples (MinMax)",
+            f"- calibration: {int8['calibration_samples']} "
+            f"{int8.get('calibration_section', 'training')} samples (MinMax)",
             f"- top-1 agreement with torch float on the check batches: "
             f"{int8['top1_agreement_with_float']:.4f}; max abs difference "
             f"{int8['max_abs_difference_to_torch']:.3g}",
