@@ -263,3 +263,19 @@ def test_a_statistic_s_direction_is_its_monitor_s_or_a_whole_word_of_its_name(
         assert "0.9000" in lines[0], (statistic, lines)
     runs = [read_run(path) for path in sorted(expdir.glob("*/*"))]
     assert not lower_is_better("validation.error_rate", runs)
+
+
+def test_an_online_run_is_ranked_by_its_full_pass_not_its_best_partial_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An online run's best was a partial validation (16 samples, 0.5), ranked above offline
+    runs' full passes (96 samples) on the same scale."""
+    expdir = tmp_path / "runs"
+    fake_run(expdir, "mlp", "20240101_090000", 0.45, 0.3)
+    online = fake_run(expdir, "mlp", "20240102_090000", 0.5, 0.3)
+    summary = json.loads((online / "summary.json").read_text(encoding="utf-8"))
+    summary["best"]["validation.samples"] = 16
+    summary["final"]["validation"] = {"accuracy": 0.40, "samples": 96}
+    (online / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    lines = show(expdir, capsys, sort="validation.accuracy")
+    assert "0.4500" in lines[0] and "0.4000" in lines[1]

@@ -106,9 +106,16 @@ class Run:
 
     def statistic(self, key: str) -> float | None:
         """A statistic for model selection: its value at the best epoch (the weights kept in
-        best.pt), else its final value (test statistics are measured with best.pt)."""
-        best = as_number((self.summary.get("best") or {}).get(key))
-        return best if best is not None else self.final().get(key)
+        best.pt), else its final value (test statistics are measured with best.pt). An
+        online run's best is a partial pass's (a few batches): its section's full pass at
+        the end, on the whole set as every other run's, is the one compared."""
+        best, final = self.summary.get("best") or {}, self.final()
+        samples = f"{key.split('.', 1)[0]}.samples"
+        partial, whole = as_number(best.get(samples)), final.get(samples)
+        if partial is not None and whole is not None and partial < whole:
+            return final.get(key)
+        value = as_number(best.get(key))
+        return value if value is not None else final.get(key)
 
     def monitor(self) -> tuple[str, float | None, int | None]:
         """(name, best value, best epoch) of the monitored statistic; ('', None, None) if none."""
