@@ -328,8 +328,8 @@ class TrainingLoop:
 
     def _run(self) -> tuple[RunResult, Diverged | None]:
         setup = self.setup
-        where = (setup.name, setup.device, setup.seed, setup.run_dir)
-        setup.log.info("training '%s' on %s, seed %d, run folder %s", *where)
+        opening = (setup.name, setup.device, setup.seed, setup.run_dir)
+        setup.log.info("training '%s' on %s, seed %d, run folder %s", *opening)
         batches = setup.train_data.batches_per_epoch()
         if note := limit_inside_a_window(
             setup.config.terminal_conditions, batches, setup.accumulation
