@@ -68,6 +68,17 @@ def test_translation_checks_with_a_pairs_file(
     assert "bleu" in out and "AttentionDecoder" in out
 
 
+def test_a_test_task_filtering_other_sentences_than_training_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A test task without the training task's max_length drew its split from more sentences:
+    19 of 40 test sentences were training ones."""
+    folder = write_pairs(tmp_path / "translation")
+    given = f"training.task.data_folder={folder}"
+    assert main(["check", str(TRANSLATION), given, "++test.task.max_length=3"]) == 2
+    assert "max_length is 3 where the training task's is" in capsys.readouterr().err
+
+
 def test_translation_without_the_file_says_where_to_get_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

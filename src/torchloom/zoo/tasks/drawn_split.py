@@ -82,15 +82,19 @@ def drawn_split_problems(task: Task, training: Task) -> list[Problem]:
         return []
     if any(getattr(mine, key, None) != getattr(theirs, key, None) for key in COLLECTION_KEYS):
         return []
+    # A task's own filters of the items (`SPLIT_PARAMETERS`: sentence lengths, prefixes)
+    # decide what the split is drawn from, as the fractions and seed decide the draw (classes
+    # are split each on its own: another list of classes splits the others alike).
+    keys = (*SPLIT_KEYS, *getattr(type(task), "SPLIT_PARAMETERS", ()))
     return [
         Problem(
             task.where(key),
             task.label,
             f"{key} is {getattr(mine, key)!r} where the training task's is "
-            f"{getattr(theirs, key)!r}: the splits are drawn from the whole collection, so "
-            "they would overlap",
+            f"{getattr(theirs, key)!r}: each task draws its split from the collection as it "
+            "keeps it, so the splits would overlap",
             f"give every section's task the same {key}",
         )
-        for key in SPLIT_KEYS
+        for key in keys
         if getattr(mine, key) != getattr(theirs, key)
     ]

@@ -139,6 +139,8 @@ class LanguageIdentification(LabelledTextTask):
 
     Params = LanguageIdentificationParams
     params: LanguageIdentificationParams
+    # Each language is split on its own: another list of languages splits the rest alike.
+    SPLIT_PARAMETERS = ("min_characters",)
     TEXTS_DESCRIPTION = "sentences"
 
     def __init__(self, params: LanguageIdentificationParams, context: BuildContext) -> None:

@@ -121,6 +121,7 @@ class TranslationPairs(Task):
 
     Params = TranslationPairsParams
     params: TranslationPairsParams
+    SPLIT_PARAMETERS = ("reverse", "max_length", "source_prefixes", "target_prefixes")
 
     def split_problems(self, training: Task) -> list[Problem]:
         return drawn_split_problems(self, training)
