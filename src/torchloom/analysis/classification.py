@@ -176,23 +176,18 @@ class ClassificationAnalysis(Hook):
 
     def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None:
         self._flush_steps()
-        self._adopt_restored(run)
-        self._finish(run, "training", keep=True)
-
-    def _adopt_restored(self, run: RunView) -> None:
-        """Training counts restored from a checkpoint saved at its epoch's last batch: no batch
-        of that epoch is left to take them up, so they are that epoch's (they were added to
-        the next epoch's, which then counted its samples twice)."""
+        # Counts restored from a save at an epoch's last batch are that epoch's: no batch is
+        # left to take them up (the next epoch's report counted its samples twice).
         for output in self.outputs:
             restored = self.restored.pop(output.name, None)
-            if restored is None or (output.name, "training") in self.counts:
-                continue
-            classes = math.isqrt(len(restored["confusion"]) - 1)  # classes² cells and one
-            counts = ClassCounts(classes, restored["confusion"].device, with_scores=False)
-            if self.distributed.main:  # the counts of every process: added once
-                counts.load(restored)
-            self.counts[(output.name, "training")] = counts
-            self.names.setdefault(output.name, _class_names(run, output, classes))
+            if restored is not None and (output.name, "training") not in self.counts:
+                classes = math.isqrt(len(restored["confusion"]) - 1)  # classes² cells and one
+                counts = ClassCounts(classes, torch.device("cpu"), with_scores=False)
+                if self.distributed.main:  # the counts of every process: added once
+                    counts.load(restored)
+                self.counts[(output.name, "training")] = counts
+                self.names.setdefault(output.name, _class_names(run, output, classes))
+        self._finish(run, "training", keep=True)
 
     def eval_batch(self, run: RunView, section: str, batch: Batch) -> None:
         if section not in self.open_passes:  # the first batch of a pass: start afresh

@@ -1,6 +1,5 @@
-"""The launcher side of several processes: `loom train --nproc N` (and `--nnodes`, `--gpu`)
-starts its workers through torch.distributed's elastic launcher (engine/distributed.py is the
-workers' side).
+"""The launcher side of several processes: `loom train --nproc N` (`--nnodes`, `--gpu`) starts
+its workers through torch.distributed's elastic launcher (engine/distributed.py: theirs).
 
 The launcher and its workers on this machine share a `Handoff` folder: each worker's pid (the
 launcher passes signals on to it), rank 0's run folder (an elastic restart continues it), and

@@ -343,8 +343,7 @@ def failure_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-# How torch words BatchNorm's refusal of one value per channel in training
-# (torch/nn/functional.py, _verify_batch_size).
+# How torch words BatchNorm's refusal of one value per channel (functional._verify_batch_size).
 BATCH_NORM_NEEDS_TWO = "Expected more than 1 value per channel when training"
 # How torch words its refusal of an operation in deterministic mode (torch/__init__.py).
 NO_DETERMINISTIC_VERSION = "does not have a deterministic implementation"
