@@ -89,7 +89,7 @@ def limit_inside_a_window(
 ) -> str | None:
     """What to tell when `episode_limit` ends the run inside a gradient-accumulation window:
     that window's batches are trained on but not stepped. They are kept (last.pt holds their
-    gradients), so that a resume with a higher limit ends as an uninterrupted run would."""
+    gradients), so that a resume with a higher limit applies them."""
     limit = conditions.episode_limit
     if limit is None or accumulation == 1 or batches_per_epoch <= 0:
         return None

@@ -1,11 +1,12 @@
 """Parameters of the tasks that draw their own train/validation/test splits from one collection
 (texts per class, documents, sentence pairs, an image folder), and of those that read text
 files: each field and check written once, the tasks override only a default or a description.
+`DrawnSplitTask` is their base: it checks that every section draws its split alike.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
@@ -71,30 +72,34 @@ SPLIT_KEYS = ("validation_fraction", "test_fraction", "split_seed")
 COLLECTION_KEYS = ("data_folder", "file", "format")  # which collection is split
 
 
-def drawn_split_problems(task: Task, training: Task) -> list[Problem]:
-    """A validation or test task draws its split from the collection the training task
-    splits: with another fraction or seed it draws another split, which overlaps the
-    training one (a `validation_fraction` set in the validation section alone made half its
-    articles training ones). Tasks of another type or collection are not compared."""
-    mine: Any = task.params
-    theirs: Any = training.params
-    if type(task) is not type(training) or not isinstance(mine, DrawnSplitParams):
-        return []
-    if any(getattr(mine, key, None) != getattr(theirs, key, None) for key in COLLECTION_KEYS):
-        return []
-    # A task's own filters of the items (`SPLIT_PARAMETERS`: sentence lengths, prefixes)
-    # decide what the split is drawn from, as the fractions and seed decide the draw (classes
-    # are split each on its own: another list of classes splits the others alike).
-    keys = (*SPLIT_KEYS, *getattr(type(task), "SPLIT_PARAMETERS", ()))
-    return [
-        Problem(
-            task.where(key),
-            task.label,
-            f"{key} is {getattr(mine, key)!r} where the training task's is "
-            f"{getattr(theirs, key)!r}: each task draws its split from the collection as it "
-            "keeps it, so the splits would overlap",
-            f"give every section's task the same {key}",
-        )
-        for key in keys
-        if getattr(mine, key) != getattr(theirs, key)
-    ]
+class DrawnSplitTask(Task):
+    """A task that draws its train/validation/test splits from one collection (its params are
+    DrawnSplitParams): a validation or test task must draw them as the training task does.
+    `SPLIT_PARAMETERS`: the task's own filters of the items (sentence lengths, prefixes),
+    which decide what the split is drawn from as the fractions and seed decide the draw
+    (classes are split each on its own: another list of classes splits the others alike)."""
+
+    SPLIT_PARAMETERS: ClassVar[tuple[str, ...]] = ()
+
+    def split_problems(self, training: Task) -> list[Problem]:
+        """With another fraction, seed or filter it draws another split, which overlaps the
+        training one (a `validation_fraction` set in the validation section alone made half
+        its articles training ones). Tasks of another type or collection are not compared."""
+        mine: Any = self.params
+        theirs: Any = training.params
+        if type(self) is not type(training) or not isinstance(mine, DrawnSplitParams):
+            return []
+        if any(getattr(mine, k, None) != getattr(theirs, k, None) for k in COLLECTION_KEYS):
+            return []
+        return [
+            Problem(
+                self.where(key),
+                self.label,
+                f"{key} is {getattr(mine, key)!r} where the training task's is "
+                f"{getattr(theirs, key)!r}: each task draws its split from the collection as "
+                "it keeps it, so the splits would overlap",
+                f"give every section's task the same {key}",
+            )
+            for key in (*SPLIT_KEYS, *self.SPLIT_PARAMETERS)
+            if getattr(mine, key) != getattr(theirs, key)
+        ]

@@ -10,11 +10,11 @@ from PIL import Image, UnidentifiedImageError
 from pydantic import Field, PositiveInt
 from torchvision.transforms.v2 import functional as TF
 
-from torchloom.core.component import BuildContext, Task
+from torchloom.core.component import BuildContext
 from torchloom.data.image_modes import eight_bit
 from torchloom.errors import DataError, Problem
 from torchloom.zoo.image_transforms import ImageTransforms
-from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, drawn_split_problems
+from torchloom.zoo.tasks.drawn_split import DrawnSplitParams, DrawnSplitTask
 from torchloom.zoo.tasks.image_classification import ImageClassificationTask
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -55,7 +55,7 @@ class ImageFolderParams(DrawnSplitParams):
     )
 
 
-class ImageFolder(ImageClassificationTask):
+class ImageFolder(ImageClassificationTask, DrawnSplitTask):
     """Images sorted into one sub-folder per class, torchvision's ImageFolder layout.
 
     `data_folder/<class>/<image>` (png, jpg, ...); the classes are the sub-folders, sorted by
@@ -91,9 +91,6 @@ class ImageFolder(ImageClassificationTask):
 
     Params = ImageFolderParams
     params: ImageFolderParams
-
-    def split_problems(self, training: Task) -> list[Problem]:
-        return drawn_split_problems(self, training)
 
     IMAGES_DESCRIPTION = "images"
 

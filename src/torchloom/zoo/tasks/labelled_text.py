@@ -11,14 +11,14 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from torchloom.core.component import Batch, Task
+from torchloom.core.component import Batch
 from torchloom.core.streams import StreamSpec
 from torchloom.data.text_sources import collate_text_samples
 from torchloom.errors import ComponentError, Problem
 from torchloom.zoo.tasks.drawn_split import (
     DrawnSplitParams,
+    DrawnSplitTask,
     FallbackEncodingParams,
-    drawn_split_problems,
 )
 
 CLASS_GLOBALS = {
@@ -27,7 +27,7 @@ CLASS_GLOBALS = {
 }
 
 
-class LabelledTextTask(Task):
+class LabelledTextTask(DrawnSplitTask):
     """Base of the tasks whose samples are a text and its class; not a component of its own.
 
     A subclass calls `_setup_classes` from `__init__` (reading no data unless it must list
@@ -36,9 +36,6 @@ class LabelledTextTask(Task):
 
     PUBLISHES_GLOBALS = CLASS_GLOBALS
     TEXTS_DESCRIPTION = "texts"
-
-    def split_problems(self, training: Task) -> list[Problem]:
-        return drawn_split_problems(self, training)
 
     def _setup_classes(self, class_names: Sequence[str]) -> None:
         self.class_names = list(class_names)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, PositiveInt
 
-from torchloom.core.component import Batch, BuildContext, Task
+from torchloom.core.component import Batch, BuildContext
 from torchloom.core.streams import StreamSpec
 from torchloom.data.text_sources import (
     SplitName,
@@ -21,11 +21,11 @@ from torchloom.data.text_sources import (
     read_text,
     split_positions,
 )
-from torchloom.errors import ComponentError, DataError, Problem
+from torchloom.errors import ComponentError, DataError
 from torchloom.zoo.tasks.drawn_split import (
     DrawnSplitParams,
+    DrawnSplitTask,
     FallbackEncodingParams,
-    drawn_split_problems,
 )
 from torchloom.zoo.tasks.text_classification import BBC_PACKAGED, BBC_SOURCE
 
@@ -100,7 +100,7 @@ class LanguageModelingParams(DrawnSplitParams, FallbackEncodingParams):
     split_seed: int = Field(0, description="text: seed of the documents' split and order.")
 
 
-class LanguageModeling(Task):
+class LanguageModeling(DrawnSplitTask):
     """Next-word prediction over a corpus: WikiText, or any plain-text corpus.
 
     `format: wikitext` reads wiki.train.tokens, wiki.valid.tokens and wiki.test.tokens (or
@@ -148,9 +148,6 @@ class LanguageModeling(Task):
 
     Params = LanguageModelingParams
     params: LanguageModelingParams
-
-    def split_problems(self, training: Task) -> list[Problem]:
-        return drawn_split_problems(self, training)
 
     def __init__(self, params: LanguageModelingParams, context: BuildContext) -> None:
         super().__init__(params, context)

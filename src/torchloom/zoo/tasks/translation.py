@@ -10,7 +10,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, PositiveInt
 
-from torchloom.core.component import Batch, BuildContext, Task
+from torchloom.core.component import Batch, BuildContext
 from torchloom.core.streams import StreamSpec
 from torchloom.data.text_sources import (
     collate_text_samples,
@@ -19,11 +19,11 @@ from torchloom.data.text_sources import (
     read_lines,
     split_positions,
 )
-from torchloom.errors import DataError, Problem
+from torchloom.errors import DataError
 from torchloom.zoo.tasks.drawn_split import (
     DrawnSplitParams,
+    DrawnSplitTask,
     TextEncodingParams,
-    drawn_split_problems,
 )
 from torchloom.zoo.tasks.language_modeling import WORD_PATTERN
 
@@ -81,7 +81,7 @@ class TranslationPairsParams(DrawnSplitParams, TextEncodingParams):
     )
 
 
-class TranslationPairs(Task):
+class TranslationPairs(DrawnSplitTask):
     """Sentence pairs for machine translation, read from a tab-separated file.
 
     Reads `data_folder/file` in the manythings.org format (one pair per line: source, a tab,
@@ -122,9 +122,6 @@ class TranslationPairs(Task):
     Params = TranslationPairsParams
     params: TranslationPairsParams
     SPLIT_PARAMETERS = ("reverse", "max_length", "source_prefixes", "target_prefixes")
-
-    def split_problems(self, training: Task) -> list[Problem]:
-        return drawn_split_problems(self, training)
 
     def __init__(self, params: TranslationPairsParams, context: BuildContext) -> None:
         super().__init__(params, context)
