@@ -62,11 +62,7 @@ def config_change_problem(run_dir: Path, started_text: str) -> Problem | None:
     current = parse_config_text(current_text, str(path)).data
     # What a resume may change is no edit: config.yaml records a resume's overrides when the
     # resume starts, and a session that failed before its first save left them there.
-    changes = [
-        change
-        for change in config_changes(started, current)
-        if change[0] not in SAFE_RESUME_KEYS or _paces_validation(change[0], current)
-    ]
+    changes = _unsafe_changes(started, current)
     if not changes:
         return None
     return Problem(
@@ -88,8 +84,7 @@ def check_resumed_config(started_text: str, resumed_text: str, where: str, subje
     overrides given to --resume, the settings of a code-first `fit`)."""
     started = parse_config_text(started_text, "the started config").data
     resumed = parse_config_text(resumed_text, "the resumed config").data
-    unsafe = [c for c in config_changes(started, resumed) if c[0] not in SAFE_RESUME_KEYS]
-    unsafe += [c for c in config_changes(started, resumed) if _paces_validation(c[0], resumed)]
+    unsafe = _unsafe_changes(started, resumed)
     if unsafe:
         raise ConfigError.at(
             where,
@@ -98,6 +93,18 @@ def check_resumed_config(started_text: str, resumed_text: str, where: str, subje
             f"a resumed run may change only {', '.join(SAFE_RESUME_KEYS)}; "
             "start a new run for anything else",
         )
+
+
+def _unsafe_changes(
+    started: Mapping[str, Any], resumed: Mapping[str, Any]
+) -> list[tuple[str, Any, Any]]:
+    """The changes from `started` to `resumed` that a resumed run may not make: any key but
+    the SAFE_RESUME_KEYS, and the logging interval where it paces an online run's validation."""
+    return [
+        change
+        for change in config_changes(started, resumed)
+        if change[0] not in SAFE_RESUME_KEYS or _paces_validation(change[0], resumed)
+    ]
 
 
 def _paces_validation(key: str, config: Mapping[str, Any]) -> bool:
