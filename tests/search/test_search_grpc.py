@@ -109,7 +109,8 @@ def test_two_searches_share_one_study_through_the_server(
 ) -> None:
     final, ran = two_machines_search(tmp_path, mnist_folder, grpc_url)
     complete = [row for row in final if row["state"] == "complete"]
-    assert len(complete) == 4 and {row["state"] for row in final} <= {"complete", "waiting"}
+    others = [(row["number"], row["state"], row.get("reason")) for row in final]
+    assert len(complete) == 4 and {row["state"] for row in final} <= {"complete", "waiting"}, others
     folders = [row["run_dir"] for row in complete]
     assert len(set(folders)) == 4
     assert sum(ran) == 4  # every trial ran once, on one machine or the other

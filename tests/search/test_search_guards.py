@@ -346,7 +346,10 @@ def test_workers_started_for_a_search_that_never_begins_are_stopped(
     assert "interrupted" not in capfd.readouterr().err
 
 
-@pytest.mark.parametrize("when", ["drawing its values", "as its run folder is made", "at its end"])
+@pytest.mark.parametrize(
+    "when",
+    ["drawing its values", "in a draw", "as its run folder is made", "at its end"],
+)
 def test_a_trial_another_process_finished_is_dropped_not_a_crash(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
@@ -365,6 +368,9 @@ def test_a_trial_another_process_finished_is_dropped_not_a_crash(
         trial.suggest_float("x", 0.0, 2.0)
         if when == "drawing its values":
             other.tell(trial.number, 5.0)
+        if when == "in a draw":  # Optuna's refusal comes out of the builder's own draw
+            other.tell(trial.number, 5.0)
+            trial.suggest_float("y", 0.0, 1.0)
         return tmp_path / "config.yml", [], {"x": 1.0}
 
     def run_trial(

@@ -206,6 +206,8 @@ def _run_one(
             source, overrides, values = propose(trial)
         except LoomError as error:  # a code-first builder refusing its values
             raise TrialFailed(failure_reason(error)) from error
+        except UpdateFinishedTrialError:
+            raise  # finished by another process meanwhile: dropped below, not failed
         except Exception as error:  # a builder's own bug, or Optuna refusing a distribution
             raise TrialFailed(f"its values could not be drawn: {failure_reason(error)}") from error
         # As sampled: Optuna's params hold a list or mapping choice as its JSON text.
