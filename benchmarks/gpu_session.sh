@@ -120,6 +120,7 @@ fi
 FIGURES="pytest summary in session.log"
 step cuda-tests 80 "$PY" -m pytest -q -p no:cacheprovider -rs \
   "tests/e2e/test_e2e_options.py::test_cuda_training_with_mixed_precision" \
+  "tests/e2e/test_e2e_options.py::test_two_models_compiled_into_cuda_graphs_train_and_evaluate_on_a_gpu" \
   "tests/engine/test_engine_distributed.py::test_the_gpu_process_group_takes_host_and_gpu_tensors" \
   "tests/engine/test_engine_loop.py::test_a_deferred_check_reads_the_pending_step_before_the_weights_are_used" \
   "tests/e2e/test_e2e_options.py::test_batches_gathered_on_the_device_train_as_batches_from_the_host" \

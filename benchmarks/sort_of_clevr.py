@@ -132,7 +132,7 @@ def compiled_in(way: str) -> list[str]:
 def probe(config: str, overrides: list[str], way: str, threads: int | None = None) -> Probe:
     """Time PROBE_STEPS training steps of `config` with `overrides` after PROBE_WARMUP,
     eagerly or compiled in mode `way`, with `threads` intra-op threads on the host (then
-    restored), without evaluation, in a folder thrown away after. A probe stopped by a
+    restored), in a folder thrown away after. A probe stopped by a
     signal (the device call's time limit) raises KeyboardInterrupt: nothing to fit."""
     import torch
     from gpu_throughput import StepClock  # benchmarks/ is on sys.path when this script runs
@@ -142,11 +142,16 @@ def probe(config: str, overrides: list[str], way: str, threads: int | None = Non
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     steps = PROBE_WARMUP + PROBE_STEPS
+    # A compiled way also evaluates 20 images after its steps: evaluation compiles graphs of
+    # its own (eval mode), which can fail where training's did not (reduce-overhead's CUDA
+    # graphs on the H200, 2026-11-28, before the pipeline marked its steps), and a way that
+    # fails there must not be the one the run takes.
+    evaluation = ["~validation"] if way == "eager" else ["validation.task.images=20"]
     limits = [
         f"+training.terminal_conditions.episode_limit={steps}",
         "training.terminal_conditions.epoch_limit=1000",
         "training.terminal_conditions.early_stopping=null",
-        "~validation",
+        *evaluation,
         "~test",
     ]
     clock = StepClock(device, PROBE_WARMUP, steps)

@@ -11,6 +11,7 @@ import torch
 from e2e_helpers import small_config, weights
 
 import torchloom
+from torchloom.core.pipeline import Pipeline
 from torchloom.errors import LoomError
 
 
@@ -94,6 +95,59 @@ def test_compiled_models_train_and_save_eager_checkpoints(
     assert processed.statistics["accuracy"] == pytest.approx(
         result.statistics["test"]["accuracy"], abs=1e-6
     )
+
+
+@pytest.mark.parametrize(
+    ("compile_setting", "marked"), [("{backend: cudagraphs}", True), ("true", False)]
+)
+def test_models_compiled_into_cuda_graphs_begin_a_step_at_each_forward(
+    tmp_path: Path,
+    mnist_folder: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    compile_setting: str,
+    marked: bool,
+) -> None:
+    """A pipeline of two compiled models (encoder, classifier) under CUDA graphs: torch takes
+    every compiled call in inference as a new step, so an evaluation pass on a GPU failed at
+    the classifier ("accessing tensor output of CUDAGraphs that has been overwritten", the
+    encoder's output) unless each forward marks its step's start. Counted here on the CPU
+    (where the graphs are skipped): one mark a forward, training's and evaluation's alike."""
+    marks: list[int] = []
+    forwards: list[int] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    forward = Pipeline.forward
+
+    def counted(self: Pipeline, batch: dict[str, object]) -> dict[str, object]:
+        forwards.append(1)
+        return forward(self, batch)
+
+    monkeypatch.setattr(Pipeline, "forward", counted)
+    result = torchloom.train(
+        small_config(tmp_path, mnist_folder, base="loom://mnist/convnet.yml"),
+        ["training.terminal_conditions.epoch_limit=1", f"+training.compile={compile_setting}"],
+        expdir=str(tmp_path / "runs"),
+    )
+    assert result.status == "epoch_limit"
+    # 32 training batches and the validation and test passes' batches.
+    assert len(forwards) > 32
+    assert len(marks) == (len(forwards) if marked else 0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_two_models_compiled_into_cuda_graphs_train_and_evaluate_on_a_gpu(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    """The failure above, on the GPU it happened on: reduce-overhead, an encoder feeding a
+    classifier, through training, validation and the test pass."""
+    result = torchloom.train(
+        small_config(tmp_path, mnist_folder, base="loom://mnist/convnet.yml"),
+        ["training.terminal_conditions.epoch_limit=1", "+training.compile={mode: reduce-overhead}"],
+        device="cuda",
+        expdir=str(tmp_path / "runs"),
+    )
+    assert result.status == "epoch_limit"
+    assert result.statistics["validation"]["accuracy"] > 0.3
+    assert result.statistics["test"]["samples"] == 256
 
 
 def test_histograms_and_two_weighted_losses(tmp_path: Path, mnist_folder: Path) -> None:

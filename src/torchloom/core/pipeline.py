@@ -60,6 +60,14 @@ class Pipeline(nn.Module):
         self._routes = [_Route(c) for c in self.components.values() if not isinstance(c, Statistic)]
         self._statistic_inputs = {c.name: _Route(c).inputs for c in self.statistics}
         self._check_section: str | None = None
+        self._begin_forward: Callable[[], None] | None = None
+
+    def begin_each_forward_with(self, begin: Callable[[], None]) -> None:
+        """Call `begin()` at the start of every forward. Models compiled into CUDA graphs
+        need it (engine/step.compile_models): torch takes each compiled call in inference as
+        a new step, whose graphs may overwrite the outputs one compiled model hands the next
+        inside the same forward, unless the step's start is marked."""
+        self._begin_forward = begin
 
     def start_epoch(self, epoch: int) -> None:
         """A training epoch starts (`epoch` epochs trained before it): told to the components
@@ -75,6 +83,8 @@ class Pipeline(nn.Module):
 
     def forward(self, batch: Batch) -> Batch:
         """Run every component but the statistics, adding their outputs to the batch."""
+        if self._begin_forward is not None:
+            self._begin_forward()
         if self._check_section is not None:
             return self._forward_checked(batch, self._check_section)
         for route in self._routes:

@@ -276,7 +276,27 @@ def compile_models(pipeline: Pipeline, options: dict[str, Any]) -> list[str]:
         if isinstance(component, Model) and any(True for _ in component.parameters()):
             component.compile(**options)
             compiled.append(name)
+    if compiled and replays_cuda_graphs(options):
+        # One pipeline forward is one CUDA-graph step: the encoder's outputs stay alive for
+        # the model that reads them (without the mark, an evaluation pass failed on a GPU:
+        # "accessing tensor output of CUDAGraphs that has been overwritten").
+        pipeline.begin_each_forward_with(torch.compiler.cudagraph_mark_step_begin)
     return compiled
+
+
+def replays_cuda_graphs(options: Mapping[str, Any]) -> bool:
+    """Whether torch.compile with `options` replays CUDA graphs (on a GPU): the modes
+    reduce-overhead and max-autotune, Inductor's `triton.cudagraphs` option, the cudagraphs
+    backend."""
+    from torch._inductor import list_mode_options  # torch.compile imports it in any case
+
+    if options.get("backend") == "cudagraphs":
+        return True
+    settings = dict(list_mode_options(options.get("mode")))
+    extra = options.get("options")
+    if isinstance(extra, Mapping):
+        settings.update(extra)
+    return bool(settings.get("triton.cudagraphs", False))
 
 
 def running_eagerly(needed: bool = True) -> AbstractContextManager[Any]:
