@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from torchloom.config_model import ConfigModel
 
 
-class ArchitectureOptimizerConfig(BaseModel):
+class ArchitectureOptimizerConfig(ConfigModel):
     """`type` names a torch.optim class; every other key is passed to it (checked there).
     The defaults are the paper's: Adam, lr 3e-4, betas (0.5, 0.999), weight decay 1e-3."""
 
@@ -25,7 +27,7 @@ class ArchitectureOptimizerConfig(BaseModel):
 PAPER_ARCH_OPTIMIZER = {"lr": 3.0e-4, "betas": [0.5, 0.999], "weight_decay": 1.0e-3}
 
 
-class ArchitectureSearchConfig(BaseModel):
+class ArchitectureSearchConfig(ConfigModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
     order: Literal["first", "second"] = Field(
         "first",

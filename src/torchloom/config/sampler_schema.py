@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from torchloom.config_model import refuse_a_boolean_for_a_number
+
 # Shared by subset and kfold. Leaving `shuffle` out defers to the dataloader so that the
 # usual validation split ({fraction: 0.9, complement: true}) is visited in order by default.
 SHUFFLE_DESCRIPTION = (
@@ -23,9 +25,26 @@ SHUFFLE_DESCRIPTION = (
 )
 
 
+# The samplers' number fields: a boolean there is refused (`split_seed: true` was seed 1). Not
+# config_model.ConfigModel's every-field validator, which pydantic refuses on the union's tag
+# `type`; tests/config/test_config_booleans.py checks that this lists every number field.
+NUMBER_FIELDS = (
+    "indices",
+    "fraction",
+    "split_seed",
+    "weights",
+    "num_samples",
+    "folds",
+    "epochs_per_fold",
+)
+
+
 class _Strict(BaseModel):
     # A misspelt key must be an error, never a silently ignored setting.
     model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: faster import
+    _no_boolean_for_a_number = field_validator(*NUMBER_FIELDS, mode="before", check_fields=False)(
+        refuse_a_boolean_for_a_number
+    )
 
 
 class RandomSamplerConfig(_Strict):

@@ -13,11 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from torchloom.config.architecture_search_schema import ArchitectureSearchConfig
 from torchloom.config.sampler_schema import SamplerConfig
+from torchloom.config_model import ConfigModel
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean, validation_problems
 from torchloom.run_names import run_name_problem, shown
 
 
-class _Strict(BaseModel):
+class _Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: faster import
 
 
@@ -99,7 +100,7 @@ class DataLoaderConfig(_Strict):
         return self
 
 
-class OptimizerConfig(BaseModel):
+class OptimizerConfig(ConfigModel):
     """`type` names a torch.optim class; every other key is passed to it (checked there)."""
 
     model_config = ConfigDict(extra="allow", defer_build=True)
@@ -110,7 +111,7 @@ class OptimizerConfig(BaseModel):
     )
 
 
-class SchedulerConfig(BaseModel):
+class SchedulerConfig(ConfigModel):
     """`type` names a torch.optim.lr_scheduler class; other keys are passed to it."""
 
     model_config = ConfigDict(extra="allow", defer_build=True)

@@ -24,9 +24,10 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 from torch import nn
 
+from torchloom.config_model import ConfigModel
 from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.streams import StreamSpec
 from torchloom.errors import Problem, Where
@@ -34,7 +35,7 @@ from torchloom.errors import Problem, Where
 Batch = dict[str, Any]
 
 
-class ComponentParams(BaseModel):
+class ComponentParams(ConfigModel):
     """Base of every component's parameter schema: unknown keys are errors, never ignored."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -28,8 +28,9 @@ from typing import Annotated, Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from torchloom.config_model import ConfigModel
 from torchloom.core.host_copies import host_to_device
 from torchloom.errors import ComponentError, Problem
 
@@ -39,7 +40,7 @@ Size2D = Annotated[list[PositiveInt], Field(min_length=2, max_length=2)]
 PRECOMPUTE_LIMIT_BYTES = 1 << 30
 
 
-class _Strict(BaseModel):
+class _Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Literal, NoReturn
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 from torch import nn
 
+from torchloom.config_model import ConfigModel
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
 from torchloom.core.streams import FLOATING, StreamSpec
 from torchloom.errors import ComponentError
@@ -20,7 +21,7 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {
 }
 
 
-class ConvLayer(BaseModel):
+class ConvLayer(ConfigModel):
     """One convolution, followed by the activation and an optional max-pooling."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

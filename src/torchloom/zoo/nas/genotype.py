@@ -18,15 +18,16 @@ import random
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from torchloom.config_model import ConfigModel
 from torchloom.errors import Problem, Where, did_you_mean
 from torchloom.zoo.nas.operations import PRIMITIVES
 
 CELL_KINDS = ("normal", "reduce")
 
 
-class Genotype(BaseModel):
+class Genotype(ConfigModel):
     """A genotype as the `genotype:` parameter of DartsFixedNetwork."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -23,8 +23,9 @@ from typing import Annotated, Any, ClassVar
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from torchloom.config_model import ConfigModel
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Task
 from torchloom.core.streams import StreamSpec
 from torchloom.data.image_modes import eight_bit
@@ -45,7 +46,7 @@ VQA_GLOBALS = {
 }
 
 
-class Normalization(BaseModel):
+class Normalization(ConfigModel):
     """Per-channel standardisation of [0, 1] pixels: (pixel - mean) / std.
 
     The image tasks' `transforms.normalize` has the same fields; it is not reused because its
