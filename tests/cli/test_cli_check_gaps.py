@@ -50,6 +50,10 @@ TRAINING_MISTAKES = {
         "training:\n  compile: {mode: fastest}\n",
         ("bad.yml:", "training.compile.mode", "'fastest'", "reduce-overhead"),
     ),
+    "cuda-graphs-with-gradient-accumulation": (
+        "training:\n  compile: {mode: reduce-overhead}\n  gradient_accumulation: 2\n",
+        ("bad.yml:", "training.gradient_accumulation", "CUDA graphs", "compile: true"),
+    ),
     "loss-weights-name-no-loss": (
         "training:\n  loss_weights: {nlloss: 2.0}\n",
         ("bad.yml:", "'nlloss'", "did you mean 'nllloss'?"),

@@ -501,19 +501,25 @@ def test_full_float32_turns_tf32_off_through_the_older_torch_flags_too(
     torch.backends.cuda.matmul.fp32_precision = matmul_before  # the legacy flag set 'ieee'
 
 
-def test_a_step_the_fp16_scaler_skips_does_not_advance_a_per_step_schedule() -> None:
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_step_the_fp16_scaler_skips_does_not_advance_a_per_step_schedule(fused: bool) -> None:
     """An fp16 step whose gradients overflowed is skipped by the scaler; the per-step
     scheduler stepped anyway, so the schedule ran ahead of the optimizer (torch warned at a
     run's first, usually overflowed, step: "lr_scheduler.step() before optimizer.step()").
-    `Precision.step` says whether the step was taken, from the optimizer's own post-step hook
-    (no read of the GPU), and the loop steps the schedule only then."""
+    `Precision.step` says whether the step was taken, and the loop steps the schedule only
+    then. A fused optimizer is always stepped by the scaler and skips the update inside its
+    kernel: its post-step hook ran on overflowed steps too, so they counted as taken."""
     import warnings
 
     from torchloom.engine.step import Precision
 
     precision = Precision("fp16", torch.device("cpu"))
     layer = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    if fused:
+        optimizer: torch.optim.Optimizer = torch.optim.Adam(layer.parameters(), lr=0.1, fused=True)
+    else:
+        optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in layer.parameters()]
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
     taken, rates = [], []
     with warnings.catch_warnings():
@@ -522,6 +528,8 @@ def test_a_step_the_fp16_scaler_skips_does_not_advance_a_per_step_schedule() -> 
             precision.scaler.scale(layer(torch.ones(3, 2)).sum() * factor).backward()
             precision.scaler.unscale_(optimizer)
             taken.append(precision.step(optimizer))
+            if len(taken) == 1:  # the overflowed step left the weights as they were
+                assert all(torch.equal(p, b) for p, b in zip(layer.parameters(), before))
             optimizer.zero_grad()
             if taken[-1]:
                 schedule.step()

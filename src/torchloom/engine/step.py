@@ -112,6 +112,15 @@ class Precision:
         was taken (fp16 skips one whose gradients overflowed). Told by the optimizer's own
         post-step hook, which runs only when the step does: reading the scale back would make
         the host wait for the GPU at every step."""
+        if self.scaler.is_enabled() and getattr(optimizer, "_step_supports_amp_scaling", False):
+            # A fused optimizer is always stepped by the scaler and skips an overflowed
+            # update inside its kernel, so its hook runs either way: the scaler's overflow
+            # flags say (one wait for the GPU, as the scaler makes for other optimizers).
+            self.scaler.step(optimizer)
+            overflowed = self.scaler._found_inf_per_device(optimizer).values()
+            skipped = any(bool(found.item()) for found in overflowed)
+            self.scaler.update()
+            return not skipped
         taken: list[bool] = []
         handle = optimizer.register_step_post_hook(lambda *_: taken.append(True))
         try:

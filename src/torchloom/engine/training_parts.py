@@ -14,7 +14,7 @@ from torchloom.core.pipeline import Pipeline
 from torchloom.engine.architecture_search import check_search
 from torchloom.engine.evaluation import statistic_names
 from torchloom.engine.optim import build_optimizer, build_scheduler
-from torchloom.engine.step import WeightedLoss, compile_options
+from torchloom.engine.step import WeightedLoss, compile_options, replays_cuda_graphs
 from torchloom.engine.terminal import Monitor, check_monitor, make_monitor
 from torchloom.errors import ConfigError, LoomError, Problem, Where
 
@@ -51,6 +51,24 @@ def build_training_parts(
         compiling = compile_options(training.compile, where)
     except LoomError as error:
         problems += error.problems
+    if (
+        compiling is not None
+        and replays_cuda_graphs(compiling)
+        and training.gradient_accumulation > 1
+    ):
+        # The first micro-batch's gradients are taken over from the CUDA graphs' memory,
+        # which the next micro-batch's graphs write again (pytorch#169545): a crash, or
+        # gradients silently wrong.
+        problems.append(
+            Problem(
+                where("training", "gradient_accumulation"),
+                "training.gradient_accumulation",
+                f"is {training.gradient_accumulation}: the CUDA graphs that training.compile "
+                f"{dict(compiling)} replays on a GPU do not accumulate gradients correctly",
+                "accumulate with `compile: true` or `{mode: max-autotune-no-cudagraphs}`, "
+                "or use a larger batch without accumulation",
+            )
+        )
     try:
         optimizer = build_optimizer(training.optimizer.model_dump(), pipeline, where)
         scheduler = build_scheduler(
