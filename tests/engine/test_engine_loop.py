@@ -529,7 +529,9 @@ def test_a_step_the_fp16_scaler_skips_does_not_advance_a_per_step_schedule(fused
             precision.scaler.unscale_(optimizer)
             taken.append(precision.step(optimizer))
             if len(taken) == 1:  # the overflowed step left the weights as they were
-                assert all(torch.equal(p, b) for p, b in zip(layer.parameters(), before))
+                assert all(
+                    torch.equal(p, b) for p, b in zip(layer.parameters(), before, strict=True)
+                )
             optimizer.zero_grad()
             if taken[-1]:
                 schedule.step()
