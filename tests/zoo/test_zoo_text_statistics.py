@@ -53,7 +53,9 @@ def test_bleu_equals_a_hand_computation() -> None:
 
 def test_sentences_end_at_eos_and_padding_is_never_counted() -> None:
     expected = bleu_of(CANDIDATES, REFERENCES, max_n=2)
-    noisy_candidates = [[3, 4, 5, 6, 3, 7, EOS, 3, 4], [PAD, 9, 10, EOS, 9]]
+    # A prediction's <PAD>s after its last word are padding (one before it is a wrong word:
+    # test_a_predicted_pad_inside_the_sentence_is_a_wrong_word).
+    noisy_candidates = [[3, 4, 5, 6, 3, 7, EOS, 3, 4], [9, 10, PAD, PAD, EOS, 9]]
     noisy_references = [[3, 4, 8, 6, 3, 7, EOS], [9, 10, 11, 12, EOS, PAD, 5]]
     assert bleu_of(noisy_candidates, noisy_references, max_n=2) == pytest.approx(expected)
     targets = as_targets([[3, 4, 8, 6, 3, 7, EOS, -100], [9, 10, 11, 12, -100, -100, -100, -100]])
@@ -207,3 +209,14 @@ def test_a_reference_word_out_of_the_vocabulary_matches_no_prediction() -> None:
     assert bleu_of([sentence], [sentence], max_n=2) < 1.0
     assert bleu_of([sentence], [sentence], max_n=2, unk_index=None) == 1.0  # as before
     assert bleu_of([[3, 5, 4]], [[3, 5, 4]], max_n=2) == 1.0  # known words still match
+
+
+def test_a_predicted_pad_inside_the_sentence_is_a_wrong_word() -> None:
+    """A decoder that wrote <PAD> where the reference has a word was scored as if the word
+    were not there: "a <PAD> b" against "a b" gave a perfect 1.0. Inside a prediction it is a
+    word that matches nothing; only the <PAD>s after its last word are padding."""
+    assert bleu_of([[3, PAD, 4, EOS]], [[3, 4, EOS]], max_n=2) < 1.0
+    assert bleu_of([[3, 4, PAD, PAD]], [[3, 4, EOS]], max_n=2) == 1.0  # trailing padding
+    statistic = BLEUStatistics.create(max_n=2)
+    statistic.update({"predictions": as_scores([[3, PAD, 4]]), "targets": as_targets([[3, 4]])})
+    assert statistic.lengths.tolist() == [1, 3, 2]  # the predicted <PAD> counts as a word

@@ -94,8 +94,9 @@ class BLEUStatisticsParams(ComponentParams):
     pad_index: int | None = Field(
         0,
         ge=0,
-        description="With indices: <PAD> (0 in SentenceIndexer's vocabulary) is never counted; "
-        "negative indices (the ignore index -100) never are either.",
+        description="With indices: <PAD> (0 in SentenceIndexer's vocabulary), padding: never "
+        "counted in a reference, nor after a prediction's last word; a predicted <PAD> before "
+        "it is a wrong word. Negative indices (the ignore index -100) are never counted.",
     )
     unk_index: int | None = Field(
         2,
@@ -107,10 +108,16 @@ class BLEUStatisticsParams(ComponentParams):
     eos_token: str | None = Field(
         "<EOS>", description="With strings: a sentence ends before this word; null: no marker."
     )
-    pad_token: str | None = Field("<PAD>", description="With strings: never counted.")
+    pad_token: str | None = Field(
+        "<PAD>",
+        description="With strings: padding, as pad_index (inside a prediction, a wrong word).",
+    )
     unk_token: str | None = Field(
         "<UNK>", description="With strings: as unk_index, a reference word nothing matches."
     )
+
+
+_PREDICTED_PAD = object()  # a predicted <PAD>, until it is known to be inside the sentence
 
 
 class BLEUStatistics(Statistic):
@@ -121,8 +128,9 @@ class BLEUStatistics(Statistic):
     sentence like a long one and punishes every short sentence separately). An empty set
     gives NaN; a set whose predictions share no word with the references gives 0.
 
-    Each sentence ends before its first <EOS>, and <PAD> and negative (ignored) indices are
-    dropped, in the predictions and the targets alike. Counting n-grams happens on the CPU:
+    Each sentence ends before its first <EOS>. <PAD> and negative (ignored) indices are
+    dropped from the targets; a predicted <PAD> after the prediction's last word is padding,
+    one before it a wrong word (it matches nothing). Counting n-grams happens on the CPU:
     the predicted indices are copied there once per batch.
 
     Streams in: `predictions` [batch, -1, -1] float (word scores or log-probabilities per
@@ -178,9 +186,15 @@ class BLEUStatistics(Statistic):
                 break
             if reference and unknown is not None and word == unknown:
                 words.append(object())  # a word of its own: no n-gram of a prediction has it
+            elif not reference and pad is not None and word == pad:
+                # A predicted <PAD> is a wrong word, matching nothing (dropped, "a <PAD> b"
+                # scored as "a b"); those after the prediction's last word are padding.
+                words.append(_PREDICTED_PAD)
             elif word != pad and not (isinstance(word, int) and word < 0):
                 words.append(word)
-        return words
+        while words and words[-1] is _PREDICTED_PAD:
+            words.pop()
+        return [object() if word is _PREDICTED_PAD else word for word in words]
 
     def update(self, inputs: Batch) -> None:
         predictions, targets = inputs["predictions"], inputs["targets"]
