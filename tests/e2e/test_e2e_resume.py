@@ -110,6 +110,24 @@ def test_resume_refuses_overrides_and_missing_runs(tmp_path: Path, reference: Pa
     assert done.returncode == 2 and "give no config file" in done.stderr
 
 
+def test_a_resume_may_not_change_what_follows_a_limit_through_an_interpolation(
+    reference: Path,
+) -> None:
+    """lenet5.yml's cosine schedule ends with the run (`T_max: ${...epoch_limit}`). config.yaml
+    holds the resolved value (T_max: 3), so raising epoch_limit on resume was accepted and
+    trained the new epoch at a rate of 0, the schedule over; the change the limit makes through
+    the interpolation is refused, naming the key (the run's config as written is kept in its
+    checkpoints for this)."""
+    before = (reference / "summary.json").read_text()
+    done = run_loom(
+        "train", "--resume", str(reference), "training.terminal_conditions.epoch_limit=4"
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "training.scheduler.T_max (3 -> 4)" in done.stderr and "Traceback" not in done.stderr
+    assert "interpolation" in done.stderr
+    assert (reference / "summary.json").read_text() == before
+
+
 @pytest.mark.parametrize(
     ("status", "advice"),
     [

@@ -93,6 +93,28 @@ search:
     assert not list((run_dir / "reports").rglob("*.png"))
 
 
+def test_a_trial_the_pruner_stops_at_its_last_step_is_complete(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    """The pruner's verdict after the last epoch stops nothing: the run ends by its own limit
+    (status epoch_limit, its test pass and pictures done). It was recorded `pruned`, its value
+    left out of the study, while its run folder said it had finished."""
+    search = """\
+search:
+  sampler: grid
+  pruner: {type: threshold, lower: 0.99}
+  training.optimizer.lr: {choice: [1.0e-3]}
+"""
+    config = tiny_config(tmp_path, mnist_folder, search, epochs=1)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--expdir", str(runs)]) == 0
+    (row,) = _rows(_search_dir(runs))
+    summary = json.loads((_search_dir(runs) / row["run_dir"] / "summary.json").read_text())
+    assert summary["status"] == "epoch_limit"
+    assert row["state"] == "complete"
+    assert float(row["validation.accuracy"]) == summary["monitor"]["best"] < 0.99
+
+
 def test_a_resumed_search_runs_only_the_missing_trials(tmp_path: Path, mnist_folder: Path) -> None:
     search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
     config = tiny_config(tmp_path, mnist_folder, search)

@@ -73,6 +73,8 @@ class LoadedConfig:
     files:     every file read, in merge order (each once; the top file last).
     overrides: the override strings as given.
     origins:   key path -> where it was last set; read it through `where()`.
+    unresolved: `data` before interpolation: the `${...}` strings as written (a resumed run
+               resolves them again with its overrides: engine/resume.py).
     """
 
     data: dict[str, Any]
@@ -80,6 +82,7 @@ class LoadedConfig:
     files: list[Path]
     overrides: list[str]
     origins: Origins = field(default_factory=dict, repr=False, compare=False)
+    unresolved: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def where(self, *keys: str | int) -> str:
         """Where the value at that key path was set: 'configs/mnist/lenet5.yml:12' (path
@@ -124,7 +127,8 @@ def load_config(source: ConfigSource, overrides: Sequence[str] = ()) -> LoadedCo
 
     check_interpolation_bounds(cast(dict[str, Any], raw), where)
     data = resolve_config(config, where)
-    return LoadedConfig(data, top_file, reader.files, override_list, origins)
+    unresolved = cast(dict[str, Any], raw)
+    return LoadedConfig(data, top_file, reader.files, override_list, origins, unresolved)
 
 
 def _resolve_location(text: str, relative_to: Path) -> Path:

@@ -121,6 +121,7 @@ def checkpoint_state(
         "hooks": setup.hooks.state_dict(),
         "architecture_search": search.state_dict() if search is not None else None,
         "config": setup.config_text,
+        "config_written": setup.config_written,
     }
 
 

@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchloom.config.dumping import config_changes
+from torchloom.config.dumping import config_changes, dump_config
+from torchloom.config.loading import load_config
 from torchloom.config.schema import TrainingConfig
 from torchloom.config.yaml_reader import parse_config_text
 from torchloom.data.atomic_files import write_text_atomic
@@ -93,6 +94,27 @@ def check_resumed_config(started_text: str, resumed_text: str, where: str, subje
             f"a resumed run may change only {', '.join(SAFE_RESUME_KEYS)}; "
             "start a new run for anything else",
         )
+
+
+def written_with_overrides(written_text: str, overrides: Sequence[str], subject: str) -> str:
+    """The run's config as written (`${...}` unresolved) with the overrides given to
+    --resume, after checking what they change once it is resolved again: config.yaml holds
+    resolved values, where a scheduler's `T_max: ${...epoch_limit}` is a plain number that
+    raising epoch_limit would leave behind (the new epochs at the end of the schedule)."""
+    written = parse_config_text(written_text, "the run's config as written").data
+    before, after = load_config(written), load_config(written, overrides)
+    unsafe = _unsafe_changes(before.data, after.data)
+    if unsafe:
+        raise ConfigError.at(
+            "command line",
+            subject,
+            f"would change {_shown(unsafe)} through an interpolation in the run's config, "
+            "which changes what the resumed steps compute",
+            "start a new run with the longer limit (e.g. loom train RUN_DIR/config.yaml "
+            "training.terminal_conditions.epoch_limit=N), or write the interpolated value "
+            "as a number when you mean to extend runs by resuming",
+        )
+    return dump_config(after.unresolved, interpolations=True)
 
 
 def _unsafe_changes(

@@ -50,6 +50,7 @@ from torchloom.engine.resume import (
     config_header,
     finished_result,
     write_run_config,
+    written_with_overrides,
 )
 from torchloom.engine.run_folder import (
     NoLock,
@@ -172,7 +173,9 @@ def _prepare(
         pipeline_cfg = loaded.data.setdefault("pipeline", {})
         pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
     config_text = "".join(f"# override: {o}\n" for o in overrides) + dump_config(loaded.data)
+    config_written: str | None = dump_config(loaded.unresolved, interpolations=True)
     if resume is not None:
+        config_written = resume.checkpoint.get("config_written")
         _check_checkpoint_fits(pipeline, resume, changed)
         current_text = (resume.run_dir / "config.yaml").read_text(encoding="utf-8")
         if overrides or options.disable:  # --disable changes the pipeline: checked alike
@@ -182,6 +185,8 @@ def _prepare(
             given = [*overrides, *(f"--disable {name}" for name in options.disable)]
             subject = f"--resume {' '.join(given)}"
             check_resumed_config(current_text, config_text, "command line", subject)
+            if config_written is not None:  # what they change through an interpolation
+                config_written = written_with_overrides(config_written, overrides, subject)
         else:
             config_text = started_text or current_text  # exactly as it started
         finished = finished_result(
@@ -201,6 +206,7 @@ def _prepare(
         where=loaded.where,
         config_text=config_text,
         resume=resume,
+        config_written=config_written,
     )
 
 
@@ -229,6 +235,7 @@ def start_run(
     where: Where,
     config_text: str,
     resume: ResumePoint | None = None,
+    config_written: str | None = None,
 ) -> TrainingLoop:
     """The loop of a run of a built pipeline (from YAML or from Python), new or resumed.
     Everything that can fail is checked before the run folder is created; `config_text` is
@@ -240,6 +247,7 @@ def start_run(
         if resume is not None:
             undo.callback(resume.lock.release)
         setup = _setup(pipeline, sections, name, seed, options, where, config_text, resume, undo)
+        setup.config_written = config_written
         loop = TrainingLoop(setup, resume.checkpoint if resume is not None else None)
         undo.pop_all()  # the loop's from here: it closes them when the run ends
         return loop

@@ -176,6 +176,9 @@ class RunSetup:
     show_progress: bool = True
     distributed: Distributed = SINGLE  # this process among those training the run
     architecture_search: ArchitectureSearch | None = None  # training.architecture_search
+    # The config as written, its `${...}` unresolved (YAML runs): checkpoints keep it, so that
+    # a resume sees what its overrides change through an interpolation (engine/resume.py).
+    config_written: str | None = None
 
     @property
     def parameters(self) -> list[torch.nn.Parameter]:

@@ -146,7 +146,9 @@ def run_trial(
             raise TrialFailed(failure_reason(error), run_dir) from error
         # A crash in one trial never ends the study.
         raise TrialFailed(f"crashed: {failure_reason(error)}", run_dir) from error
-    if reporter.pruned_at is not None:
+    # Pruned after the last step, the run ended by its own limit all the same (its test pass
+    # and pictures done): complete, with its value.
+    if reporter.pruned_at is not None and result.status == "stopped":
         raise Pruned(f"pruned at step {reporter.pruned_at}", result.run_dir)
     if result.status == "interrupted" or signalled:
         raise KeyboardInterrupt
