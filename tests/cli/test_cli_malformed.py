@@ -430,6 +430,33 @@ def test_debug_adds_the_traceback_of_a_user_error(
     assert debug.out == ""
 
 
+@pytest.mark.parametrize("argv", [[], ["--debug"]])
+def test_no_command_names_what_is_missing(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    """argparse said "the following arguments are required: COMMAND, arguments", the second
+    an internal name."""
+    result = run_loom(capsys, *argv)
+    assert result.status == 2
+    assert (
+        "a COMMAND is required, one of: check, config," in result.err
+        and "arguments" not in result.err
+    )
+
+
+def test_help_says_each_options_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """The guide gives `--expdir`'s and `--tensorboard`'s defaults; `--help` did not."""
+    from torchloom.cli.main import command_parser
+
+    text = command_parser("train").format_help()
+    flat = " ".join(text.split())
+    assert "parent folder of run folders (default: runs)" in flat
+    assert "histograms (default: 1)" in flat and "(0..) (default: 0)" in flat
+    assert "(default: None)" not in flat and "(default: False)" not in flat
+    assert "(default: )" not in flat and "(default: [])" not in flat
+    assert "labels shown per input (default: 1)" in command_parser("predict").format_help()
+
+
 @pytest.mark.parametrize(
     "include", [INCLUDE_DEFAULTS, "default_configs: ['loom://mnist/default_mnist.yml']\n"]
 )

@@ -200,6 +200,12 @@ def test_missing_top_level_file_suggests_close_names(tmp_path: Path) -> None:
         load_config("lenet.yml")
     assert "lenet.yml" in str(caught.value)
     assert "did you mean 'lenet5.yml'?" in str(caught.value)
+    # Names compared without their suffix: every config shares ".yml", which made
+    # 'nofile.yml' look like 'l.yml'.
+    write(tmp_path, "l.yml", "x: 1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config("nofile.yml")
+    assert "did you mean" not in str(caught.value)
 
 
 def test_top_level_directory_is_an_error(tmp_path: Path) -> None:

@@ -165,6 +165,30 @@ def test_a_hook_stops_a_run_at_the_epoch_it_judged_with_its_reason(tmp_path: Pat
     assert ended["status"] == "epoch_limit" and "test" in ended["final"]
 
 
+class SlowStart(Hook):
+    name = "slow_start"
+
+    def before_train(self, run: RunView) -> None:
+        import time
+
+        time.sleep(0.3)
+
+
+def test_the_analysis_cost_counts_its_start_in_the_training_time(tmp_path: Path) -> None:
+    """The hooks' time before the first step (a model summary's pass) was counted as
+    analysis but not in the training time it is a share of: "analysis took 0.1 s of the
+    0.0 s of training (320.3%)"."""
+    import re
+
+    run = train(toy_config(epochs=1), tmp_path, SlowStart()).run_dir
+    found = re.search(
+        r"took ([\d.]+) s of the ([\d.]+) s of training \(([\d.]+)%", (run / "run.log").read_text()
+    )
+    assert found is not None
+    during, training, share = (float(v) for v in found.groups())
+    assert during >= 0.3 and training >= during and share <= 100
+
+
 def test_a_ctrl_c_after_a_hooks_stop_is_a_first_ctrl_c() -> None:
     """A hook's stop (a pruner's) is not a signal: the user's first Ctrl-C after it still
     stops the run gracefully (last.pt saved); only a second one stops it at once."""

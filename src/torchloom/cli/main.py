@@ -23,8 +23,27 @@ from torchloom.host_memory import prefer_huge_page_tensors
 from torchloom.signals import stop_asked, stopping_on_signals
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Each option's help ends with its default (`--expdir ... (default: runs)`), unless it
+    has none (None, a flag's False, empty) or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        nothing = default is None or default is False or default is argparse.SUPPRESS
+        if nothing or default in ("", []) or "default" in text or not text:
+            return action.help
+        if not action.option_strings:  # a positional's default is what leaving it out means
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
 def command_parser(command: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"loom {command}", description=SUBCOMMANDS[command][1])
+    parser = argparse.ArgumentParser(
+        prog=f"loom {command}",
+        description=SUBCOMMANDS[command][1],
+        formatter_class=_DefaultsShown,
+    )
     parser.add_argument("--debug", action="store_true", help="show the traceback of user errors")
     ARGUMENTS[command](parser)
     return parser
@@ -45,7 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    top = build_parser().parse_args(argv)
+    parser = build_parser()
+    given = sys.argv[1:] if argv is None else list(argv)
+    if all(argument == "--debug" for argument in given):  # argparse would also want "arguments"
+        parser.error(f"a COMMAND is required, one of: {', '.join(SUBCOMMANDS)}")
+    top = parser.parse_args(given)
     # Subparsers cannot mix options and positionals (`check cfg --disable x a.b=1`); a
     # command's own parser can.
     args = command_parser(top.command).parse_intermixed_args(top.arguments)

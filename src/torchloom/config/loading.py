@@ -159,7 +159,9 @@ def _missing_file_hint(path: Path) -> tuple[str, str]:
         return "file not found", did_you_mean(
             f"{PACKAGED_PREFIX}{path.relative_to(root).as_posix()}", named
         )
-    return "file not found", did_you_mean(path.name, [p.name for p in siblings])
+    # Compared without the suffix every config shares, which made 'nofile.yml' 'l.yml'.
+    near = [p.name for p in siblings if did_you_mean(path.stem, [p.stem])]
+    return "file not found", did_you_mean(path.name, near)
 
 
 class _IncludeReader:

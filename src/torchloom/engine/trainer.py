@@ -343,8 +343,9 @@ class TrainingLoop:
             for component in setup.pipeline.components.values():
                 if setup.distributed.main:  # viewers write into the run folder
                     component.begin_pass("training", setup.run_dir)
-            setup.hooks.before_train(self.view)
+            # Before the hooks' start, which the analysis time counts (a model summary's pass).
             started = time.perf_counter()
+            setup.hooks.before_train(self.view)
             conditions = setup.config.terminal_conditions
             status = limit_reached(conditions, self.progress.epoch, self.progress.episode)
             diverged: Diverged | None = None
