@@ -183,6 +183,15 @@ class OutputLoss(Loss):
         return {"loss": loss}
 
 
+def _validated(settings: Mapping[str, Any]) -> TrainingConfig:
+    """Trainer(...)'s keyword arguments, which are the training section's keys, validated."""
+    try:
+        return TrainingConfig.model_validate(dict(settings))
+    except ValidationError as error:
+        problems = validation_problems(error, lambda *_: "Trainer(...)", (), TrainingConfig)
+        raise ConfigError(problems) from error
+
+
 class CodeFirstTrainer:
     """Code-first training: `Trainer(**settings).fit(module, train=..., validation=...)`.
 
@@ -212,6 +221,7 @@ class CodeFirstTrainer:
         if epochs is not None:
             training.setdefault("terminal_conditions", {})["epoch_limit"] = epochs
         self.training = {"task": {"type": "python"}, **training}
+        _validated(self.training)  # a misspelt setting is an error here, not at fit()
         self.name = name
         self.analysis = analysis
         self.options = TrainOptions(
@@ -245,13 +255,7 @@ class CodeFirstTrainer:
         declared = _declared(pipeline)
         weights = {f"{n}_loss": o.weight for n, o in declared.items() if _has_loss(o)}
         self.training["loss_weights"] = {**weights, **self.training.get("loss_weights", {})}
-        try:
-            settings: dict[str, Any] = {**self.training, "seed": seed}
-            config = TrainingConfig.model_validate(settings)
-        except ValidationError as error:
-            # Trainer(...)'s keyword arguments are the training section's keys.
-            problems = validation_problems(error, lambda *_: "Trainer(...)", (), TrainingConfig)
-            raise ConfigError(problems) from error
+        config = _validated({**self.training, "seed": seed})
         plain = SectionConfig(task={"type": "python"})
         sections: dict[str, BaseModel] = {
             "training": config,
