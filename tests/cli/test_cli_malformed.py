@@ -455,6 +455,8 @@ def test_help_says_each_options_default(capsys: pytest.CaptureFixture[str]) -> N
     assert "(default: None)" not in flat and "(default: False)" not in flat
     assert "(default: )" not in flat and "(default: [])" not in flat
     assert "labels shown per input (default: 1)" in command_parser("predict").format_help()
+    export = " ".join(command_parser("export").format_help().split())
+    assert "(default: True)" not in export  # --static-batch, a store_false
 
 
 @pytest.mark.parametrize(

@@ -122,3 +122,12 @@ def test_every_config_schema_refuses_booleans_for_numbers() -> None:
         if not issubclass(cls, (ConfigModel, sampler_schema._Strict))
     ]
     assert outside == []
+
+
+def test_a_scheduler_argument_without_a_default_refuses_a_boolean(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch's own arguments are checked by their defaults; StepLR's `step_size` has none, so
+    `step_size: true` stepped the rate every epoch. Its annotation (int) says it is a number."""
+    error = _check(tmp_path, "training:\n  scheduler: {type: StepLR, step_size: true}\n", capsys)
+    assert "bad.yml:3:" in error and "training.scheduler.step_size: expected a number" in error

@@ -128,6 +128,21 @@ def test_a_resume_may_not_change_what_follows_a_limit_through_an_interpolation(
     assert (reference / "summary.json").read_text() == before
 
 
+def test_the_config_as_written_is_the_run_s_with_the_overrides_of_its_resumes(
+    reference: Path,
+) -> None:
+    """What checkpoints keep: the `${...}` as written, the seed the run drew, and after a resume
+    its overrides, with no name that the run's config did not set."""
+    from torchloom.engine.checkpoint import load_checkpoint
+    from torchloom.engine.resume import written_with_overrides
+
+    written = load_checkpoint(reference / "checkpoints" / "last.pt")["config_written"]
+    assert "T_max: ${training.terminal_conditions.epoch_limit}" in written
+    assert "seed: 7" in written and "python_pipeline" not in written
+    again = written_with_overrides(written, ["training.logging_interval=4"], "--resume")
+    assert "logging_interval: 4" in again and "python_pipeline" not in again
+
+
 @pytest.mark.parametrize(
     ("status", "advice"),
     [

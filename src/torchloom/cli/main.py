@@ -25,7 +25,7 @@ from torchloom.signals import stop_asked, stopping_on_signals
 
 class _DefaultsShown(argparse.HelpFormatter):
     """Each option's help ends with its default (`--expdir ... (default: runs)`), unless it
-    has none (None, a flag's False, empty) or its help already says it."""
+    has none (None, empty), is a flag, or its help already says it."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
@@ -33,7 +33,9 @@ class _DefaultsShown(argparse.HelpFormatter):
         nothing = default is None or default is False or default is argparse.SUPPRESS
         if nothing or default in ("", []) or "default" in text or not text:
             return action.help
-        if not action.option_strings:  # a positional's default is what leaving it out means
+        # A positional's default is what leaving it out means; a flag's (store_true, _false,
+        # _const: `--static-batch`'s True) is the state another flag's help describes.
+        if not action.option_strings or action.nargs == 0:
             return action.help
         return f"{text} (default: %(default)s)"
 

@@ -341,11 +341,10 @@ class Task(Component, torch.utils.data.Dataset):
     def collate(self, samples: list[Batch]) -> Batch:
         return dict(torch.utils.data.default_collate(samples))
 
-    # True for a task whose `fetch` also takes `draws=(seed, draw numbers)`, one number per
-    # index, unique among one loader's (each loader its seed): its random transforms then
-    # draw from those alone (zoo/image_transforms.keyed_uniform), so a sample's augmentation
-    # is the same whichever process, worker or batch reads it. The loaders pass them
-    # (engine/loaders.KeyedDraws).
+    # True for a task whose `fetch` also takes `draws=(seed, draw numbers)` (one number per
+    # index, unique among one loader's): its random transforms draw from those alone, so a
+    # sample's augmentation is the same whichever process, worker or batch reads it
+    # (zoo/image_transforms.keyed_uniform; the loaders pass them: engine/loaders.KeyedDraws).
     keyed_draws = False
 
     def fetch(self, indices: Sequence[int]) -> Batch:
@@ -355,8 +354,8 @@ class Task(Component, torch.utils.data.Dataset):
         per sample (the same batch, which a test of such a task should check)."""
         return self.collate([self[index] for index in indices])
 
-    # What `hold_on` copied to a device, by name: what `fetch` gathers from there when not
-    # empty. Read-only here; `hold_on` gives the task a dict of its own.
+    # What `hold_on` copied to a device, by name, which `fetch` gathers from when not empty.
+    # Read-only here; `hold_on` gives the task a dict of its own.
     held: Mapping[str, torch.Tensor] = MappingProxyType({})
 
     def tensors_to_hold(self) -> dict[str, torch.Tensor] | None:

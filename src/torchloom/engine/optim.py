@@ -55,9 +55,17 @@ EXPECTED = {
 }
 
 
-def _defaults(cls: type, skip: int) -> dict[str, Any]:
-    parameters = list(inspect.signature(cls).parameters.values())[skip:]
-    return {p.name: p.default for p in parameters}
+def _parameters(cls: type, skip: int) -> dict[str, inspect.Parameter]:
+    return {p.name: p for p in list(inspect.signature(cls).parameters.values())[skip:]}
+
+
+def _wants_number(parameter: inspect.Parameter) -> bool:
+    """A number's parameter, by its default or, without one, its annotation (StepLR's
+    `step_size: int`: `step_size: true` was a step of 1)."""
+    default = parameter.default
+    if default is not inspect.Parameter.empty:
+        return isinstance(default, int | float) and not isinstance(default, bool)
+    return parameter.annotation in (int, float, "int", "float")
 
 
 def _expected(cls: type, name: str, default: Any) -> str:
@@ -70,16 +78,16 @@ def _expected(cls: type, name: str, default: Any) -> str:
 
 
 def _check_kwargs(cls: type, kwargs: Mapping[str, Any], skip: int, key: Key, where: Where) -> None:
-    defaults = _defaults(cls, skip)
+    parameters = _parameters(cls, skip)
     problems = []
     for name, value in kwargs.items():
         here, subject = where(*key, name), dotted((*key, name))
-        if name not in defaults:
-            hint = did_you_mean(name, defaults) or f"arguments: {', '.join(defaults)}"
+        if name not in parameters:
+            hint = did_you_mean(name, parameters) or f"arguments: {', '.join(parameters)}"
             problems.append(Problem(here, subject, f"is not an argument of {cls.__name__}", hint))
             continue
-        default = defaults[name]
-        wants_number = isinstance(default, int | float) and not isinstance(default, bool)
+        default = parameters[name].default
+        wants_number = _wants_number(parameters[name])
         if value is None and default is not None:
             # CosineAnnealingLR(T_max=None) is built without a word and fails at the first
             # step; a null here is most often an interpolation of a key that is not set.
@@ -101,14 +109,15 @@ def _check_kwargs(cls: type, kwargs: Mapping[str, Any], skip: int, key: Key, whe
 def _refused_values(cls: type, kwargs: Mapping[str, Any], key: Key, where: Where) -> list[Problem]:
     """A Problem for each argument that torch refuses on its own (`lr=-0.1`), tried on a
     throwaway parameter, named at the line or override that set it."""
-    defaults = _defaults(cls, 1)
+    parameters = _parameters(cls, 1)
     problems = []
     for name, value in kwargs.items():
         try:
             cls([torch.nn.Parameter(torch.zeros(1))], **{name: value})
         except ValueError as error:
             message = f"{cls.__name__} refuses {value!r}: {error}"
-            suggestion = _expected(cls, name, defaults.get(name, inspect.Parameter.empty))
+            known = parameters.get(name)
+            suggestion = _expected(cls, name, known.default if known else inspect.Parameter.empty)
             problems.append(Problem(where(*key, name), dotted((*key, name)), message, suggestion))
     return problems
 

@@ -96,6 +96,28 @@ def check_resumed_config(started_text: str, resumed_text: str, where: str, subje
         )
 
 
+def resumed_config(
+    current_text: str,
+    data: Mapping[str, Any],
+    overrides: Sequence[str],
+    disable: Sequence[str],
+    episode: int,
+    written: str | None,
+) -> tuple[str, str | None]:
+    """For a resume given overrides or `--disable`: config.yaml's new text (`data`, the
+    resolved config with them, under the header of `current_text` and a record of each
+    override), and the config as written with them; checked first, so that they change
+    nothing but the SAFE_RESUME_KEYS, directly or through an interpolation."""
+    recorded = "".join(f"# override on resume at episode {episode}: {o}\n" for o in overrides)
+    text = config_header(current_text) + recorded + dump_config(data)
+    given = [*overrides, *(f"--disable {name}" for name in disable)]
+    subject = f"--resume {' '.join(given)}"
+    check_resumed_config(current_text, text, "command line", subject)
+    if written is not None:
+        written = written_with_overrides(written, overrides, subject)
+    return text, written
+
+
 def written_with_overrides(written_text: str, overrides: Sequence[str], subject: str) -> str:
     """The run's config as written (`${...}` unresolved) with the overrides given to
     --resume, after checking what they change once it is resolved again: config.yaml holds
@@ -105,16 +127,21 @@ def written_with_overrides(written_text: str, overrides: Sequence[str], subject:
     before, after = load_config(written), load_config(written, overrides)
     unsafe = _unsafe_changes(before.data, after.data)
     if unsafe:
+        given = " ".join(overrides)
+        also = " ".join(f"{key}={new}" for key, _, new in unsafe)
         raise ConfigError.at(
             "command line",
             subject,
             f"would change {_shown(unsafe)} through an interpolation in the run's config, "
             "which changes what the resumed steps compute",
-            "start a new run with the longer limit (e.g. loom train RUN_DIR/config.yaml "
-            "training.terminal_conditions.epoch_limit=N), or write the interpolated value "
-            "as a number when you mean to extend runs by resuming",
+            f"start a new run from the config you started this one with (its ${{...}} "
+            f"resolve again): loom train CONFIG {given}; config.yaml holds resolved values, "
+            f"so a run from it needs those keys too: loom train RUN_DIR/config.yaml {given} "
+            f"{also}",
         )
-    return dump_config(after.unresolved, interpolations=True)
+    # load_config names a mapping's pipeline when it sets none: not the run's written config.
+    unresolved = {k: v for k, v in after.unresolved.items() if k != "name" or "name" in written}
+    return dump_config(unresolved, interpolations=True)
 
 
 def _unsafe_changes(

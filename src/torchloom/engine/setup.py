@@ -45,12 +45,10 @@ from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.optim import build_optimizer, build_scheduler
 from torchloom.engine.reporting import Reporter, close_logger, log_build_notes, make_logger
 from torchloom.engine.resume import (
-    check_resumed_config,
     config_change_problem,
-    config_header,
     finished_result,
+    resumed_config,
     write_run_config,
-    written_with_overrides,
 )
 from torchloom.engine.run_folder import (
     NoLock,
@@ -165,28 +163,26 @@ def _prepare(
             loaded.where(), "section 'training'", "is required to train", "add a training section"
         )
     seed = training.seed if training.seed is not None else secrets.randbelow(2**31)
-    loaded.data["training"]["seed"] = seed  # recorded, so config.yaml reproduces the run
     seed_everything(seed)
     set_deterministic(training.deterministic)
     pipeline = build_checked(loaded, options.disable)
-    if options.disable:  # recorded, so the saved config reproduces the run as it ran
-        pipeline_cfg = loaded.data.setdefault("pipeline", {})
-        pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
+    # Recorded in config.yaml and the config as written, so that both reproduce the run.
+    for data in (loaded.data, loaded.unresolved):
+        data["training"]["seed"] = seed
+        if options.disable:
+            pipeline_cfg = data.setdefault("pipeline", {})
+            pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
     config_text = "".join(f"# override: {o}\n" for o in overrides) + dump_config(loaded.data)
-    config_written: str | None = dump_config(loaded.unresolved, interpolations=True)
+    config_written = dump_config(loaded.unresolved, interpolations=True) if resume is None else None
     if resume is not None:
         config_written = resume.checkpoint.get("config_written")
         _check_checkpoint_fits(pipeline, resume, changed)
         current_text = (resume.run_dir / "config.yaml").read_text(encoding="utf-8")
         if overrides or options.disable:  # --disable changes the pipeline: checked alike
             at = resume.checkpoint["progress"]["episode"]
-            recorded = "".join(f"# override on resume at episode {at}: {o}\n" for o in overrides)
-            config_text = config_header(current_text) + recorded + dump_config(loaded.data)
-            given = [*overrides, *(f"--disable {name}" for name in options.disable)]
-            subject = f"--resume {' '.join(given)}"
-            check_resumed_config(current_text, config_text, "command line", subject)
-            if config_written is not None:  # what they change through an interpolation
-                config_written = written_with_overrides(config_written, overrides, subject)
+            config_text, config_written = resumed_config(
+                current_text, loaded.data, overrides, options.disable, at, config_written
+            )
         else:
             config_text = started_text or current_text  # exactly as it started
         finished = finished_result(
@@ -239,9 +235,9 @@ def start_run(
 ) -> TrainingLoop:
     """The loop of a run of a built pipeline (from YAML or from Python), new or resumed.
     Everything that can fail is checked before the run folder is created; `config_text` is
-    saved as its config.yaml. If set-up fails, what it opened is closed again: the folder's
-    lock, the run's log (whose handlers also sit on the shared data and viewer loggers, where
-    a later run of the same process, a search's next trial, would write into this one's
+    saved as its config.yaml (`config_written`, its `${...}` unresolved, in checkpoints). If
+    set-up fails, what it opened is closed: the folder's lock, the run's log (whose handlers
+    also sit on the shared loggers, where a search's next trial would write into this run's
     run.log) and the training data's workers."""
     with ExitStack() as undo:
         if resume is not None:
