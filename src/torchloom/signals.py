@@ -62,6 +62,19 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # SIGTERM, SIGHUP: as Ctrl-C, in every phase
 
 
+def _quiet_about_interrupts(hook: object) -> object:
+    """`sys.unraisablehook` that says nothing of a KeyboardInterrupt raised where Python
+    cannot raise it (a weakref callback, a __del__), `hook` for anything else. Python prints
+    those as "Exception ignored in: ..." with a traceback, at a Ctrl-C that the record above
+    carries to the command all the same."""
+
+    def unraisable(info: object) -> None:
+        if not isinstance(getattr(info, "exc_value", None), KeyboardInterrupt):
+            hook(info)  # type: ignore[operator]
+
+    return unraisable
+
+
 @contextlib.contextmanager
 def stopping_on_signals() -> Iterator[None]:
     """SIGINT, SIGTERM and SIGHUP (unless ignored) raise KeyboardInterrupt, and are recorded.
@@ -76,10 +89,13 @@ def stopping_on_signals() -> Iterator[None]:
     if threading.current_thread() is threading.main_thread():
         stopping = (signal.SIGINT, *terminating_signals())
         previous = {signum: signal.signal(signum, _interrupt) for signum in stopping}
+    unraisable = sys.unraisablehook
+    sys.unraisablehook = _quiet_about_interrupts(unraisable)  # type: ignore[assignment]
     _depth += 1
     try:
         yield
     finally:
         _depth -= 1
+        sys.unraisablehook = unraisable
         for signum, handler in previous.items():
             signal.signal(signum, handler)

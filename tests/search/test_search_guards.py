@@ -419,6 +419,38 @@ def test_a_search_under_nohup_keeps_ignoring_a_closed_terminal() -> None:
         signal.signal(signal.SIGHUP, previous)
 
 
+def test_an_interrupt_python_cannot_raise_is_not_printed_as_an_ignored_exception(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C of `loom search` printed "Exception ignored in: <function WeakKeyDictionary
+    ...> ... KeyboardInterrupt" with a traceback: the handler's KeyboardInterrupt came while a
+    weakref callback ran, where Python can only report it. The stop is recorded in any case."""
+    import gc
+    import sys
+    import weakref
+
+    reported: list[type[BaseException]] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda info: reported.append(info.exc_type))
+
+    class Held:
+        pass
+
+    def interrupted(_: object) -> None:
+        raise KeyboardInterrupt  # as the signal handler does, inside the callback
+
+    def failing(_: object) -> None:
+        raise ValueError("an error of its own")
+
+    with stopping_on_signals():
+        for callback in (interrupted, failing):
+            held = Held()
+            reference = weakref.ref(held, callback)
+            del held
+            gc.collect()
+            assert reference() is None
+    assert reported == [ValueError]  # anything else is still reported
+
+
 def test_the_loser_of_two_processes_creating_an_sqlite_study_tries_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
