@@ -156,3 +156,13 @@ def test_model_as_task_over_defaults_says_it_is_not_a_task(
     monkeypatch.chdir(tmp_path)
     result = run_loom(capsys, "check", str(bad))
     assert_user_error(result, "bad.yml:3", "'test.task' (LeNet5)", "not a task")
+
+
+def test_check_refuses_on_device_for_a_task_that_builds_samples_one_by_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`loom check` passed `on_device` for a text task, which `loom train` then refused: the
+    task's class says it without reading any data."""
+    override = "++validation.dataloader.on_device=true"
+    result = run_loom(capsys, "check", "loom://language/bbc_news_bow_ffn.yml", override)
+    assert_user_error(result, "validation.dataloader.on_device", "TextClassification", "one by one")

@@ -10,6 +10,7 @@ from torchloom.config.schema import TrainingConfig
 from torchloom.core.component import Component
 from torchloom.core.streams import StreamSpec
 from torchloom.engine.assemble import Assembled, assemble
+from torchloom.engine.loaders import check_on_device
 from torchloom.engine.optim import checking_only
 from torchloom.engine.training_parts import build_training_parts
 
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(training, TrainingConfig):  # what `loom train` would also reject
         with checking_only():
             build_training_parts(assembled.pipeline, training, assembled.config.where)
+        check_on_device(assembled.pipeline.tasks, assembled.sections, assembled.config.where)
         _, skipped = check_analysis(
             assembled.config.data, assembled.pipeline, assembled.config.where
         )

@@ -8,7 +8,7 @@ RNG earlier code consumed — the basis of exact resume.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, cast
 
 import torch
@@ -20,7 +20,7 @@ from torchloom.data.rank_shard import RankShard
 from torchloom.data.reservoir import AsyncReservoir
 from torchloom.data.samplers import ResumableSampler, build_sampler
 from torchloom.engine.checkpoint import worker_init
-from torchloom.errors import ConfigError, Where
+from torchloom.errors import ConfigError, Problem, Where
 
 
 class TaskBatches(Dataset[Batch]):
@@ -173,13 +173,7 @@ class SectionLoader:
                 "remove on_device, or train on a smaller split (task.subset)",
             ) from None
         if not held:
-            raise ConfigError.at(
-                key,
-                f"{self.section}.dataloader.on_device",
-                f"the task ({type(self.task).__name__}) builds its samples one by one, so "
-                "it cannot gather its batches on the device",
-                "remove on_device; pin_memory and num_workers speed up a host loader",
-            )
+            raise ConfigError([_cannot_hold(self.section, self.task, where)])
 
     def _reservoir(self, config: SectionConfig, where: Where) -> AsyncReservoir:
         """`dataloader.reservoir` (training only, one process): its workers draw their
@@ -323,6 +317,30 @@ class ReservoirEpoch:
             if self.pin:
                 batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
             yield batch
+
+
+def _cannot_hold(section: str, task: Task, where: Where) -> Problem:
+    return Problem(
+        where(section, "dataloader", "on_device"),
+        f"{section}.dataloader.on_device",
+        f"the task ({type(task).__name__}) builds its samples one by one, so it cannot "
+        "gather its batches on the device",
+        "remove on_device; pin_memory and num_workers speed up a host loader",
+    )
+
+
+def check_on_device(tasks: Mapping[str, Task], sections: Mapping[str, Any], where: Where) -> None:
+    """What `loom check` can tell of `dataloader.on_device` before any data is read: a
+    section whose task's class holds no tensors at all (text, VQA) is refused. A task that
+    can hold them but reads this split from files is refused when the run starts."""
+    problems = [
+        _cannot_hold(section, task, where)
+        for section, task in tasks.items()
+        if getattr(getattr(sections.get(section), "dataloader", None), "on_device", False)
+        and type(task).tensors_to_hold is Task.tensors_to_hold
+    ]
+    if problems:
+        raise ConfigError(problems)
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
