@@ -179,7 +179,11 @@ def test_resume_refusals_are_plain(
     assert "is not a quantization-aware fine-tuning run" in refused(
         *QAT, "--resume", str(reference), "--force"
     )
-    assert "already holds the results" in refused(*QAT, "--resume")  # quantized/qat is there
+    # quantized/qat is there: the refusal says that the resumed fine-tuning converts into it
+    # (a finished fine-tuning is converted again with --force, which the docs only implied).
+    message = refused(*QAT, "--resume")
+    assert "already holds the results" in message
+    assert "the fine-tuning --resume continues converts into it, add --force" in message
     assert (quantized / "quantization_report.json").read_bytes() == before
     fresh = tmp_path / "fresh"
     shutil.copytree(reference, fresh, ignore=shutil.ignore_patterns("quantized"))

@@ -22,14 +22,16 @@ from torchloom.data.atomic_files import sync_folder, sync_tree
 from torchloom.errors import DeployError
 
 
-def refuse_existing(target: Path, force: bool, command: str) -> None:
-    """A DeployError when `target` holds an earlier result and `force` is off."""
+def refuse_existing(target: Path, force: bool, command: str, resuming: bool = False) -> None:
+    """A DeployError when `target` holds an earlier result and `force` is off (`resuming`:
+    the command continues a fine-tuning, whose results would go there too)."""
     if target.exists() and not force:
+        why = "the fine-tuning --resume continues converts into it, " if resuming else ""
         raise DeployError.at(
             "",
             f"'{target}'",
             f"already holds the results of an earlier `{command}`",
-            "add --force to replace them; they are kept until the new ones are complete",
+            f"{why}add --force to replace them; they are kept until the new ones are complete",
         )
 
 

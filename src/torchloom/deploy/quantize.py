@@ -111,7 +111,7 @@ def quantize(
         )
     run = load_trained_run(run_dir, checkpoint)
     target = run.run_dir / "quantized" / mode
-    refuse_existing(target, force, "loom quantize")
+    refuse_existing(target, force, "loom quantize", resuming=bool(resume))
     resume_from = (
         resumable(run, start_record(run, quantizer, qat_epochs, qat_lr), resume) if resume else None
     )
