@@ -289,6 +289,9 @@ def test_two_nodes_on_one_machine_write_one_run_folder(tmp_path: Path) -> None:
     assert not any("frame #" in err or "Traceback" in err for _, err in outputs), outputs
     run = only_run(tmp_path / "runs")
     assert summary(run)["status"] == "epoch_limit"
+    # The rendezvous, not --node-rank, chose the machine of rank 0 (here the first to join):
+    # the other printed nothing at all; it now says where the run folder is.
+    assert all(str(run) in out for out, _ in outputs), outputs
 
 
 def spawned_workers() -> set[int]:

@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -129,13 +130,20 @@ def worker(request: dict[str, Any]) -> dict[str, Any] | None:
     )
     try:
         dist = join(request["device"])
+        # Which machine holds rank 0 is the rendezvous's choice, not --node-rank's: the
+        # other machines say where its run folder is.
+        rank_0_host = dist.broadcast(socket.gethostname())
         prepared = prepare_training(config, overrides, options, resume=resume)
         if isinstance(prepared, RunResult):
             return _outcome(prepared, finished=True) if dist.main else None
         if dist.main and handoff is not None:
             handoff.set_run_dir(prepared.setup.run_dir)
         result = prepared.run()
-        return _outcome(result) if dist.main else None
+        if dist.main:
+            return _outcome(result)
+        if dist.local_rank == 0:  # this machine's first process
+            return {"run_dir": str(result.run_dir), "host": rank_0_host, "elsewhere": True}
+        return None
     except BaseException as error:
         if handoff is None:
             raise
@@ -186,8 +194,16 @@ def _launch(options: LaunchOptions, request: dict[str, Any], endpoint: str | Non
             return 1
     finally:
         shutil.rmtree(handoff.folder, ignore_errors=True)
-    outcome = next((value for value in results.values() if value is not None), None)
-    return _report(outcome) if outcome is not None else 0
+    outcomes = [value for value in results.values() if value is not None]
+    own = next((outcome for outcome in outcomes if not outcome.get("elsewhere")), None)
+    if own is not None:
+        return _report(own)
+    for outcome in outcomes[:1]:  # rank 0 trained on another machine, which wrote the run
+        print(
+            f"run folder: {outcome['run_dir']} on {outcome['host']}, the machine of rank 0 "
+            "(the rendezvous numbers the machines, not --node-rank), which printed the summary"
+        )
+    return 0
 
 
 def _tell_the_run_folder(run_dir: Path | None, failures: list[Failure]) -> None:
