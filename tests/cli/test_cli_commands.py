@@ -217,6 +217,8 @@ def test_components_describes_lenet5(capsys: pytest.CaptureFixture[str]) -> None
         assert f"  {name}: " in needed
     snippet = out.split("config snippet (pipeline entry):")[1]
     assert "my_lenet5:" in snippet and "type: LeNet5" in snippet
+    # Pasted as it was, it failed the handshake wherever the globals had other names.
+    assert "globals: {prediction_size: NAME_PUBLISHED}" in snippet
 
 
 def test_components_lenet5_shows_its_streams(capsys: pytest.CaptureFixture[str]) -> None:
@@ -273,7 +275,8 @@ def test_pasted_snippet_passes_check(
     """The snippet, pasted under `pipeline:` in place of the entry it replaces, key renamed."""
     snippet = _snippet(capsys, name)
     key = f"my_{name.lower()}:"
-    assert snippet.startswith(key), snippet
+    entry = [line for line in snippet.splitlines() if not line.startswith("#")]
+    assert entry[0].startswith(key), snippet  # after its comment on globals, if any
     pasted = "\n".join("  " + line for line in snippet.replace(key, f"{replaces}:", 1).splitlines())
     lines = [line for line in GOOD_PIPELINE.splitlines() if not line.startswith(f"  {replaces}:")]
     config = INCLUDE_DEFAULTS + "\n".join(lines) + "\n" + pasted + "\n"

@@ -95,8 +95,14 @@ def yaml_snippet(cls: type[Component], name: str) -> str:
         else:
             body[param] = _plain(field.default)
     key = f"my_{cls.__name__.lower()}"  # also for a `package.module:Class` type
-    text = yaml.safe_dump({key: body}, sort_keys=False, default_flow_style=None)
-    return text.rstrip()
+    text = yaml.safe_dump({key: body}, sort_keys=False, default_flow_style=None).rstrip()
+    if cls.NEEDS_GLOBALS:  # a pasted entry fails the handshake when the names differ
+        needs = list(cls.NEEDS_GLOBALS)
+        text = (
+            f"# reads the globals {', '.join(needs)}: published under these names by another "
+            f"component, or mapped in the entry: globals: {{{needs[-1]}: NAME_PUBLISHED}}\n" + text
+        )
+    return text
 
 
 def describe_component(cls: type[Component], name: str) -> str:
