@@ -166,3 +166,15 @@ def test_check_refuses_on_device_for_a_task_that_builds_samples_one_by_one(
     override = "++validation.dataloader.on_device=true"
     result = run_loom(capsys, "check", "loom://language/bbc_news_bow_ffn.yml", override)
     assert_user_error(result, "validation.dataloader.on_device", "TextClassification", "one by one")
+
+
+def test_tasks_refused_for_their_parameters_are_said_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SortOfCLEVR tasks given `subset` (they have `images`) were followed by seven "needs global
+    ..., which no component publishes" problems, one per reader of the globals they would have
+    published: noise after the one mistake."""
+    subsets = [f"+{section}.task.subset=100" for section in ("training", "validation", "test")]
+    result = run_loom(capsys, "check", "loom://vqa/sort_of_clevr_cnn_rn.yml", *subsets)
+    assert_user_error(result, "3 problems", "unknown parameter 'subset' of SortOfCLEVR")
+    assert "no component publishes" not in result.err

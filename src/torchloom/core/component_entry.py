@@ -117,9 +117,12 @@ def parse_entry(
     where: Where,
     index: int,
     is_task: bool,
+    unusable: set[str] | None = None,
 ) -> tuple[ComponentEntry | None, list[Problem]]:
     """Validate one component entry; returns the entry (None if unusable) and its problems.
-    `is_task`: whether the slot takes a Task (a section's `task`) or any other component."""
+    `is_task`: whether the slot takes a Task (a section's `task`) or any other component.
+    An entry unusable for its parameters adds the globals its class publishes to `unusable`
+    (its readers' "no component publishes" would only repeat its problem)."""
     here = where(*key_path)
     subject = f"component '{name}'"
     if not isinstance(raw, Mapping):
@@ -198,6 +201,8 @@ def parse_entry(
     try:
         params = cls.Params(**param_values)
     except ValidationError as error:
+        if unusable is not None:
+            unusable.update(global_names.get(k, k) for k in cls.PUBLISHES_GLOBALS)
         found = validation_problems(
             error,
             where,

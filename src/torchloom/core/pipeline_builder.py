@@ -44,6 +44,7 @@ def _parse_entries(
     config: Mapping[str, Any],
     where: Where,
     disable: Sequence[str],
+    unusable: set[str],
 ) -> tuple[list[ComponentEntry], list[str], list[Problem]]:
     problems: list[Problem] = []
     entries: list[ComponentEntry] = []
@@ -95,7 +96,7 @@ def _parse_entries(
         section_cfg = config.get(section)
         if isinstance(section_cfg, Mapping) and section_cfg.get("task") is not None:
             entry, found = parse_entry(
-                f"{section}.task", section_cfg["task"], (section, "task"), where, -1, True
+                f"{section}.task", section_cfg["task"], (section, "task"), where, -1, True, unusable
             )
             problems += found
             if entry is not None:
@@ -115,7 +116,7 @@ def _parse_entries(
             )
             continue
         entry, found = parse_entry(
-            name, pipeline_cfg[name], ("pipeline", name), where, index, False
+            name, pipeline_cfg[name], ("pipeline", name), where, index, False, unusable
         )
         problems += found
         if entry is None:
@@ -155,9 +156,10 @@ def _check_global_renames(entry: ComponentEntry, where: Where) -> list[Problem]:
 
 
 def _construction_order(
-    entries: list[ComponentEntry], where: Where
+    entries: list[ComponentEntry], where: Where, unusable: set[str]
 ) -> tuple[list[ComponentEntry], list[Problem]]:
-    """Publishers before readers; a global nobody publishes, or a cycle, is a problem."""
+    """Publishers before readers; a global nobody publishes, or a cycle, is a problem (but
+    for the `unusable` ones, whose publisher's parameters were refused: said already)."""
     publishers: dict[str, list[int]] = {}
     for i, entry in enumerate(entries):
         for name in entry.published():
@@ -167,7 +169,7 @@ def _construction_order(
     for i, entry in enumerate(entries):
         needs: set[int] = set()
         for actual, default in entry.needed().items():
-            if actual not in publishers:
+            if actual not in publishers and actual not in unusable:
                 renamed = f" (its '{default}')" if actual != default else ""
                 problems.append(
                     Problem(
@@ -253,7 +255,8 @@ def build_pipeline(
 ) -> Pipeline:
     """Build every task and component of `config`; raises one ComponentError listing all
     problems. `where(*keys)` names the file and line a config key came from."""
-    entries, _, problems = _parse_entries(config, where, disable)
+    unusable: set[str] = set()
+    entries, _, problems = _parse_entries(config, where, disable, unusable)
     if not entries and not problems:
         problems.append(
             Problem(
@@ -266,7 +269,7 @@ def build_pipeline(
         )
     for entry in entries:
         problems += _check_global_renames(entry, where)
-    ordered, found = _construction_order(entries, where)
+    ordered, found = _construction_order(entries, where, unusable)
     problems += found
     if problems:
         raise ComponentError(problems)
