@@ -52,6 +52,7 @@ from torchloom.analysis.skipped import say_skipped
 from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
 from torchloom.data.atomic_files import write_text_atomic
+from torchloom.data.csv_cells import safe_cells
 from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.state import Hook
 
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
 
 def _write_csv(path: Path, rows: Sequence[Sequence[Any]]) -> None:
     text = io.StringIO(newline="")
-    csv.writer(text).writerows(rows)
+    csv.writer(text).writerows(safe_cells(row) for row in rows)  # class names: user text
     write_text_atomic(path, text.getvalue())
 
 

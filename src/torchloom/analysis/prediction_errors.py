@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from torchloom.data.atomic_files import PendingFile
+from torchloom.data.csv_cells import safe_cell
 
 ERROR_COLUMNS = ("id", "truth", "prediction", "confidence", "truth_name", "prediction_name")
 
@@ -128,7 +129,7 @@ class ErrorStream:
 
 
 def error_line(sample: Any, t: int, p: int, c: float, names: Sequence[str]) -> tuple[Any, ...]:
-    return (sample, t, p, f"{c:.6f}", names[t], names[p])
+    return (safe_cell(sample), t, p, f"{c:.6f}", safe_cell(names[t]), safe_cell(names[p]))
 
 
 def merge_shares(shares: Sequence[ErrorShare | None]) -> list[tuple[Any, int, int, float]]:

@@ -48,6 +48,7 @@ from torchloom.analysis.skipped import say_skipped
 from torchloom.analysis.step_buffer import StepBuffer
 from torchloom.core.component import Batch
 from torchloom.data.atomic_files import write_text_atomic
+from torchloom.data.csv_cells import safe_mapping
 from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.state import Hook
 
@@ -305,7 +306,7 @@ def _write_csv(path: Path, rows: list[dict[str, Any]], names: list[str] | None) 
         if names is not None:
             line["target_name"] = _name(row["target"], names)
             line["prediction_name"] = _name(row["prediction"], names)
-        writer.writerow(line)
+        writer.writerow(safe_mapping(line))  # class names and ids: user text
     write_text_atomic(path, buffer.getvalue())
 
 

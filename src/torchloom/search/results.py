@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchloom.data.atomic_files import write_text_atomic
+from torchloom.data.csv_cells import safe_mapping
 from torchloom.search.record import SearchRecord
 from torchloom.search.study import load_study
 
@@ -130,7 +131,7 @@ def write_results(search_dir: Path, record: SearchRecord) -> SearchResults:
     if rows:
         writer = csv.DictWriter(out, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows(safe_mapping(row) for row in rows)  # parameter values: user text
     write_text_atomic(search_dir / "trials.csv", out.getvalue())
     best = best_trial(study)
     if best is not None and best.user_attrs.get("config"):

@@ -12,6 +12,7 @@ from pydantic import Field
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
 from torchloom.core.file_names import PlainFileName
 from torchloom.core.streams import StreamSpec
+from torchloom.data.csv_cells import safe_cells
 
 
 class StreamFileExporterParams(ComponentParams):
@@ -85,7 +86,8 @@ class StreamFileExporter(Component):
         tensors = [isinstance(value, torch.Tensor) for value in values]
         columns = [v.detach().tolist() if t else v for v, t in zip(values, tensors, strict=True)]
         for row in zip(*columns, strict=True):
-            self._writer.writerow([_cell(v, t) for v, t in zip(row, tensors, strict=True)])
+            cells = [_cell(v, t) for v, t in zip(row, tensors, strict=True)]
+            self._writer.writerow(safe_cells(cells))  # streams of text: the data's own
         return {}
 
     def end_pass(self) -> None:
