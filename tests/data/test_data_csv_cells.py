@@ -36,7 +36,7 @@ def test_a_cell_a_spreadsheet_would_run_is_text(value: object, written: object) 
 def test_the_confusion_matrix_and_the_errors_write_class_names_as_text(tmp_path: Path) -> None:
     """A dataset whose class folder is named `=HYPERLINK(...)` put a live formula in
     `-cm.csv` and `-errors.csv` (an ImageFolder takes any folder name but a hidden one)."""
-    names = ["cat", "=HYPERLINK(\"evil.example\",\"x\")"]
+    names = ["cat", '=HYPERLINK("evil.example","x")']
     _write_csv(tmp_path / "cm.csv", [["", *names], [names[1], 1, 0]])
     rows = list(csv.reader((tmp_path / "cm.csv").open(newline="")))
     assert rows[0][2] == rows[1][0] == "'" + names[1]
