@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchloom.analysis.image_grid import markdown_cell
+
 # Scores are binned on the logit of the softmax probability, log(p / (1 - p)): a monotone
 # map of p, so the ROC curve is the same, but trained models put most samples at p ~ 0 or
 # p ~ 1, where equal-width probability bins would lump them together. Probabilities are
@@ -165,10 +167,6 @@ def roc_curves(scores: np.ndarray, class_names: Sequence[str]) -> list[RocCurve]
 
 
 # ---- files -------------------------------------------------------------------------------
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
 def report_markdown(title: str, report: Mapping[str, Any], curves: Sequence[RocCurve]) -> str:
     lines = [
         f"# {title}",
@@ -178,7 +176,7 @@ def report_markdown(title: str, report: Mapping[str, Any], curves: Sequence[RocC
         "| class | precision | recall | F1 | support |",
         "|---|---:|---:|---:|---:|",
     ]
-    rows = [(_cell(c["name"]), c) for c in report["classes"]]
+    rows = [(markdown_cell(c["name"]), c) for c in report["classes"]]
     rows += [("**macro avg**", report["macro"]), ("**weighted avg**", report["weighted"])]
     for name, v in rows:
         lines.append(
@@ -186,13 +184,16 @@ def report_markdown(title: str, report: Mapping[str, Any], curves: Sequence[RocC
             f"| {v['support']} |"
         )
     if curves:
-        lines += ["", "ROC AUC: " + ", ".join(f"{_cell(c.name)} {c.auc:.4f}" for c in curves)]
+        lines += [
+            "",
+            "ROC AUC: " + ", ".join(f"{markdown_cell(c.name)} {c.auc:.4f}" for c in curves),
+        ]
     if report["confusions"]:
         lines += ["", "## Top confusions", "", "| true class | most often predicted as |"]
         lines.append("|---|---|")
         for truth, wrong in report["confusions"].items():
             shown = ", ".join(
-                f"{_cell(w['predicted'])} ({w['count']}, {w['share']:.1%})" for w in wrong
+                f"{markdown_cell(w['predicted'])} ({w['count']}, {w['share']:.1%})" for w in wrong
             )
-            lines.append(f"| {_cell(truth)} | {shown} |")
+            lines.append(f"| {markdown_cell(truth)} | {shown} |")
     return "\n".join(lines) + "\n"

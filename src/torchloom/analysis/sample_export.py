@@ -151,7 +151,8 @@ class SampleExport(Hook):
         elif texts is not None:
             lines = ["| sample | label | text |", "|---|---|---|"]
             for caption, label, sample in zip(captions, labels, samples, strict=True):
-                lines.append(f"| {caption} | {label} | {markdown_cell(sample[texts])} |")
+                text = markdown_cell(sample[texts])
+                lines.append(f"| {caption} | {markdown_cell(label)} | {text} |")
             write_text_atomic(path.with_suffix(".md"), "\n".join(lines) + "\n")
         else:  # e.g. a task of vectors: nothing a person could look at
             why = (

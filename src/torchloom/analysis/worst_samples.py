@@ -280,8 +280,9 @@ class WorstSamples(Hook):
             ]
             for row, sample in zip(worst, samples, strict=True):
                 lines.append(
-                    f"| {row['id']} | {row['cumulative_loss']:.4g} | {row['target_label']} "
-                    f"| {row['prediction_label']} | {markdown_cell(sample[texts])} |"
+                    f"| {row['id']} | {row['cumulative_loss']:.4g} "
+                    f"| {markdown_cell(row['target_label'])} "
+                    f"| {markdown_cell(row['prediction_label'])} | {markdown_cell(sample[texts])} |"
                 )
             write_text_atomic(folder / f"{prefix}worst.md", "\n".join(lines) + "\n")
 
