@@ -55,7 +55,16 @@ class Problem:
         )
         if self.suggestion:
             text += f" ({self.suggestion})"
-        return text
+        return printable(text)
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters but line ends and tabs written as escapes (`\x1b`):
+    a config's keys and values reach the terminal in messages, where an escape sequence
+    would recolour, clear or retitle it."""
+    return "".join(
+        c if c in "\n\t" or (c.isprintable() and c != "\x7f") else repr(c)[1:-1] for c in text
+    )
 
 
 def shown_briefly(value: Any, limit: int = 60) -> str:

@@ -34,6 +34,8 @@ def run_name_problem(name: str) -> str:
     part = folder_part(name)
     if not part:
         return "is empty"
+    if not name.isprintable():  # shown by every command that lists runs
+        return "holds a control character"
     if part.startswith("."):
         return (
             f"'{part[:40]}' starts with '.': it would write outside the experiments folder "

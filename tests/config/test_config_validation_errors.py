@@ -108,3 +108,22 @@ def test_analysis_settings_say_what_was_received(
     assert "bad.yml:3: key 'analysis.roc'" in err and "(got 'maybe')" in err
     assert "bad.yml:4: key 'analysis.worst_sampels': unknown key" in err
     assert "did you mean 'worst_samples'?" in err
+
+
+def test_control_characters_of_a_config_reach_the_terminal_as_escapes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A key or a name holding an escape sequence (`\\x1b[2J` clears the screen, `\\x1b]0;...`
+    retitles it) was printed raw in the error and in `loom check`'s table."""
+    config = tmp_path / "ansi.yml"
+    config.write_text(
+        'default_configs: [loom://mnist/lenet5.yml]\nname: "ansi\\e[2J"\n'
+        'training:\n  "bad\\e[41mKEY": 1\n'
+    )
+    assert main(["check", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "bad\\x1b[41mKEY" in err
+    config.write_text('default_configs: [loom://mnist/lenet5.yml]\nname: "ansi\\e[2J"\n')
+    assert main(["check", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "holds a control character" in err
