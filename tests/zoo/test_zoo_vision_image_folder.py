@@ -178,3 +178,12 @@ def test_a_16_bit_image_keeps_its_shades(tmp_path: Path) -> None:
     pixels = task.fetch([0])["inputs"][0, 0]
     assert len(pixels.unique()) == 16
     assert (float(pixels.min()), float(pixels.max())) == (0.0, 1.0)
+
+
+def test_classes_are_plain_folder_names_inside_the_data_folder(tmp_path: Path) -> None:
+    """`classes: ["../../etc"]` read images from outside the data folder (a config is
+    untrusted input, and the images go into the run's reports)."""
+    from torchloom.zoo.tasks.image_folder import ImageFolder
+
+    with pytest.raises(pydantic.ValidationError, match="plain file name inside its folder"):
+        ImageFolder.create(data_folder=str(tmp_path), classes=["../../etc", "cats"])

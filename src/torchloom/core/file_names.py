@@ -5,7 +5,8 @@ A config is untrusted input: nothing it names may write outside the folder the w
 So such a name is a plain name inside that folder, never a path: `../../x`, `/abs/x`, `a/b`,
 `.`, `..` and the empty name are refused when the config is checked (`loom check`), before
 any data is read or any file written. Params use `PlainFileName`, so pydantic's error names
-the file, the line, the component and the key.
+the file, the line, the component and the key. So do names a config reads inside a folder
+it gives (an ImageFolder's `classes`: `../../x` read images from anywhere).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def file_name_problem(name: str) -> str:
     if name in (".", ".."):
         return f"'{name}' names a folder"
     if "/" in name or "\\" in name:
-        return "it holds a path separator (it would write outside its folder)"
+        return "it holds a path separator (it would name a file outside its folder)"
     if any(ord(character) < 32 for character in name):
         return "it holds a control character"
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
@@ -38,7 +39,7 @@ def _plain(name: str) -> str:
     if problem:  # a custom error type: pydantic prints its message without "Value error, "
         raise PydanticCustomError(
             "plain_file_name",
-            "must be a plain file name inside the run folder: {problem}",
+            "must be a plain file name inside its folder: {problem}",
             {"problem": problem},
         )
     return name

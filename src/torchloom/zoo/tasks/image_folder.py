@@ -11,6 +11,7 @@ from pydantic import Field, PositiveInt
 from torchvision.transforms.v2 import functional as TF
 
 from torchloom.core.component import BuildContext
+from torchloom.core.file_names import PlainFileName
 from torchloom.data.image_modes import eight_bit
 from torchloom.errors import DataError, Problem
 from torchloom.zoo.image_transforms import ImageTransforms
@@ -25,7 +26,7 @@ class ImageFolderParams(DrawnSplitParams):
     data_folder: str = Field(
         ..., description="Folder with one sub-folder of images per class; `~` is expanded."
     )
-    classes: list[str] | None = Field(
+    classes: list[PlainFileName] | None = Field(
         None,
         description="The class sub-folders to read, in class-index order; default: every "
         "sub-folder, sorted (listed when the task is built, so `loom check` needs the folder "
