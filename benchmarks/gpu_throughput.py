@@ -319,6 +319,17 @@ def run_torchloom_on_device(args: argparse.Namespace, mode: str) -> float:
     return run_torchloom(args, mode, on_device=True)
 
 
+def paired(rates: dict[str, list[float]], top: str, bottom: str) -> tuple[float, float, float]:
+    """The median, lowest and highest of the rounds' own ratios top / bottom (in each round
+    the two sides ran back to back)."""
+    each = [a / b for a, b in zip(rates[top], rates[bottom], strict=True)]
+    return statistics.median(each), min(each), max(each)
+
+
+def shown(pair: tuple[float, float, float]) -> str:
+    return f"{pair[0]:.3f} (rounds {pair[1]:.3f}-{pair[2]:.3f})"
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
@@ -382,20 +393,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 flush=True,
             )
         loom, hand, host, one_thread, held = (statistics.median(rates[name]) for name in sides)
-
-        def paired(top: str, bottom: str) -> tuple[float, float, float]:
-            """The median, lowest and highest of the rounds' own ratios (each round's two
-            sides ran back to back)."""
-            each = [a / b for a, b in zip(rates[top], rates[bottom], strict=True)]
-            return statistics.median(each), min(each), max(each)
-
-        def shown(pair: tuple[float, float, float]) -> str:
-            return f"{pair[0]:.3f} (rounds {pair[1]:.3f}-{pair[2]:.3f})"
-
         # The like-for-like pairs: each loop reading its data the same way.
-        on_device = paired("torchloom, data on the device", "hand-written")
-        from_host = paired("torchloom", "hand-written from the host")
-        combined = paired("torchloom", "hand-written")
+        on_device = paired(rates, "torchloom, data on the device", "hand-written")
+        from_host = paired(rates, "torchloom", "hand-written from the host")
+        combined = paired(rates, "torchloom", "hand-written")
         ratios[f"{mode}, data on the device"] = on_device[0]
         ratios[f"{mode}, data from the host"] = from_host[0]
         ratios[mode] = combined[0]
