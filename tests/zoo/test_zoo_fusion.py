@@ -15,14 +15,14 @@ from torch import nn
 from torchloom.core.component import Component
 from torchloom.core.streams import StreamSpec
 from torchloom.errors import ComponentError
-from torchloom.zoo.models.fusion import (
+from torchloom.zoo.models.bilinear_pooling import (
     CompactBilinearPooling,
-    Concatenation,
     FactorizedBilinearPooling,
     LowRankBilinearPooling,
     count_sketch,
     signed_sqrt_l2,
 )
+from torchloom.zoo.models.fusion import Concatenation
 from torchloom.zoo.models.question_driven_attention import QuestionDrivenAttention
 
 SIZES = {"image_features_size": 6, "question_features_size": 4}

@@ -13,7 +13,8 @@ from torchloom.core.component import Batch, BuildContext, Component, ComponentPa
 from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.streams import StreamSpec
 from torchloom.errors import ComponentError, DataError
-from torchloom.zoo.text.indexers import LabelIndexer, SentenceIndexer
+from torchloom.zoo.text.indexers import SentenceIndexer
+from torchloom.zoo.text.label_indexer import LabelIndexer
 from torchloom.zoo.text.vocabulary import EOS, PAD, UNK, Vocabulary
 
 
@@ -218,6 +219,7 @@ def test_outputs_for_a_gpu_are_made_on_the_host_and_copied_without_waiting(
     for the GPU's queue: two such waits a step for each indexer. They are now made on the host
     and copied through `host_to_device` (pinned, non-blocking); the meta device stands in."""
     import torchloom.zoo.text.indexers as indexers
+    import torchloom.zoo.text.label_indexer as label_indexer
 
     made_on: list[Any] = []
     copied: list[str] = []
@@ -235,6 +237,7 @@ def test_outputs_for_a_gpu_are_made_on_the_host_and_copied_without_waiting(
     labels = build(LabelIndexer, None, labels=["a", "b"]).to("meta")
     monkeypatch.setattr(indexers.torch, "tensor", tensor)
     monkeypatch.setattr(indexers, "host_to_device", host_to_device)
+    monkeypatch.setattr(label_indexer, "host_to_device", host_to_device)
     out = sentences({"tokens": [["the", "cat"], ["a"]]})
     targets = labels({"labels": ["b", "a"]})["targets"]
     assert made_on == [None, None, None] and copied == ["cpu", "cpu", "cpu"]

@@ -1,7 +1,7 @@
-"""Indexers: words <-> word indices (`SentenceIndexer`) and labels <-> class indices
-(`LabelIndexer`), with vocabularies read from a file or built from the training data.
+"""Words <-> word indices (`SentenceIndexer`), with a vocabulary read from a file or built from
+the training data (labels <-> class indices: `LabelIndexer`, label_indexer.py).
 
-Both build their vocabulary once, when the pipeline is built, and every section (training,
+The vocabulary is built once, when the pipeline is built, and every section (training,
 validation, test) shares the component, so validation and test data are always indexed with
 the training vocabulary. The vocabulary is written into the run folder (`artifacts()`) and
 into every checkpoint (`get_extra_state`), and a checkpoint whose vocabulary differs from the
@@ -11,17 +11,18 @@ one built is refused: its weights would mean other words.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from pydantic import Field
 
-from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
+from torchloom.core.component import Batch, BuildContext, Component
 from torchloom.core.host_copies import host_to_device
 from torchloom.core.streams import INTEGER, StreamSpec
-from torchloom.errors import ComponentError, DataError, Problem, did_you_mean
+from torchloom.errors import DataError
+from torchloom.zoo.text.fitting import fit_error, refuse_other_entries, training_values
 from torchloom.zoo.text.tokenizer import TokenizationOptions, Tokenizer
 from torchloom.zoo.text.vocabulary import (
     EOS,
@@ -29,53 +30,7 @@ from torchloom.zoo.text.vocabulary import (
     UNK,
     Vocabulary,
     VocabularyError,
-    escape_word,
 )
-
-
-def _error(component: Component, key: str, message: str, suggestion: str = "") -> ComponentError:
-    """A ComponentError at the config key `key` of `component` (its line when not set)."""
-    where = component.where(key) if key else component.where()
-    return ComponentError([Problem(where, component.label, message, suggestion)])
-
-
-def training_values(component: Component, stream: str, key: str, otherwise: str) -> Iterator[Any]:
-    """Every training sample's value of `stream` (the task's default or renamed name), or a
-    ComponentError at the config key `key` when there is no training task (suggesting
-    `otherwise`) or no such stream."""
-    task = component.training_task()
-    if task is None:
-        message = "has nothing to build from: the config has no training task"
-        raise _error(component, key, message, otherwise)
-    outputs = task.output_specs()
-    renamed = {task.stream_name(name): name for name in outputs}
-    default = renamed.get(stream, stream if stream in outputs else None)
-    if default is None:
-        message = f"the training task ({type(task).__name__}) has no stream '{stream}'"
-        streams = did_you_mean(stream, renamed) or f"its streams: {', '.join(sorted(renamed))}"
-        raise _error(component, key, message, streams)
-    return task.texts(default)
-
-
-def _refuse_other(
-    component: Component, what: str, saved: tuple[str, ...], own: tuple[str, ...]
-) -> ComponentError:
-    """The error for a checkpoint whose vocabulary (or label set) is not the one built."""
-    first = next((i for i, (a, b) in enumerate(zip(saved, own, strict=False)) if a != b), None)
-    detail = (
-        f"entry {first} is '{saved[first]}' there but '{own[first]}' here"
-        if first is not None
-        else f"{len(saved)} entries there, {len(own)} here"
-    )
-    return _error(
-        component,
-        "",
-        f"the checkpoint's {what} differs from the one built ({detail}), so its weights "
-        "would mean other words",
-        "build from the same training data, or point the component at the "
-        f"{what} file the run saved in <run>/artifacts/{component.name}/",
-    )
-
 
 SpecialWord = Literal["<EOS>", "<UNK>"]
 
@@ -160,11 +115,11 @@ class SentenceIndexer(Component):
         super().__init__(params, context)
         self.vocabulary = self._read() if params.vocabulary_file else self._build()
         if self.vocabulary.pad_index != 0:
-            raise _error(
+            raise fit_error(
                 self, "vocabulary_file", f"the vocabulary lacks {PAD}, which must be its first line"
             )
         if params.add_eos and self.vocabulary.eos_index is None:
-            raise _error(
+            raise fit_error(
                 self, "add_eos", f"the vocabulary has no {EOS} to add", f"add {EOS} to `specials`"
             )
         # Outputs are made where the pipeline runs: a non-persistent buffer follows .to().
@@ -177,7 +132,7 @@ class SentenceIndexer(Component):
         try:
             return Vocabulary.read(path)
         except OSError as error:
-            raise _error(
+            raise fit_error(
                 self,
                 "vocabulary_file",
                 f"cannot read vocabulary file '{path}': {error.strerror or error}",
@@ -186,7 +141,7 @@ class SentenceIndexer(Component):
             ) from error
         except VocabularyError as error:
             line = f", line {error.line}" if error.line else ""
-            raise _error(
+            raise fit_error(
                 self, "vocabulary_file", f"vocabulary file '{path}'{line}: {error.message}"
             ) from error
 
@@ -202,7 +157,7 @@ class SentenceIndexer(Component):
             elif isinstance(value, (list, tuple)) and all(isinstance(t, str) for t in value):
                 counts.update(value)
             else:
-                raise _error(
+                raise fit_error(
                     self,
                     "build_from",
                     f"training stream '{self.params.build_from}' holds "
@@ -215,7 +170,7 @@ class SentenceIndexer(Component):
         except VocabularyError as error:
             key = "max_size" if "max_size" in error.message else "min_count"
             key = key if counts else "build_from"
-            raise _error(
+            raise fit_error(
                 self,
                 key,
                 f"{error.message} (training stream '{self.params.build_from}', {texts} samples)",
@@ -232,7 +187,7 @@ class SentenceIndexer(Component):
     def set_extra_state(self, state: Any) -> None:
         saved = tuple(state.get("vocabulary", ())) if isinstance(state, Mapping) else ()
         if saved != self.vocabulary.words:
-            raise _refuse_other(self, "vocabulary", saved, self.vocabulary.words)
+            raise refuse_other_entries(self, "vocabulary", saved, self.vocabulary.words)
 
     # ---- streams ----------------------------------------------------------------------------
     def input_specs(self) -> dict[str, StreamSpec]:
@@ -276,153 +231,3 @@ class SentenceIndexer(Component):
             "word_indices": host_to_device(indices, device),
             "lengths": host_to_device(lengths, device),
         }
-
-
-class LabelIndexerParams(ComponentParams):
-    labels: list[str] | None = Field(
-        None, min_length=1, description="The labels, in class-index order; null: see below."
-    )
-    from_global: bool = Field(
-        False,
-        description="Take the labels from the global `label_word_mappings` (label -> index, "
-        "as tasks publish it; rename with `globals:`) instead of building them.",
-    )
-    build_from: str = Field(
-        "labels",
-        description="Training-task stream whose distinct values, sorted, are the labels, when "
-        "neither `labels` nor `from_global` is given.",
-    )
-    ignore_index: int = Field(
-        -100, description="Target of a label outside the label set (losses skip it)."
-    )
-    reverse: bool = Field(
-        False, description="Reverse direction: `targets` (class indices) -> `labels`."
-    )
-    unknown_label: str = Field(
-        UNK, description="Label written for an index outside the label set, in reverse mode."
-    )
-
-
-class LabelIndexer(Component):
-    """Turns label words into class indices (`targets`), and back (`reverse: true`).
-
-    The label set is `labels`, or the global `label_word_mappings` (`from_global: true`), or
-    the distinct values of the training task's `build_from` stream sorted alphabetically. A
-    label outside the set becomes `ignore_index` (-100, which NLLLoss/CrossEntropyLoss skip).
-    The labels are written to `<run>/artifacts/<name>/labels.txt` and saved in checkpoints.
-
-    Streams: `labels` (one label per sample) -> `targets` (int64 [batch]); reverse: `targets`
-    -> `labels`. Publishes `num_classes` and `label_mappings` (label -> index).
-
-    ```yaml
-    pipeline:
-      label_indexer: {type: LabelIndexer, labels: [business, entertainment, politics]}
-      # or from the task's global, under another name for the number of classes:
-      # label_indexer:
-      #   {type: LabelIndexer, from_global: true, globals: {num_classes: label_count}}
-    ```
-    """
-
-    Params = LabelIndexerParams
-    params: LabelIndexerParams
-    _device_probe: torch.Tensor
-    PUBLISHES_GLOBALS = {
-        "num_classes": "number of labels",
-        "label_mappings": "label -> class index",
-    }
-
-    @classmethod
-    def needed_globals(cls, params: Any) -> Mapping[str, str]:
-        if params.from_global:
-            return {"label_word_mappings": "label -> class index"}
-        return {}
-
-    def __init__(self, params: LabelIndexerParams, context: BuildContext) -> None:
-        super().__init__(params, context)
-        if params.labels is not None and params.from_global:
-            raise _error(self, "from_global", "`labels` and `from_global` both give the labels")
-        if params.labels is not None:
-            labels = list(params.labels)
-        elif params.from_global:
-            labels = self._from_global(self.global_value("label_word_mappings"))
-        else:
-            labels = self._build()
-        duplicates = sorted(label for label, n in Counter(labels).items() if n > 1)
-        if duplicates:
-            raise _error(self, "labels", f"labels listed twice: {duplicates}")
-        self.labels: tuple[str, ...] = tuple(labels)
-        self.mappings = {label: index for index, label in enumerate(self.labels)}
-        self.register_buffer("_device_probe", torch.zeros(0), persistent=False)
-        self.publish_global("num_classes", len(self.labels))
-        self.publish_global("label_mappings", dict(self.mappings))
-
-    def _from_global(self, mappings: Any) -> list[str]:
-        if not isinstance(mappings, Mapping) or sorted(mappings.values()) != list(
-            range(len(mappings))
-        ):
-            raise _error(
-                self,
-                "globals",
-                "global 'label_word_mappings' is not a label -> index mapping with the "
-                "indices 0..n-1",
-            )
-        return [str(label) for label, _ in sorted(mappings.items(), key=lambda item: item[1])]
-
-    def _build(self) -> list[str]:
-        values = set()
-        otherwise = "give the labels with `labels: [...]` or `from_global: true`"
-        for value in training_values(self, self.params.build_from, "build_from", otherwise):
-            if not isinstance(value, str):
-                raise _error(
-                    self,
-                    "build_from",
-                    f"training stream '{self.params.build_from}' holds "
-                    f"{type(value).__name__} values, not label words",
-                )
-            values.add(value)
-        if not values:
-            raise _error(
-                self,
-                "build_from",
-                f"the training stream '{self.params.build_from}' holds no labels",
-                "give the labels with `labels: [...]`",
-            )
-        return sorted(values)
-
-    def artifacts(self) -> Mapping[str, str]:
-        return {"labels.txt": "".join(escape_word(label) + "\n" for label in self.labels)}
-
-    def get_extra_state(self) -> dict[str, Any]:
-        return {"labels": list(self.labels)}
-
-    def set_extra_state(self, state: Any) -> None:
-        saved = tuple(state.get("labels", ())) if isinstance(state, Mapping) else ()
-        if saved != self.labels:
-            raise _refuse_other(self, "labels", saved, self.labels)
-
-    def input_specs(self) -> dict[str, StreamSpec]:
-        if self.params.reverse:
-            return {"targets": StreamSpec(("batch",), INTEGER, "class index of each sample")}
-        return {"labels": StreamSpec(("batch",), str, "label of each sample")}
-
-    def output_specs(self) -> dict[str, StreamSpec]:
-        if self.params.reverse:
-            return {"labels": StreamSpec(("batch",), str, "label of each sample")}
-        return {
-            "targets": StreamSpec(
-                ("batch",), torch.int64, f"class index ({self.params.ignore_index}: unknown)"
-            )
-        }
-
-    def forward(self, inputs: Batch) -> Batch:
-        if self.params.reverse:
-            count = len(self.labels)
-            return {
-                "labels": [
-                    self.labels[i] if 0 <= i < count else self.params.unknown_label
-                    for i in inputs["targets"].tolist()
-                ]
-            }
-        targets = [self.mappings.get(label, self.params.ignore_index) for label in inputs["labels"]]
-        host = torch.tensor(targets, dtype=torch.int64)  # pinned on its way, as the indexer's
-        return {"targets": host_to_device(host, self._device_probe.device)}
