@@ -173,8 +173,8 @@ def _prepare(
             pipeline_cfg = data.setdefault("pipeline", {})
             pipeline_cfg["disable"] = [*(pipeline_cfg.get("disable") or []), *options.disable]
     config_text = "".join(f"# override: {o}\n" for o in overrides) + dump_config(loaded.data)
-    config_written = dump_config(loaded.unresolved, interpolations=True) if resume is None else None
-    if resume is not None:
+    config_written: str | None = dump_config(loaded.unresolved, interpolations=True)
+    if resume is not None:  # the run's own (None in a checkpoint from before it was kept)
         config_written = resume.checkpoint.get("config_written")
         _check_checkpoint_fits(pipeline, resume, changed)
         current_text = (resume.run_dir / "config.yaml").read_text(encoding="utf-8")

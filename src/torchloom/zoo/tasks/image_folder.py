@@ -92,7 +92,6 @@ class ImageFolder(ImageClassificationTask, DrawnSplitTask):
 
     Params = ImageFolderParams
     params: ImageFolderParams
-
     IMAGES_DESCRIPTION = "images"
 
     def __init__(self, params: ImageFolderParams, context: BuildContext) -> None:
