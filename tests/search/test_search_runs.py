@@ -149,6 +149,43 @@ def test_a_sampler_seeded_in_the_config_draws_new_values_in_a_resumed_session(
     assert rows[0]["training.optimizer.lr"] != rows[1]["training.optimizer.lr"]
 
 
+def test_a_seeded_search_draws_each_trial_from_its_number(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    """Two machines sharing a study, started at the same moment with the same --seed, drew
+    the same values: each worker offset the seed by the trials it saw at its start, which
+    both saw alike. Trial k's values now follow from the seed and k alone (its number is
+    its own under the ask lock): one session of two trials draws what two sessions of one
+    do, and the two trials differ."""
+    search = "search:\n  sampler: random\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(["search", str(config), "--trials", "2", "--seed", "3", "--expdir", str(one)]) == 0
+    assert main(["search", str(config), "--trials", "1", "--seed", "3", "--expdir", str(two)]) == 0
+    assert main(["search", "--resume", str(_search_dir(two)), "--trials", "2"]) == 0
+
+    def drawn(runs: Path) -> list[str]:
+        rows = sorted(_rows(_search_dir(runs)), key=lambda r: int(r["number"]))
+        return [r["training.optimizer.lr"] for r in rows]
+
+    assert drawn(one) == drawn(two)
+    assert len(set(drawn(one))) == 2
+
+
+def test_every_process_of_a_seeded_qmc_search_scrambles_alike() -> None:
+    """QMC takes the next point of one scrambled sequence, counted in the study: a seed per
+    trial (or per worker, as before) would mix points of different sequences."""
+    from torchloom.search.settings import SearchSettings
+    from torchloom.search.study import make_sampler
+
+    settings = SearchSettings(sampler={"type": "qmc"})
+    seeds = {make_sampler(settings, None, 5, number)._seed for number in (0, 1, 7)}
+    assert seeds == {5}
+    random_sampler = SearchSettings(sampler={"type": "random"})
+    first, second = (make_sampler(random_sampler, None, 5, n) for n in (0, 1))
+    assert first._rng.rng.random() != second._rng.rng.random()
+
+
 def test_a_sampled_config_refused_at_its_start_is_a_failed_trial(
     tmp_path: Path, mnist_folder: Path
 ) -> None:

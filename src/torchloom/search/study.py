@@ -182,7 +182,17 @@ def _hide_password(url: str) -> str:
     return url
 
 
-def make_sampler(settings: SearchSettings, space: SearchSpace | None, seed: int | None) -> Any:
+def make_sampler(
+    settings: SearchSettings,
+    space: SearchSpace | None,
+    seed: int | None,
+    trial_number: int | None = None,
+) -> Any:
+    """The search's sampler. `seed` (the search's, from --seed or the sampler's settings) with
+    `trial_number`: the sampler that draws that trial, seeded by both, so that a seeded search
+    draws a trial's values from its number alone, whichever worker, session or machine asks.
+    Asking under the ask lock gives every trial its own number, so two machines that start
+    at the same moment with the same seed draw different values."""
     import optuna
 
     spec = dict(settings.sampler)
@@ -190,13 +200,24 @@ def make_sampler(settings: SearchSettings, space: SearchSpace | None, seed: int 
     if cls is optuna.samplers.GridSampler and space is not None:
         spec.setdefault("search_space", {p.path: p.grid() for p in space.parameters.values()})
     if seed is not None and cls is not optuna.samplers.GridSampler:
-        spec["seed"] = seed  # the worker's and session's, from the sampler's own if written
+        # QMC takes the i-th point of one scrambled sequence, i counted in the study: every
+        # process must scramble alike, with the search's own seed.
+        if trial_number is not None and cls is not optuna.samplers.QMCSampler:
+            seed = trial_seed(seed, trial_number)
+        spec["seed"] = seed
     try:
         return cls(**spec)
     except ImportError as error:  # cmaes, and scipy for qmc
         raise ConfigError.at(
             "search setting 'sampler'", cls.__name__, f"needs a package: {error}"
         ) from error
+
+
+def trial_seed(seed: int, trial_number: int) -> int:
+    """A seed of its own for each trial of a seeded search; mixed, not added, so that seed
+    S's trial 1 is not seed S+1's trial 0. Under 2**32: NumPy's seeds."""
+    digest = hashlib.sha256(f"{seed}:{trial_number}".encode()).digest()
+    return int.from_bytes(digest[:4], "little")
 
 
 def make_pruner(settings: SearchSettings, epochs: int | None = None) -> Any:

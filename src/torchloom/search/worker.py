@@ -107,12 +107,6 @@ def work(
     settings = record.search_settings()
     seed = record.seed if record.seed is not None else settings.sampler.get("seed")
     url = record.storage_url(search_dir)
-    if seed is not None:
-        # Seeded samplers draw the same values from the same seed: each worker, and each
-        # session of a resumed study, gets its own (the same ones when run again); a seed
-        # written in the sampler's settings too.
-        existing = len(load_study(url, record.study, None, None, record.study_identity()).trials)
-        seed += 1000 * existing + worker
     sampler = make_sampler(settings, space, seed)
     study = load_study(
         url,
@@ -145,7 +139,15 @@ def work(
             if deadline is not None and time.time() >= deadline:
                 say("search: --timeout reached; no new trial starts")
                 break
+            if seed is not None:  # the number the trial asked for now gets (see make_sampler)
+                number = len(study.get_trials(deepcopy=False))
+                study.sampler = make_sampler(settings, space, seed, number)
             trial = claim_trial(study, record.trials, exact)
+            if seed is not None and trial is not None and trial.number != number:
+                # A queued trial taken again, or another machine's ask at the same moment
+                # where the lock does not cover it: the values drawn from here on (all but a
+                # multivariate sampler's, drawn at the ask) follow the trial's own number.
+                study.sampler = make_sampler(settings, space, seed, trial.number)
             if trial is not None:
                 for key, value in identity().items():
                     trial.set_user_attr(key, value)
