@@ -3,6 +3,7 @@ that must stop it plainly (exit 2) without touching earlier results."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from pathlib import Path
@@ -227,6 +228,24 @@ def test_a_fine_tuning_that_its_run_s_own_condition_ends_early_is_reported_as_it
     fine_tuning = report_of(run / "quantized" / "qat")["qat"]
     assert (fine_tuning["epochs"], fine_tuning["epochs_asked"]) == (1, 3)
     assert fine_tuning["status"] == "converged"
+
+
+def test_the_fine_tuning_s_schedule_follows_its_own_epochs_where_the_run_s_did(
+    lenet_run: Path, tmp_path: Path
+) -> None:
+    """lenet5.yml's cosine has `T_max: ${training.terminal_conditions.epoch_limit}`; the
+    fine-tuning read config.yaml, where it is resolved (1, the run's epochs), so two epochs
+    of fine-tuning ran a cosine that reached 0 after the first and rose again."""
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert quantize(run, "--mode", "qat", "--qat-epochs", "2", "--qat-lr", "0.0002") == 0
+    training = Path(report_of(run / "quantized" / "qat")["qat"]["training_run"])
+    text = (training / "config.yaml").read_text(encoding="utf-8")
+    assert yaml.safe_load(text)["training"]["scheduler"]["T_max"] == 2
+    assert "# override: training.scheduler.T_max=2" in text
+    with open(training / "training_epoch_statistics.csv", newline="") as handle:
+        rates = [float(row["lr"]) for row in csv.DictReader(handle)]
+    assert rates[0] == pytest.approx(0.0002) and rates[1] == pytest.approx(0.0001)
 
 
 def test_a_component_s_own_rate_is_scaled_for_the_fine_tuning_as_the_run_s_is(

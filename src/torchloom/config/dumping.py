@@ -50,6 +50,14 @@ def _escape_interpolation(text: str) -> str:
     return _INTERPOLATION_START.sub(lambda m: m.group(1) * 2 + "\\${", text)
 
 
+def override_text(key: str, value: Any) -> str:
+    """`key=value` as an override that sets `value` (read as YAML: a string "true" quoted)."""
+    text = yaml.dump(
+        _escaped_plain(value), Dumper=ConfigDumper, default_flow_style=True, width=2**31
+    )
+    return f"{key}={text.removesuffix(YAML_DOCUMENT_END).strip()}"
+
+
 def flatten_config(data: Any, prefix: str = "") -> dict[str, Any]:
     """`{"a.b.c": value}` for every leaf of nested mappings (lists and empty mappings are
     leaves), in the data's order."""
@@ -62,6 +70,8 @@ def flatten_config(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 MISSING = "(absent)"
+# What PyYAML writes after a lone scalar.
+YAML_DOCUMENT_END = "...\n"
 
 
 def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:

@@ -37,7 +37,7 @@ from torchloom.deploy.quantizer import Quantizer
 from torchloom.deploy.run_model import TrainedRun
 from torchloom.engine.assemble import load_and_validate, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything, set_deterministic
-from torchloom.engine.resume import config_change_problem, finished_result
+from torchloom.engine.resume import config_change_problem, finished_result, following_overrides
 from torchloom.engine.run_folder import Status, read_started_by, read_summary, write_started_by
 from torchloom.engine.setup import open_resume_point, start_run
 from torchloom.engine.state import TrainOptions
@@ -208,6 +208,10 @@ def _new_loop(
         "++training.precision=fp32",
         "++training.compile=false",
     ]
+    if run.config_written is not None:
+        # config.yaml holds resolved values: a cosine's `T_max: ${...epoch_limit}` would keep
+        # the run's epochs, a schedule the fine-tuning's epochs would end early or restart.
+        overrides += following_overrides(run.config_written, overrides)
     loaded, sections = load_and_validate(run.run_dir / "config.yaml", overrides)
     header = f"# quantization-aware fine-tuning of {run.run_dir} ({run.checkpoint.name})\n"
     header += "".join(f"# override: {o}\n" for o in overrides)

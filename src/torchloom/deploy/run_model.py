@@ -23,6 +23,8 @@ class TrainedRun:
     config: LoadedConfig
     pipeline: Pipeline
     checkpoint: Path
+    # The run's config with its `${...}` unresolved, kept in checkpoints since 2026-11-28.
+    config_written: str | None = None
 
     @property
     def name(self) -> str:
@@ -69,4 +71,4 @@ def load_trained_run(
     state = load_checkpoint(weights)
     load_pipeline_weights(pipeline.components, state["components"], f"checkpoint '{weights}'")
     pipeline.eval()
-    return TrainedRun(folder, loaded, pipeline, weights)
+    return TrainedRun(folder, loaded, pipeline, weights, state.get("config_written"))

@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from torchloom.config.dumping import config_changes, dump_config
+from torchloom.config.dumping import MISSING, config_changes, dump_config, override_text
 from torchloom.config.loading import load_config
+from torchloom.config.overrides import parse_override
 from torchloom.config.schema import TrainingConfig
 from torchloom.config.yaml_reader import parse_config_text
 from torchloom.data.atomic_files import write_text_atomic
@@ -128,7 +129,7 @@ def written_with_overrides(written_text: str, overrides: Sequence[str], subject:
     unsafe = _unsafe_changes(before.data, after.data)
     if unsafe:
         given = " ".join(overrides)
-        also = " ".join(f"{key}={new}" for key, _, new in unsafe)
+        also = " ".join(override_text(key, new) for key, _, new in unsafe)
         raise ConfigError.at(
             "command line",
             subject,
@@ -142,6 +143,24 @@ def written_with_overrides(written_text: str, overrides: Sequence[str], subject:
     # load_config names a mapping's pipeline when it sets none: not the run's written config.
     unresolved = {k: v for k, v in after.unresolved.items() if k != "name" or "name" in written}
     return dump_config(unresolved, interpolations=True)
+
+
+def following_overrides(written_text: str, overrides: Sequence[str]) -> list[str]:
+    """What `overrides` change in the run's config as written once it is resolved again,
+    beyond the keys they set: each key that follows one of them through an interpolation (a
+    scheduler's `T_max: ${training.terminal_conditions.epoch_limit}`), as an override of its
+    new value, for a run started from config.yaml, which holds resolved values."""
+    written = parse_config_text(written_text, "the run's config as written").data
+    given = {parse_override(text).dotted_key: text for text in overrides}
+    # Added where missing: the overrides are made for config.yaml, whose keys may differ.
+    before = load_config(written)
+    added = [f"++{key}={text.partition('=')[2]}" for key, text in given.items()]
+    after = load_config(written, added)
+    return [
+        override_text(key, new)
+        for key, _, new in config_changes(before.data, after.data)
+        if key not in given and new is not MISSING
+    ]
 
 
 def _unsafe_changes(
