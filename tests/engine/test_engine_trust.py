@@ -73,7 +73,7 @@ def test_lr_find_names_training_deterministic_as_loom_train_does(tmp_path: Path)
     config["pipeline"]["model"]["type"] = "trust_components:PutsInPlace"
     try:
         with pytest.raises(ConfigError, match=r"training\.deterministic") as error:
-            lr_find(write(tmp_path, config), [], expdir=tmp_path / "runs", steps=5, device="cpu")
+            lr_find(write(tmp_path, config), [], expdir=tmp_path / "runs", steps=8, device="cpu")
     finally:
         set_deterministic(False)
     assert "no deterministic version of put_" in str(error.value)
@@ -590,3 +590,26 @@ def test_a_training_batch_of_one_that_batch_norm_refuses_is_a_config_error(tmp_p
     error = as_user_error(caught.value, tmp_path)
     assert isinstance(error, ConfigError)
     assert "drop_last: true" in error.format() and "training.dataloader" in error.format()
+
+
+def test_an_epoch_without_a_batch_is_a_config_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """40 samples in batches of 64 with drop_last: `loom train` ended "epoch_limit" after no
+    step with a NaN accuracy, and `loom lr-find` looped for ever over empty epochs."""
+    from torchloom.cli.main import main
+
+    config = write(tmp_path, toy_config(dataloader={"batch_size": 64, "drop_last": True}))
+    runs = tmp_path / "runs"
+    assert main(["train", str(config), "--expdir", str(runs), "--device", "cpu"]) == 2
+    error = capsys.readouterr().err
+    assert "training.dataloader.drop_last" in error and "40 sample(s)" in error
+    assert "use a batch_size of at most 40" in error and "Traceback" not in error
+    assert not runs.exists()
+    lr_find = ["lr-find", str(config), "--steps", "10", "--expdir", str(runs), "--device", "cpu"]
+    assert main(lr_find) == 2
+    assert "training.dataloader.drop_last" in capsys.readouterr().err
+    empty = toy_config()
+    empty["validation"]["task"]["size"] = 0
+    assert main(["train", str(write(tmp_path, empty)), "--expdir", str(runs)]) == 2
+    assert "validation.task" in capsys.readouterr().err

@@ -134,14 +134,27 @@ class LrFindResult:
 
 def _check_range(start_lr: float, end_lr: float, steps: int) -> None:
     problems = []
-    if not start_lr > 0:
-        problems.append(Problem("command line", "--start-lr", f"must be > 0, got {start_lr}"))
-    if not end_lr > start_lr:
+    if not 0 < start_lr < math.inf:
         problems.append(
-            Problem("command line", "--end-lr", f"must be above --start-lr, got {end_lr}")
+            Problem("command line", "--start-lr", f"must be > 0 and finite, got {start_lr}")
         )
-    if steps < 2:
-        problems.append(Problem("command line", "--steps", f"must be at least 2, got {steps}"))
+    if not start_lr < end_lr < math.inf:
+        problems.append(
+            Problem(
+                "command line", "--end-lr", f"must be finite and above --start-lr, got {end_lr}"
+            )
+        )
+    # The suggestion needs three steps whose centred window lies whole inside the ramp.
+    needed = smoothing_window(steps) + 2
+    if steps < needed:
+        problems.append(
+            Problem(
+                "command line",
+                "--steps",
+                f"must be at least {needed} (a smoothing window of {needed - 2} and three "
+                f"steps to compare), got {steps}",
+            )
+        )
     if problems:
         raise ConfigError(problems)
 
@@ -191,9 +204,9 @@ def lr_find(
 
     optimizer = parts.optimizer
     # Groups keep their configured ratios (a smaller rate for a pretrained encoder, say):
-    # the ramp scales them all, and the first group's rate is the one reported.
+    # the ramp scales them all, and the first group's with a rate is the one reported.
     bases = [float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups]
-    ratios = [b / bases[0] if bases[0] > 0 else 1.0 for b in bases]
+    ratios = _ramp_ratios(bases)
     parameters = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     rates: list[float] = []
     watch = DivergenceWatch()
@@ -263,6 +276,15 @@ def _no_suggestion(result: LrFindResult, problem: str) -> Problem:
         f"{problem} (rates {low:.3g} to {high:.3g})",
         f"ramp higher than {high:.3g}, or use more --steps; {files}",
     )
+
+
+def _ramp_ratios(bases: Sequence[float]) -> list[float]:
+    """Each group's rate as a multiple of the ramp's: its configured ratio to the first group
+    that has a rate (a group at rate 0, a frozen part, stays at 0); all 1 where none has."""
+    reference = next((base for base in bases if base > 0), None)
+    if reference is None:
+        return [1.0] * len(bases)
+    return [base / reference for base in bases]
 
 
 def _endless(data: SectionLoader, accumulation: int) -> Generator[list[Batch], None, None]:

@@ -25,7 +25,9 @@ The suggestion (`suggest`) is the rate where the raw loss, smoothed by a centred
 average (`smoothing_window`: a tenth of the ramp, at least 5 steps), falls fastest against
 log(rate), among the steps before divergence whose window lies whole before it. A centred
 average does not lag. When too few steps come before divergence, or the loss never falls
-there, there is no suggestion, only the reason (`Suggestion.rate` is None).
+there, there is no suggestion, only the reason (`Suggestion.rate` is None). Falling means
+more than wandering: the smoothed loss's lowest value lies below its first by `FALL` (5%) of
+the starting loss and by `NOISE_FALLS` (3) times the batch noise.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ LEARNT = 0.75  # relapses count once the loss fell to this fraction of the start
 RELAPSE_STEPS = 3  # raw losses in a row above half-way back from the best to the start
 START_STEPS = 5  # the starting loss is the median of this many first raw losses
 BEST_OF = 3  # the best loss is the lowest mean of this many consecutive raw losses
+FALL = 0.05  # a suggestion needs the smoothed loss to fall by this fraction of the start...
+NOISE_FALLS = 3.0  # ... and by this many times the batch noise
 RULE = "steepest fall of the loss, centred moving average over {window} steps, against log(lr)"
 
 
@@ -152,10 +156,38 @@ def suggest(
         )
     rates = np.log(np.asarray(learning_rates[:end], dtype=float))
     smoothed = np.asarray(centred_average(losses[:end], window))
+    before = " before it" if divergence is not None else ""
+    fell = _fall_problem(np.asarray(losses[:end], dtype=float), smoothed, half, before)
+    if fell:
+        return Suggestion(None, None, rule, fell)
     slopes = np.gradient(smoothed, rates)[half : end - half]
     chosen = int(np.argmin(slopes))
     if not slopes[chosen] < 0:
-        before = " before it" if divergence is not None else ""
         return Suggestion(None, None, rule, f"the smoothed loss never fell{before}")
     step = chosen + half
     return Suggestion(float(learning_rates[step]), step, rule)
+
+
+def _fall_problem(raw: np.ndarray, smoothed: np.ndarray, half: int, before: str) -> str:
+    """Why the smoothed loss did not really fall (empty when it did): its lowest value, among
+    those whose window is whole, must lie below its first by `FALL` of the starting loss and
+    by `NOISE_FALLS` times the batch noise. Without it the steepest wiggle of a loss that only
+    wandered would be suggested. The noise is read from the differences of consecutive raw
+    losses (their median absolute deviation): a trend, or a bend where the loss starts to
+    fall, hardly moves them, as they would the spread about a moving average."""
+    whole = smoothed[half : len(smoothed) - half]
+    start = float(statistics.median(raw[:START_STEPS]))
+    steps = np.diff(raw)
+    # For independent batch noise of deviation s, a difference has deviation s * sqrt(2);
+    # 1.4826 x the median absolute deviation estimates a normal deviation.
+    noise = float(1.4826 * np.median(np.abs(steps - np.median(steps))) / math.sqrt(2))
+    fall = float(whole[0] - whole.min())
+    needed = max(FALL * abs(start), NOISE_FALLS * noise)
+    if fall > needed:
+        return ""
+    return (
+        f"the smoothed loss never fell by more than its noise{before}: from {whole[0]:.4g} to "
+        f"{whole.min():.4g} at its lowest, a fall of {fall:.3g} where {needed:.3g} is needed "
+        f"({FALL:.0%} of the starting loss {start:.4g}, and {NOISE_FALLS:g}x the batch noise "
+        f"{noise:.3g})"
+    )

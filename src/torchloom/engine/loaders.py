@@ -133,6 +133,8 @@ class SectionLoader:
             )
         self.world = world
         self.shard = RankShard(self.sampler, batch, rank, world, self.config.drop_last)
+        if self.batches_per_epoch() == 0:  # a training loop of no step, NaN statistics
+            raise ConfigError([_no_batch(section, self.sampler.epoch_length(), config, where)])
         # The task's augmentation keyed by each sample's draw (see KeyedDraws), where it can be.
         order = self.shard if world > 1 else self.sampler
         self.keyed = KeyedDraws(order, len(task)) if task.keyed_draws else None
@@ -351,3 +353,22 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
         key: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
         for key, value in batch.items()
     }
+
+
+def _no_batch(section: str, samples: int, config: SectionConfig, where: Where) -> Problem:
+    """An epoch of `section` that has no batch: what leaves it empty, and what to change."""
+    batch = config.dataloader.batch_size
+    if samples == 0:
+        return Problem(
+            where(section, "task"),
+            f"{section}.task",
+            "gives an epoch no sample (its subset, or the sampler, selects none)",
+            "select at least one sample",
+        )
+    return Problem(
+        where(section, "dataloader", "drop_last"),
+        f"{section}.dataloader.drop_last",
+        f"drops the epoch's only batch: {samples} sample(s) an epoch, fewer than batch_size "
+        f"{batch}",
+        f"use a batch_size of at most {samples}, or drop_last: false",
+    )
