@@ -6,6 +6,7 @@ import base64
 import io
 import json
 import re
+import shutil
 from argparse import Namespace
 from html.parser import HTMLParser
 from pathlib import Path
@@ -151,3 +152,43 @@ def test_bad_input_writes_nothing(two_runs: list[Path], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a folder"):
         write_comparison(two_runs, tmp_path)
     assert not output.exists()
+
+
+def _copy_with_summary(run: Path, folder: Path, best: float, final: float) -> Path:
+    copy = folder / run.name
+    shutil.copytree(run, copy)
+    summary = json.loads((copy / "summary.json").read_text())
+    summary["best"]["validation.accuracy"] = best
+    summary["final"]["validation"]["accuracy"] = final
+    (copy / "summary.json").write_text(json.dumps(summary))
+    return copy
+
+
+def test_runs_are_ranked_by_their_best_evaluation_as_loom_runs_ranks_them(
+    two_runs: list[Path], tmp_path: Path
+) -> None:
+    """compare ranked the last epoch's values while `loom runs` (and the docs) rank the best
+    evaluation's: run A, best 0.8672 and last 0.8438, tied with run B's 0.8438 unmarked."""
+    a = _copy_with_summary(two_runs[0], tmp_path / "a", best=0.8672, final=0.8438)
+    b = _copy_with_summary(two_runs[1], tmp_path / "b", best=0.8438, final=0.8438)
+    tables = Tables(write_comparison([a, b], tmp_path / "c.html").read_text(encoding="utf-8"))
+    assert tables.row(0, "validation.accuracy")[1:] == [("0.8672", True), ("0.8438", False)]
+    last = tables.row(0, "validation.accuracy (last epoch)")[1:]
+    assert [cell for cell, _ in last] == ["0.8438", "0.8438"] and not any(b for _, b in last)
+
+
+def test_a_config_that_would_take_unbounded_memory_is_not_read(
+    two_runs: list[Path], tmp_path: Path
+) -> None:
+    """An alias bomb of 600 bytes in a run's config.yaml: compare read it with
+    yaml.safe_load, outside the config limits, and ran for minutes."""
+    bomb = tmp_path / "bomb"
+    shutil.copytree(two_runs[0], bomb)
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    config = bomb / "config.yaml"
+    config.chmod(0o644)
+    config.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rows = config_differences([read_run(bomb), read_run(two_runs[1])])
+    (shown,) = [row[1] for row in rows if row[0] == "config.yaml"]
+    assert shown.startswith("(cannot be read:")

@@ -1,7 +1,8 @@
 """`loom compare RUN_A RUN_B ...`: runs side by side on one self-contained HTML page.
 
-The page holds one table of the runs' summaries and final statistics (one column per run,
-the best value of each statistic highlighted), their history curves overlaid (one plot per
+The page holds one table of the runs' summaries and statistics (one column per run: each
+statistic at the run's best evaluation, the best of them highlighted, and at its last epoch
+where that differs), their history curves overlaid (one plot per
 statistic and split, one line per run, against the epoch, which is comparable across batch
 sizes where episodes are not) and the config keys whose values differ. An existing output
 file is never overwritten without `force`, and every run is read before anything is written:
@@ -15,8 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from torchloom.analysis.html_parts import escape, figure, line_plot, page, table
 from torchloom.analysis.run_reading import (
     SPLITS,
@@ -28,6 +27,7 @@ from torchloom.analysis.run_reading import (
     read_run,
 )
 from torchloom.config.dumping import flatten_config
+from torchloom.config.yaml_reader import parse_config_text
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError
 
@@ -77,8 +77,13 @@ def summary_table(runs: Sequence[Run], labels: Sequence[str]) -> str:
     for final in finals:
         names += [k for k in final if k not in names]
     for name in names:
-        values = [final.get(name) for final in finals]
-        add(name, values, _best_columns(values, name, runs))
+        # Ranked as `loom runs` ranks: the best evaluation's value (the weights in best.pt,
+        # with which the test pass measured), beside the last epoch's where that differs.
+        chosen = [run.statistic(name) for run in runs]
+        add(name, chosen, _best_columns(chosen, name, runs))
+        last = [final.get(name) for final in finals]
+        if last != chosen:
+            add(f"{name} (last epoch)", last)
     return table(["", *labels], rows, best)
 
 
@@ -115,10 +120,10 @@ def config_differences(runs: Sequence[Run]) -> list[list[str]]:
     """[key, value per run] for every config key whose value differs ('' where absent)."""
     flats = []
     for run in runs:
-        try:
-            data = yaml.safe_load(run.config_text()) or {}
-        except (yaml.YAMLError, RecursionError):  # a hand-edited file may hold anything
-            data = {"config.yaml": "(cannot be parsed)"}
+        try:  # read within the config limits: a hand-edited file may hold anything
+            data = parse_config_text(run.config_text(), str(run.path / "config.yaml")).data
+        except ConfigError as error:
+            data = {"config.yaml": f"(cannot be read: {error.problems[0].message})"}
         flats.append(_flatten(data if isinstance(data, dict) else {"config.yaml": data}))
     keys = sorted({key for flat in flats for key in flat})
     rows = []
