@@ -322,3 +322,19 @@ def test_report_in_headless_chromium(run_copy: Path, tmp_path: Path) -> None:
     dom = chromium(probe, tmp_path / "profile-2", "--dump-dom")
     assert f'data-images-loaded="{expected}/{expected}"' in dom.stdout, dom.stderr[-2000:]
     assert console_messages(dom.stderr) == []
+
+
+def test_a_statistics_file_that_cannot_be_read_is_named_not_left_out(
+    run_copy: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A damaged validation_epoch_statistics.csv: the page showed the other curves as the
+    whole run, without a word."""
+    from torchloom.cli.main import main
+
+    damaged = run_copy / "validation_epoch_statistics.csv"
+    damaged.chmod(0o644)
+    damaged.write_bytes(bytes(range(256)) * 8)
+    page = write_report(run_copy).read_text(encoding="utf-8")
+    assert "cannot be read" in page and "validation_epoch_statistics.csv: not UTF-8" in page
+    assert main(["report", str(run_copy)]) == 0
+    assert "not shown, cannot be read: validation_epoch_statistics.csv" in capsys.readouterr().out

@@ -279,3 +279,43 @@ def test_an_online_run_is_ranked_by_its_full_pass_not_its_best_partial_one(
     (online / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
     lines = show(expdir, capsys, sort="validation.accuracy")
     assert "0.4500" in lines[0] and "0.4000" in lines[1]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        b"number,state,validation.loss\n0,complete,abc\n",  # a value that is no number
+        b"number,validation.loss\n0,0.5\n",  # no state column
+        b"\xff\xfe\x00garbage",  # not UTF-8
+    ],
+)
+def test_a_damaged_trials_csv_leaves_the_listing_whole(
+    tmp_path: Path, damage: bytes, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`loom runs` ended in a traceback and listed nothing when one search's trials.csv was
+    damaged (only a missing file was expected)."""
+    from torchloom.search.record import SearchRecord
+
+    fake_run(tmp_path, "mlp", "20240101_090000", 0.91, 0.30)
+    search = tmp_path / "searches" / "lenet" / "20240102_090000"
+    search.mkdir(parents=True)
+    SearchRecord("lenet", "lenet", "journal:study.journal", "validation.loss", "min", 4).save(
+        search
+    )
+    (search / "trials.csv").write_bytes(damage)
+    arguments = {"expdir": str(tmp_path), "sort": None, "limit": None, "descending": None}
+    assert runs_command.run(Namespace(**arguments)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any("mlp" in line for line in lines)
+    (listed,) = [line for line in lines if "lenet" in line]
+    assert "trials.csv cannot be read" in listed
+
+
+def test_sorting_runs_without_statistics_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The hint was "use a section.statistic name such as " and nothing after it."""
+    (tmp_path / "mlp" / "20240101_090000").mkdir(parents=True)
+    (tmp_path / "mlp" / "20240101_090000" / "summary.json").write_text("{", encoding="utf-8")
+    with pytest.raises(ConfigError, match="no run here has statistics yet"):
+        sort_runs(list_runs(tmp_path), "validation.accuracy")

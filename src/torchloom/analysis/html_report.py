@@ -114,6 +114,10 @@ def _history(run: Run, files: _Files) -> list[str]:
     if not pngs or stale:
         plots = history_plots(run, skip_lr=bool(lr))
         parts = [figure(data, name, show_caption=False) for name, data in plots]
+    unreadable = [f"<li>{escape(problem)}</li>" for problem in run.unreadable_statistics()]
+    if unreadable:
+        notice = "<p>Not shown: these statistics files cannot be read.</p>"
+        parts = [notice, "<ul>" + "".join(unreadable) + "</ul>", *parts]
     return parts + [png_file_figure(p, "learning rate") for p in lr]
 
 

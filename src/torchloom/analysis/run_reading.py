@@ -140,6 +140,26 @@ class Run:
                     break
         return found
 
+    def unreadable_statistics(self) -> list[str]:
+        """`NAME: why` for each statistics CSV of the run that exists but cannot be read as
+        one (not UTF-8 text, no episode column, a malformed row): its curves are missing
+        from the pages, which must say so rather than show the others as the whole run."""
+        found = []
+        for path in sorted(self.path.glob("*statistics.csv")):
+            try:
+                with open(path, newline="", encoding="utf-8") as handle:
+                    reader = csv.DictReader(handle)
+                    if "episode" not in (reader.fieldnames or []):
+                        found.append(f"{path.name}: has no episode column")
+                        continue
+                    for _ in reader:
+                        pass
+            except UnicodeDecodeError as error:
+                found.append(f"{path.name}: not UTF-8 text ({error.reason})")
+            except (OSError, csv.Error) as error:
+                found.append(f"{path.name}: {error}")
+        return found
+
     def interval_history(self) -> list[dict[str, float]]:
         """Training statistics at the logging interval (empty when none were logged)."""
         return numeric_rows(read_csv(self.path / "training_statistics.csv"))
@@ -286,7 +306,9 @@ def format_number(value: float | None) -> str:
         return str(value)
     if value == int(value) and abs(value) < 1e12:
         return str(int(value))
-    return f"{value:.4f}" if 1e-3 <= abs(value) < 1000 else f"{value:.4g}"
+    # Four decimals for accuracies and losses; four significant figures below 0.1, where
+    # decimals would show the learning rates 0.00443 and 0.00431 as one 0.0044 and 0.0043.
+    return f"{value:.4f}" if 0.1 <= abs(value) < 1000 else f"{value:.4g}"
 
 
 # ---- markdown (the analysis reports are tiny markdown files) --------------------------------

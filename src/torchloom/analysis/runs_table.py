@@ -59,7 +59,11 @@ def sort_runs(rows: list[RunRow], statistic: str, descending: bool | None = None
             f"--sort '{statistic}'",
             "no run has this statistic",
             did_you_mean(statistic, known)
-            or "use a section.statistic name such as " + ", ".join(sorted(known)[:4]),
+            or (
+                "use a section.statistic name such as " + ", ".join(sorted(known)[:4])
+                if known
+                else "no run here has statistics yet (each is running, dead or unreadable)"
+            ),
         )
     if descending is None:
         descending = not lower_is_better(statistic, [row.run for row in rows])

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from torchloom.analysis.html_report import write_report
+from torchloom.analysis.run_reading import read_run
 
 
 def run(args: argparse.Namespace) -> int:
@@ -21,4 +22,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"written: {write_page(Path(run_dir), record, results)}")
         else:
             print(f"written: {write_report(run_dir)}")
+            for problem in read_run(run_dir).unreadable_statistics():
+                print(f"  not shown, cannot be read: {problem}")
     return 0
