@@ -350,7 +350,7 @@ def _write_files(
     suggested = result.suggested_lr if math.isfinite(result.suggested_lr) else None
     summary = {
         "suggested_lr": suggested,
-        "rule": f"{result.rule}, before the raw loss diverged",
+        "rule": result.rule + (", before the raw loss diverged" if divergence else ""),
         "divergence": None
         if divergence is None
         else {

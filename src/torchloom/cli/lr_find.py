@@ -30,7 +30,8 @@ def run(args: argparse.Namespace) -> int:
         "\n".join(
             [
                 f"suggested learning rate: {result.suggested_lr:.3g} "
-                f"({result.rule}, before the raw loss diverged)",
+                f"({result.rule}"
+                + (", before the raw loss diverged)" if divergence is not None else ")"),
                 diverged,
                 f"steps: {len(rates)} ({rates[0]:.3g} to {rates[-1]:.3g}), "
                 f"stopped: {result.stopped}",
