@@ -280,7 +280,10 @@ def check_identity(url: str, name: str, found: Any, wanted: Mapping[str, str] | 
     if wanted is None:
         return
     if not isinstance(found, Mapping):
-        differs = "was not made by a torchloom search (it has no search identity)"
+        differs = (
+            "has no search identity: it was not made by a torchloom search, or its storage "
+            "lost the record (a journal cut short, say)"
+        )
     else:
         names = {"digest": "config and space digest"}
         changed = [
@@ -295,7 +298,8 @@ def check_identity(url: str, name: str, found: Any, wanted: Mapping[str, str] | 
         _hide_password(url),
         f"study '{name}'",
         differs,
-        "give this search a study of its own: --study NAME",
+        "give a new search a study of its own (--study NAME); a search folder whose own "
+        "study lost its record needs its storage restored from a copy",
     )
 
 
