@@ -613,3 +613,46 @@ def test_an_epoch_without_a_batch_is_a_config_error(
     empty["validation"]["task"]["size"] = 0
     assert main(["train", str(write(tmp_path, empty)), "--expdir", str(runs)]) == 2
     assert "validation.task" in capsys.readouterr().err
+
+
+class FailsAfterFirstValidation(Hook):
+    """A crash after epoch 1's rows are written, once: the run's last.pt is the interval
+    save made at the same episode, before the epoch ended."""
+
+    name = "fails_after_first_validation"
+    failed = False
+
+    def after_eval(self, run: RunView, section: str, values: dict[str, Any], partial: bool) -> None:
+        if not FailsAfterFirstValidation.failed:
+            FailsAfterFirstValidation.failed = True
+            raise RuntimeError("crash after the epoch's rows")
+
+
+def test_tensorboard_holds_no_row_twice_after_a_resume_from_an_epoch_s_last_step(
+    tmp_path: Path,
+) -> None:
+    """checkpoint_interval 5 with 5 steps an epoch: last.pt is saved at episode 5, then the
+    epoch's rows are written at episode 5. A run ended there and resumed wrote them again:
+    TensorBoard purged from episode 6 on and kept both (the CSVs were right)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from torchloom.engine.setup import TrainOptions, prepare_training
+
+    config = write(tmp_path, toy_config(epochs=2, checkpoint_interval=5))
+
+    def run(*hooks: Hook, resume: Path | None = None) -> Any:
+        options = TrainOptions(
+            expdir=str(tmp_path / "runs"), quiet=True, tensorboard=1, hooks=hooks, device="cpu"
+        )
+        return prepare_training(None if resume else config, (), options, resume=resume).run()
+
+    with pytest.raises(RuntimeError, match="crash after the epoch's rows"):
+        run(FailsAfterFirstValidation())
+    failed = only_run(tmp_path / "runs")
+    assert summary(failed)["status"] == "failed"
+    run(resume=failed)
+    events = EventAccumulator(str(failed / "tensorboard"))
+    events.Reload()
+    assert [event.step for event in events.Scalars("training/epoch/loss")] == [5, 10]
+    assert [event.step for event in events.Scalars("validation/epoch/loss")] == [5, 10]
+    assert [event.step for event in events.Scalars("training/loss")] == [2, 4, 6, 8, 10]

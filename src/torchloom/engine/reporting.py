@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -124,14 +125,22 @@ class Reporter:
             # Imported on first use: tensorboard is slow to import and not always needed.
             from torch.utils.tensorboard import SummaryWriter
 
-            # Purged from the checkpoint's episode on: the rows at that episode were written
-            # before the save, and the CSV files keep them.
+            # Purged from the checkpoint's episode on, that episode included: rows written
+            # there after the save (an epoch's, when the save fell on its last step) come
+            # again; those written before it, which the cut CSV files keep, are written back.
             resumed = self._resume_episode
-            self._writer = SummaryWriter(
-                str(self.run_dir / "tensorboard"),
-                purge_step=None if resumed is None else resumed + 1,
-            )
+            self._writer = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=resumed)
+            if resumed is not None:
+                self._write_back(resumed)
         return self._writer
+
+    def _write_back(self, episode: int) -> None:
+        for file, log in self.csv.items():
+            for row in log.rows():
+                if _number(row.get("episode")) == episode:
+                    numbers = {key: _number(value) for key, value in row.items()}
+                    kept = {key: value for key, value in numbers.items() if value is not None}
+                    self._scalars(file, kept, episode)
 
     def row_counts(self) -> dict[str, int]:
         """Rows in each CSV file now: a checkpoint records them (see CsvLog)."""
@@ -142,10 +151,13 @@ class Reporter:
             return
         self.csv[file].write(row)
         if self.writer is not None:
-            section = file.replace("_statistics", "").replace("_epoch", "/epoch")
-            for key, value in row.items():
-                if isinstance(value, (int, float)) and key not in ("episode", "epoch"):
-                    self.writer.add_scalar(f"{section}/{key}", value, episode)
+            self._scalars(file, row, episode)
+
+    def _scalars(self, file: str, row: Mapping[str, Any], episode: int) -> None:
+        section = file.replace("_statistics", "").replace("_epoch", "/epoch")
+        for key, value in row.items():
+            if isinstance(value, (int, float)) and key not in ("episode", "epoch"):
+                self.writer.add_scalar(f"{section}/{key}", value, episode)
 
     def histograms(self, pipeline: Pipeline, episode: int) -> None:
         """Weight and gradient histograms per component (`--tensorboard 2`) of their finite
@@ -207,3 +219,11 @@ def log_build_notes(log: logging.Logger, pipeline: Pipeline) -> None:
     for name, component in [*pipeline.tasks.items(), *pipeline.components.items()]:
         for message in component.build_notes:
             log.info("%s: %s", name, message)
+
+
+def _number(text: Any) -> float | None:
+    """A CSV cell as the number it was written from; None for text or an empty cell."""
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
