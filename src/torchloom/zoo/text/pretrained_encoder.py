@@ -6,6 +6,7 @@ imported only when the component is built, so that `import torchloom` stays fast
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from torchloom.data.sources import packaged_copy
 from torchloom.errors import ComponentError, Problem
 
 _MODEL_PREFIX = "model."
+FROZEN_DIGEST = "frozen_weights_sha256"
 
 
 @contextmanager
@@ -63,8 +65,9 @@ class PretrainedSentenceEncoder(Model):
     folder with no network access (HF_HUB_OFFLINE=1 while loading).
 
     Frozen by default: no gradients, eval mode, and its weights are left out of checkpoints
-    (they are the folder's; a `trainable: true` encoder saves them). Streams: `inputs` (one
-    text per sample) -> `embeddings` (float [batch, D], D read from the model: 384 for
+    (they are the folder's; a `trainable: true` encoder saves them); a checkpoint keeps
+    their sha256 instead, and loading it with a folder of other weights is an error.
+    Streams: `inputs` (one text per sample) -> `embeddings` (float [batch, D], D read from the model: 384 for
     all-MiniLM-L6-v2). Publishes `embeddings_size` (D). Needs `pip install
     'torchloom[pretrained]'` (sentence-transformers).
 
@@ -117,11 +120,40 @@ class PretrainedSentenceEncoder(Model):
             raise self._error("model", f"the model in '{folder}' does not say its output size")
         self.embeddings_size = int(dimension)
         self.folder = folder
+        self._digest: str | None = None
         self.publish_global("embeddings_size", self.embeddings_size)
         self.register_state_dict_post_hook(_drop_frozen_weights)
         self.register_load_state_dict_pre_hook(_restore_frozen_weights)
         if not params.trainable:
             self.freeze()
+
+    def get_extra_state(self) -> dict[str, str]:
+        """A frozen encoder's checkpoint records a digest of the weights it ran with (its
+        folder's, which the checkpoint leaves out), so that the checkpoint is never used
+        with other weights (a replaced folder, an upgraded package) without a word."""
+        return {FROZEN_DIGEST: self._weights_digest()} if self.frozen else {}
+
+    def set_extra_state(self, state: Any) -> None:
+        recorded = state.get(FROZEN_DIGEST) if isinstance(state, dict) else None
+        if recorded is not None and recorded != self._weights_digest():
+            raise self._error(
+                "model",
+                f"the model in '{self.folder}' holds other weights than the checkpoint was "
+                f"made with (sha256 {self._weights_digest()[:12]}..., recorded "
+                f"{str(recorded)[:12]}...): its outputs would not be the run's",
+                "give `model` the folder (or the package version) the run used",
+            )
+
+    def _weights_digest(self) -> str:
+        """sha256 of the model's weights, by name, computed once (frozen: they never change)."""
+        if self._digest is None:
+            digest = hashlib.sha256()
+            for name, tensor in sorted(self.model.state_dict().items()):
+                digest.update(name.encode("utf-8"))
+                raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+                digest.update(raw.numpy().tobytes())
+            self._digest = digest.hexdigest()
+        return self._digest
 
     def _error(self, key: str, message: str, suggestion: str = "") -> ComponentError:
         return ComponentError([Problem(self.where(key), self.label, message, suggestion)])
@@ -184,7 +216,9 @@ def _drop_frozen_weights(
 def _restore_frozen_weights(
     module: Any, state_dict: dict[str, Any], prefix: str, *args: Any
 ) -> None:
-    """Loading a checkpoint without them keeps the folder's weights (strict loading too)."""
+    """Loading a checkpoint without them keeps the folder's weights (strict loading too).
+    A checkpoint from before the digest was kept (get_extra_state) has none to compare."""
+    state_dict.setdefault(prefix + "_extra_state", {})
     if module.frozen:
         for key, value in module.model.state_dict().items():
             state_dict.setdefault(prefix + _MODEL_PREFIX + key, value)
