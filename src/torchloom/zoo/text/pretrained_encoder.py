@@ -67,9 +67,9 @@ class PretrainedSentenceEncoder(Model):
     Frozen by default: no gradients, eval mode, and its weights are left out of checkpoints
     (they are the folder's; a `trainable: true` encoder saves them); a checkpoint keeps
     their sha256 instead, and loading it with a folder of other weights is an error.
-    Streams: `inputs` (one text per sample) -> `embeddings` (float [batch, D], D read from the model: 384 for
-    all-MiniLM-L6-v2). Publishes `embeddings_size` (D). Needs `pip install
-    'torchloom[pretrained]'` (sentence-transformers).
+    Streams: `inputs` (one text per sample) -> `embeddings` (float [batch, D], D read from
+    the model: 384 for all-MiniLM-L6-v2). Publishes `embeddings_size` (D). Needs `pip
+    install 'torchloom[pretrained]'` (sentence-transformers).
 
     ```yaml
     pipeline:
