@@ -243,3 +243,26 @@ def test_a_dataset_on_a_device_is_refused_naming_its_section() -> None:
         build_pipeline(Classifier(), {"validation": on_device})
     assert "is on meta" in str(error.value) and "validation" in str(error.value)
     assert "CPU tensors" in str(error.value)
+
+
+def test_accuracy_leaves_out_the_targets_a_classification_output_ignores(tmp_path: Path) -> None:
+    """The accuracy statistic was built with its own default ignore_index (-100), so targets
+    the loss ignored (here -1, half of them) counted as wrong in summary.json while the
+    analysis report left them out: the two disagreed."""
+
+    class Ignoring(Classifier):
+        def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, outputs.Output]:
+            logits = self.body(batch["inputs"])
+            return {"cluster": outputs.Classification(logits, ignore_index=-1)}
+
+    data = clusters(128, 0)
+    targets = data.tensors[1].clone()
+    targets[::2] = -1
+    ignored = TensorDataset(data.tensors[0], targets)
+    result = torchloom.Trainer(
+        epochs=3, batch_size=32, seed=1, expdir=tmp_path, optimizer={"type": "Adam", "lr": 0.01}
+    ).fit(Ignoring(), train=ignored, validation=ignored)
+    accuracy = result.statistics["validation"]["accuracy"]
+    assert accuracy > 0.9  # counted over the 64 kept targets, not the 128
+    report = (result.run_dir / "reports" / "cluster-validation-report.md").read_text()
+    assert f"accuracy {accuracy:.4f}" in report

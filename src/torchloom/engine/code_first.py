@@ -360,7 +360,10 @@ def build_pipeline(module: nn.Module, datasets: Mapping[str, Any]) -> Pipeline:
             context.global_names = {"num_classes": f"{name}_classes"}
             # Through the registry, as a config would: the engine does not import the zoo.
             accuracy = resolve("AccuracyStatistics")
-            statistics.append(accuracy(accuracy.Params(), context))
+            # The targets the loss ignores are left out of the count too (the analysis
+            # reports leave them out: the two must agree).
+            params = accuracy.Params(ignore_index=out.ignore_index)
+            statistics.append(accuracy(params, context))
     pipeline = Pipeline(tasks, [model, *losses, *statistics], store, {})
     handshake(pipeline, _where)
     return pipeline
