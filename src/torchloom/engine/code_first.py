@@ -242,8 +242,10 @@ class CodeFirstTrainer:
         A dataset is an object, or a zero-argument factory (a function or a Dataset class, or
         its `package.module:name`): a factory that imports is recorded in config.yaml, so
         `loom process RUN_DIR` can build the data again (see engine/code_first_sources.py)."""
-        seed = self.training.get("seed")
-        seed = seed if isinstance(seed, int) else secrets.randbelow(2**31)
+        # The validated seed: a numpy integer, 5.0 or "5" validate as the int 5, which is
+        # the seed the run uses and records (only a Python int used to be taken).
+        seed = _validated(self.training).seed
+        seed = seed if seed is not None else secrets.randbelow(2**31)
         seed_everything(seed)  # before the dry run, which initialises Lazy layers
         given = {"training": train, "validation": validation, "test": test}
         datasets, sources = {}, {}
