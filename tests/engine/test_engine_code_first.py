@@ -224,7 +224,7 @@ def test_a_module_already_on_the_run_s_device_builds_its_pipeline() -> None:
     again (`process(run, module=net)`, a second `fit`, a resume) is on the GPU: the dry run
     that names its outputs runs where the module is (the meta device stands in for a GPU,
     where host inputs would be a device error)."""
-    from torchloom.engine.code_first import build_pipeline
+    from torchloom.engine.code_first_pipeline import build_pipeline
 
     module = Classifier()
     build_pipeline(module, {"training": clusters(8, 0)})  # as fit's first build does
@@ -236,7 +236,7 @@ def test_a_module_already_on_the_run_s_device_builds_its_pipeline() -> None:
 def test_a_dataset_on_a_device_is_refused_naming_its_section() -> None:
     """Samples on a device could not be pinned for the copy to the GPU, nor sent to loader
     workers: the dataset is refused with what to change."""
-    from torchloom.engine.code_first import build_pipeline
+    from torchloom.engine.code_first_pipeline import build_pipeline
 
     on_device = TensorDataset(torch.zeros(4, 8, device="meta"), torch.zeros(4, dtype=torch.int64))
     with pytest.raises(ConfigError, match="sample 0's 'inputs'") as error:
