@@ -190,3 +190,23 @@ def test_objects_in_code_are_refused_for_a_yaml_pipeline(tmp_path: Path) -> None
     )
     with pytest.raises(ConfigError, match=r"module= and data= are for runs of torchloom\.Trainer"):
         torchloom.process(config, module=models.Clusters())
+
+
+def test_factories_drawing_from_the_global_generator_build_the_same_data_again(
+    tmp_path: Path,
+) -> None:
+    """fit seeded once and called the train, validation and test factories in turn, while
+    process seeded and called one: a factory drawing from the global generator returned other
+    samples, and process measured other data. Each factory is now called seeded by the run's
+    seed and its section."""
+    trainer = torchloom.Trainer(epochs=1, batch_size=32, seed=4, expdir=tmp_path, analysis=False)
+    result = trainer.fit(
+        models.Clusters(),
+        train=models.drawn_train_set,
+        validation=models.drawn_validation_set,
+        test=models.drawn_test_set,
+    )
+    for section in ("validation", "test"):
+        again = torchloom.process(result.run_dir, section=section, checkpoint="last")
+        final = result.statistics[section]
+        assert again.statistics["loss"] == pytest.approx(final["loss"], rel=1e-5), section

@@ -34,7 +34,12 @@ from torchloom.engine.code_first_pipeline import (
     has_loss,
 )
 from torchloom.engine.code_first_pipeline import fit_where as _where
-from torchloom.engine.code_first_sources import FIT_ARGUMENT, describe_module, open_dataset
+from torchloom.engine.code_first_sources import (
+    FIT_ARGUMENT,
+    describe_module,
+    open_dataset,
+    seed_for_section,
+)
 from torchloom.engine.code_first_sources import KEY as SOURCES
 from torchloom.engine.resume import check_resumed_config, finished_result
 from torchloom.engine.run_folder import RunResult
@@ -134,12 +139,13 @@ class CodeFirstTrainer:
         if seed is None and point is not None:
             seed = _run_seed(point)
         seed = seed if seed is not None else secrets.randbelow(2**31)
-        seed_everything(seed)  # before the dry run, which initialises Lazy layers
         datasets, sources = {}, {}
         for section, value in given.items():
             if value is not None:
                 where = _where(FIT_ARGUMENT[section])
+                seed_for_section(seed, section)  # as `loom process` opens it alone
                 datasets[section], sources[section] = open_dataset(value, section, where)
+        seed_everything(seed)  # before the dry run, which initialises Lazy layers
         pipeline = build_pipeline(module, datasets)
         declared = declared_outputs(pipeline)
         weights = {f"{n}_loss": o.weight for n, o in declared.items() if has_loss(o)}

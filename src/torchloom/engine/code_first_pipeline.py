@@ -24,7 +24,13 @@ from torchloom.core.handshake import handshake
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.registry import resolve
 from torchloom.core.streams import Dim, StreamSpec
-from torchloom.engine.code_first_sources import open_dataset, rebuild_dataset, rebuild_module
+from torchloom.engine.checkpoint import seed_everything
+from torchloom.engine.code_first_sources import (
+    open_dataset,
+    rebuild_dataset,
+    rebuild_module,
+    seed_for_section,
+)
 from torchloom.engine.loaders import to_device
 from torchloom.errors import ConfigError, Where
 
@@ -198,14 +204,19 @@ def build_pipeline(module: nn.Module, datasets: Mapping[str, Any]) -> Pipeline:
 
 
 def rebuild_pipeline(
-    record: Any, section: str, where: Where, module: Any = None, data: Any = None
+    record: Any, section: str, seed: int, where: Where, module: Any = None, data: Any = None
 ) -> Pipeline:
     """The pipeline of a code-first run for one section: the module and dataset from the run's
-    record (config.yaml's `code_first`), or the ones given in code."""
+    record (config.yaml's `code_first`), or the ones given in code. The dataset is opened
+    seeded as `fit` opened it (code_first_sources.seed_for_section); the rest, by the run's
+    seed."""
+    seed_everything(seed)
     if module is None:
         module = rebuild_module(record, where)
+    seed_for_section(seed, section)
     if data is None:
         dataset = rebuild_dataset(record, section, where)
     else:
         dataset, _ = open_dataset(data, section, f"process(data=...) for {section}")
+    seed_everything(seed)  # the dry run, as fit's
     return build_pipeline(module, {section: dataset})

@@ -21,6 +21,7 @@ outside the standard library. The checks happen before anything is called.
 from __future__ import annotations
 
 import inspect
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +29,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from torchloom.core.registry import import_object, refused_module
+from torchloom.engine.checkpoint import seed_everything
 from torchloom.errors import ConfigError, Problem, Where
 
 KEY = "code_first"  # the top-level key of config.yaml holding the record
@@ -100,6 +102,13 @@ def describe_module(module: nn.Module) -> dict[str, Any]:
         f"values; set self.hparams = {{{example}}} in __init__"
     )
     return {"class": path, "unavailable": why}
+
+
+def seed_for_section(seed: int, section: str) -> None:
+    """Seed every generator from the run's seed and a section's name, just before that
+    section's dataset is opened: a factory drawing from the global generator then returns the
+    same samples whether `fit` calls it among the others or `loom process` calls it alone."""
+    seed_everything(zlib.crc32(f"{seed}:{section}".encode()) % 2**31)
 
 
 def _is_factory(value: Any) -> bool:

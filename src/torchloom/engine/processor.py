@@ -88,9 +88,9 @@ def process(
         seed_everything(int(training.get("seed") or 0))
         pipeline = prebuilt
     elif _is_code_first(loaded, module, data, disable):
-        seed_everything(int(training.get("seed") or 0))
+        seed = int(training.get("seed") or 0)  # seeds the data as fit did, then the build
         record = loaded.data.get(CODE_FIRST)
-        pipeline = rebuild_pipeline(record, section, loaded.where, module, data)
+        pipeline = rebuild_pipeline(record, section, seed, loaded.where, module, data)
     else:
         validate_sections(loaded.data, loaded.where)
         seed_everything(int(training.get("seed") or 0))
