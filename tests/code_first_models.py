@@ -69,3 +69,11 @@ def drawn_validation_set() -> TensorDataset:
 
 def drawn_test_set() -> TensorDataset:
     return _drawn(32)
+
+
+class PartlyRecorded(Clusters):
+    """`hparams` without a defaulted argument (`classes`): a rebuild would take its default."""
+
+    def __init__(self, width: int = 16, classes: int = 3) -> None:
+        super().__init__(width, classes)
+        self.hparams = {"width": width}

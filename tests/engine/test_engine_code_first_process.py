@@ -210,3 +210,20 @@ def test_factories_drawing_from_the_global_generator_build_the_same_data_again(
         again = torchloom.process(result.run_dir, section=section, checkpoint="last")
         final = result.statistics[section]
         assert again.statistics["loss"] == pytest.approx(final["loss"], rel=1e-5), section
+
+
+def test_hparams_missing_a_defaulted_argument_is_not_rebuildable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the recorded arguments were checked to bind, so hparams without a defaulted
+    argument rebuilt the module with the default: another model, silently (here it does not
+    even fit the weights). The record now says which arguments are missing."""
+    result = fit(tmp_path, models.PartlyRecorded(width=8, classes=4), models.test_set, seed=7)
+    config = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert "init_args" not in config["code_first"]["module"]
+    status, output = loom(capsys, "process", str(result.run_dir))
+    assert status == 2 and "Traceback" not in output
+    assert (
+        "module code_first_models:PartlyRecorded: cannot be rebuilt: its hparams lack the "
+        "constructor's argument(s) classes"
+    ) in output

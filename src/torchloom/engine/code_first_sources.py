@@ -92,6 +92,15 @@ def describe_module(module: nn.Module) -> dict[str, Any]:
         except TypeError as error:
             why = f"its hparams are not its constructor's arguments: {error}"
             return {"class": path, "unavailable": why}
+        # An argument left out would be rebuilt with its default, which need not be the value
+        # this module was built with: another model, silently. Every one must be recorded.
+        missing = [n for n in _named_parameters(cls) if n not in arguments]
+        if missing:
+            why = (
+                f"its hparams lack the constructor's argument(s) {', '.join(missing)} (a rebuild "
+                f"would take their defaults); add them to self.hparams in __init__"
+            )
+            return {"class": path, "unavailable": why}
         return {"class": path, "init_args": arguments}
     if cls.__init__ is nn.Module.__init__ or not inspect.signature(cls).parameters:
         return {"class": path, "init_args": {}}
@@ -109,6 +118,12 @@ def seed_for_section(seed: int, section: str) -> None:
     section's dataset is opened: a factory drawing from the global generator then returns the
     same samples whether `fit` calls it among the others or `loom process` calls it alone."""
     seed_everything(zlib.crc32(f"{seed}:{section}".encode()) % 2**31)
+
+
+def _named_parameters(cls: type) -> list[str]:
+    """The constructor's parameters that take a value by name (not *args, **kwargs)."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [n for n, p in inspect.signature(cls).parameters.items() if p.kind in named]
 
 
 def _is_factory(value: Any) -> bool:
