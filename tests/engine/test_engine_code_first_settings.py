@@ -8,10 +8,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 import yaml
+from torch import nn
 
 import code_first_models as models
 import torchloom
+from torchloom import outputs
+from torchloom.errors import ConfigError
 
 
 def recorded(result: torchloom.RunResult) -> dict[str, Any]:
@@ -42,3 +46,57 @@ def test_a_trainer_without_a_seed_resumes_with_the_run_s_seed(tmp_path: Path) ->
     )
     assert longer.run_dir == first.run_dir and longer.summary["epochs"] == 2
     assert longer.summary["seed"] == first.summary["seed"] == recorded(first)["training"]["seed"]
+
+
+class TwoHeads(nn.Module):
+    def __init__(self, weight: float = 1.0) -> None:
+        super().__init__()
+        self.hparams = {"weight": weight}
+        self.a, self.b = nn.LazyLinear(3), nn.LazyLinear(3)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, outputs.Output]:
+        return {
+            "a": outputs.Classification(self.a(batch["inputs"]), weight=self.hparams["weight"]),
+            "b": outputs.Classification(self.b(batch["inputs"])),
+        }
+
+
+def test_a_fit_leaves_the_trainer_s_settings_as_they_were(tmp_path: Path) -> None:
+    """fit wrote the loss weights of its module into the Trainer: a second fit kept the first
+    module's weights (5.0 was recorded as 1.0) and a fit of another module was refused for
+    loss weights naming losses it does not have."""
+    trainer = torchloom.Trainer(epochs=1, batch_size=64, seed=1, expdir=tmp_path, analysis=False)
+    trainer.fit(TwoHeads(1.0), train=models.train_set)
+    second = trainer.fit(TwoHeads(5.0), train=models.train_set)
+    assert recorded(second)["training"]["loss_weights"] == {"a_loss": 5.0, "b_loss": 1.0}
+    other = trainer.fit(models.Clusters(), train=models.train_set)
+    assert recorded(other)["training"]["loss_weights"] == {"cluster_loss": 1.0}
+
+
+def test_the_trainer_copies_the_mappings_it_is_given(tmp_path: Path) -> None:
+    """The constructor filled the caller's own dicts: a `dataloader=` mapping shared by two
+    Trainers took the first one's batch size into the second."""
+    shared: dict[str, Any] = {"shuffle": False}
+    torchloom.Trainer(epochs=1, batch_size=8, dataloader=shared, terminal_conditions={})
+    assert shared == {"shuffle": False}
+    trainer = torchloom.Trainer(epochs=1, dataloader=shared, seed=1, expdir=tmp_path)
+    assert trainer.training["dataloader"]["batch_size"] == 64
+
+
+@pytest.mark.parametrize(
+    ("settings", "subject"),
+    [
+        ({"batch_size": 8, "dataloader": {"batch_size": 32}}, "Trainer(batch_size=8)"),
+        ({"epochs": 3, "terminal_conditions": {"epoch_limit": 1}}, "Trainer(epochs=3)"),
+        ({"task": {"type": "MNIST"}}, "Trainer(task=...)"),
+    ],
+)
+def test_conflicting_or_unused_settings_are_refused(
+    tmp_path: Path, settings: dict[str, Any], subject: str
+) -> None:
+    """One setting given twice with two values took one silently, and `task` was recorded in
+    config.yaml though the run trains on the datasets given to fit."""
+    with pytest.raises(ConfigError) as caught:
+        torchloom.Trainer(expdir=tmp_path, **settings)
+    assert caught.value.problems[0].subject == subject
+    assert caught.value.problems[0].suggestion

@@ -10,6 +10,7 @@ the same loop, checkpoints and run folder as a config's.
 
 from __future__ import annotations
 
+import copy
 import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,43 @@ ANALYSIS = "Trainer(analysis=...)"
 HookFactory = Callable[[Mapping[str, Any], Pipeline, Where], Sequence[Hook]]
 
 
+def _training_settings(
+    epochs: int | None, batch_size: int | None, given: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The training section of Trainer(...)'s keywords: a deep copy (the caller's mappings,
+    perhaps shared with another Trainer, are never filled in), with the shortcuts in place. A
+    shortcut that contradicts its key, and `task`, are refused: either would be a setting
+    the run silently does not use."""
+    training = copy.deepcopy(dict(given))
+    if "task" in training:
+        raise ConfigError.at(
+            "Trainer(...)",
+            "Trainer(task=...)",
+            "is not a Trainer setting: a code-first run trains on the datasets given to fit",
+            "leave out task and pass the data to fit(module, train=..., validation=...)",
+        )
+    shortcuts = (
+        ("batch_size", batch_size, "dataloader", 64),
+        ("epochs", epochs, "terminal_conditions", None),
+    )
+    for shortcut, value, key, default in shortcuts:
+        inner = "batch_size" if shortcut == "batch_size" else "epoch_limit"
+        section = training.setdefault(key, {})
+        if not isinstance(section, Mapping):
+            continue  # not a mapping: the schema's error names it
+        if value is not None and inner in section and section[inner] != value:
+            raise ConfigError.at(
+                "Trainer(...)",
+                f"Trainer({shortcut}={value!r})",
+                f"contradicts {key}={{'{inner}': {section[inner]!r}}}",
+                f"give one of them: {shortcut}= is a shortcut for {key}.{inner}",
+            )
+        chosen = value if value is not None else section.get(inner, default)
+        if chosen is not None:
+            training[key] = {**section, inner: chosen}
+    return {"task": {"type": "python"}, **training}
+
+
 def _validated(settings: Mapping[str, Any]) -> TrainingConfig:
     """Trainer(...)'s keyword arguments, which are the training section's keys, validated."""
     try:
@@ -76,7 +114,7 @@ class CodeFirstTrainer:
     def __init__(
         self,
         epochs: int | None = None,
-        batch_size: int = 64,
+        batch_size: int | None = None,
         *,
         name: str = "module",
         expdir: str | os.PathLike[str] = "runs",
@@ -86,13 +124,10 @@ class CodeFirstTrainer:
         analysis: str | Mapping[str, Any] | bool | None = None,
         **training: Any,
     ) -> None:
-        training.setdefault("dataloader", {}).setdefault("batch_size", batch_size)
-        if epochs is not None:
-            training.setdefault("terminal_conditions", {})["epoch_limit"] = epochs
-        self.training = {"task": {"type": "python"}, **training}
+        self.training = _training_settings(epochs, batch_size, training)
         _validated(self.training)  # a misspelt setting is an error here, not at fit()
         self.name = name
-        self.analysis = analysis
+        self.analysis = copy.deepcopy(analysis)  # the caller's mapping stays the caller's
         self.options = TrainOptions(
             expdir=str(expdir), device=device, quiet=quiet, tensorboard=tensorboard
         )
@@ -148,9 +183,10 @@ class CodeFirstTrainer:
         seed_everything(seed)  # before the dry run, which initialises Lazy layers
         pipeline = build_pipeline(module, datasets)
         declared = declared_outputs(pipeline)
+        # This module's weights, for this fit only: the Trainer may fit another module next.
         weights = {f"{n}_loss": o.weight for n, o in declared.items() if has_loss(o)}
-        self.training["loss_weights"] = {**weights, **self.training.get("loss_weights", {})}
-        config = _validated({**self.training, "seed": seed})
+        weights.update(self.training.get("loss_weights") or {})
+        config = _validated({**self.training, "loss_weights": weights, "seed": seed})
         plain = SectionConfig(task={"type": "python"})
         sections: dict[str, BaseModel] = {
             "training": config,
