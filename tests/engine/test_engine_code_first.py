@@ -266,3 +266,26 @@ def test_accuracy_leaves_out_the_targets_a_classification_output_ignores(tmp_pat
     assert accuracy > 0.9  # counted over the 64 kept targets, not the 128
     report = (result.run_dir / "reports" / "cluster-validation-report.md").read_text()
     assert f"accuracy {accuracy:.4f}" in report
+
+
+def test_a_regression_against_targets_of_another_shape_is_refused(tmp_path: Path) -> None:
+    """[batch, 1] predictions against [batch] targets broadcast the loss to [batch, batch]
+    (torch only warned): a wrong loss, trained on. It is refused before anything is written."""
+
+    class Scalar(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 1)
+
+        def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, outputs.Output]:
+            return {"y": outputs.Regression(self.linear(batch["inputs"]))}
+
+    inputs = torch.randn(16, 4)
+    with pytest.raises(ConfigError) as caught:
+        torchloom.Trainer(epochs=1, expdir=tmp_path, analysis=False).fit(
+            Scalar(), train=TensorDataset(inputs, inputs.sum(1))
+        )
+    message = str(caught.value)
+    assert "Regression output 'y'" in message and "[batch, 1]" in message
+    assert "'targets' is [batch]" in message and "Traceback" not in message
+    assert not any(tmp_path.iterdir())

@@ -51,6 +51,7 @@ class DatasetTask(Task):
         super().__init__(ComponentParams(), BuildContext(f"{section}.task", store=store))
         self.dataset = dataset
         self._specs: dict[str, StreamSpec] = {}
+        self.sample_shapes: dict[str, tuple[int, ...]] = {}  # a tensor stream's, per sample
         for key, value in self.collate([self[0]]).items():  # a batch of one: its dtypes, shapes
             if isinstance(value, torch.Tensor) and value.device.type != "cpu":
                 raise ConfigError.at(
@@ -62,6 +63,7 @@ class DatasetTask(Task):
                 )
             if isinstance(value, torch.Tensor):
                 self._specs[key] = StreamSpec(("batch", *value.shape[1:]), value.dtype, key)
+                self.sample_shapes[key] = tuple(value.shape[1:])
             else:
                 self._specs[key] = StreamSpec(("batch",), type(value[0]), key)
 
@@ -176,6 +178,28 @@ def declared_outputs(pipeline: Pipeline) -> dict[str, outputs.Output]:
     return model.declared
 
 
+def _shown(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(["batch", *(str(n) for n in shape)]) + "]"
+
+
+def _check_regression_shapes(declared: Mapping[str, outputs.Output], task: DatasetTask) -> None:
+    """A Regression's value and target must have one shape: torch's losses broadcast
+    [batch, 1] against [batch] to [batch, batch], a wrong loss it only warns about."""
+    for name, out in declared.items():
+        target = task.sample_shapes.get(out.target) if isinstance(out, outputs.Regression) else None
+        if target is None or tuple(out.value.shape[1:]) == target:
+            continue
+        predicted, expected = tuple(out.value.shape[1:]), _shown(target)
+        fix = "value.squeeze(-1)" if predicted == (*target, 1) else "a reshaped value"
+        raise ConfigError.at(
+            fit_where("model"),
+            f"Regression output '{name}'",
+            f"is {_shown(predicted)} and its target stream '{out.target}' is {expected}: "
+            "the loss would broadcast one against the other",
+            f"return a value of the target's shape (here {fix}), or reshape the targets",
+        )
+
+
 def build_pipeline(module: nn.Module, datasets: Mapping[str, Any]) -> Pipeline:
     """The pipeline of a module and its datasets ({section: dataset}), handshaken: the module
     as the `model`, a loss per trained output, an accuracy per Classification output."""
@@ -183,6 +207,7 @@ def build_pipeline(module: nn.Module, datasets: Mapping[str, Any]) -> Pipeline:
     tasks = {s: DatasetTask(d, s, store) for s, d in datasets.items()}
     first = tasks.get("training") or next(iter(tasks.values()))  # the dry run's samples
     model = ModuleModel(module, first, store)
+    _check_regression_shapes(model.declared, first)
     losses = [OutputLoss(n, o, store) for n, o in model.declared.items() if has_loss(o)]
     statistics = []
     for name, out in model.declared.items():
