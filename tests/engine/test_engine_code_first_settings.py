@@ -100,3 +100,23 @@ def test_conflicting_or_unused_settings_are_refused(
         torchloom.Trainer(expdir=tmp_path, **settings)
     assert caught.value.problems[0].subject == subject
     assert caught.value.problems[0].suggestion
+
+
+def test_online_mode_validates_part_of_the_validation_set_and_needs_one(tmp_path: Path) -> None:
+    """The validation section was a plain SectionConfig, so `mode="online"` failed with a bare
+    AssertionError after the run folder was made; without validation data it was no error."""
+    trainer = torchloom.Trainer(
+        epochs=1, batch_size=32, mode="online", logging_interval=2, seed=0, expdir=tmp_path
+    )
+    result = trainer.fit(
+        models.Clusters(), train=models.train_set, validation=models.validation_set
+    )
+    assert result.status == "epoch_limit"
+    assert recorded(result)["validation"]["partial_validation_batches"] == 10
+    with pytest.raises(ConfigError) as caught:
+        torchloom.Trainer(epochs=1, mode="online", expdir=tmp_path / "none").fit(
+            models.Clusters(), train=models.train_set
+        )
+    assert caught.value.problems[0].subject == "Trainer(mode='online')"
+    assert "fit(..., validation=...)" in str(caught.value)
+    assert not (tmp_path / "none").exists()

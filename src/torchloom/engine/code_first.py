@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from torchloom.config import dump_config
-from torchloom.config.schema import SectionConfig, TrainingConfig
+from torchloom.config.schema import SectionConfig, TrainingConfig, ValidationConfig
 from torchloom.config.yaml_reader import parse_config_text
 from torchloom.core import outputs
 from torchloom.core.pipeline import Pipeline
@@ -187,10 +187,26 @@ class CodeFirstTrainer:
         weights = {f"{n}_loss": o.weight for n, o in declared.items() if has_loss(o)}
         weights.update(self.training.get("loss_weights") or {})
         config = _validated({**self.training, "loss_weights": weights, "seed": seed})
-        plain = SectionConfig(task={"type": "python"})
+        if config.mode == "online" and "validation" not in pipeline.tasks:
+            raise ConfigError.at(
+                "Trainer(...)",
+                "Trainer(mode='online')",
+                "validates part of the validation set every few episodes, and fit was given "
+                "no validation data",
+                "give fit(..., validation=...), or leave out mode (offline)",
+            )
+        # Online mode reads the partial validation keys of the validation section's own
+        # schema; an offline run's record keeps the plain section it always had (a run
+        # recorded before stays resumable: an added key would be refused as a change).
+        python_task = {"type": "python"}
+        online = config.mode == "online"
+        schemas = {
+            "validation": ValidationConfig if online else SectionConfig,
+            "test": SectionConfig,
+        }
         sections: dict[str, BaseModel] = {
             "training": config,
-            **{s: plain for s in ("validation", "test") if s in pipeline.tasks},
+            **{s: m(task=python_task) for s, m in schemas.items() if s in pipeline.tasks},
         }
         analysis = self._analysis_section(declared)
         options = self.options
