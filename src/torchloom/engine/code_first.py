@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from torch import nn
 
 from torchloom.config import dump_config
+from torchloom.config.dumping import plain_config_data
 from torchloom.config.schema import SectionConfig, TrainingConfig, ValidationConfig
 from torchloom.config.yaml_reader import parse_config_text
 from torchloom.core import outputs
@@ -56,11 +57,13 @@ HookFactory = Callable[[Mapping[str, Any], Pipeline, Where], Sequence[Hook]]
 def _training_settings(
     epochs: int | None, batch_size: int | None, given: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The training section of Trainer(...)'s keywords: a deep copy (the caller's mappings,
+    """The training section of Trainer(...)'s keywords: a plain copy (the caller's mappings,
     perhaps shared with another Trainer, are never filled in), with the shortcuts in place. A
     shortcut that contradicts its key, and `task`, are refused: either would be a setting
     the run silently does not use."""
-    training = copy.deepcopy(dict(given))
+    # Plain values, as a config read from YAML holds (numpy numbers are not taken by every
+    # torch optimizer, nor written by yaml), in a new mapping: never the caller's own.
+    training = plain_config_data(given, "Trainer(...)")
     if "task" in training:
         raise ConfigError.at(
             "Trainer(...)",
@@ -176,10 +179,11 @@ class CodeFirstTrainer:
         seed = seed if seed is not None else secrets.randbelow(2**31)
         datasets, sources = {}, {}
         for section, value in given.items():
-            if value is not None:
-                where = _where(FIT_ARGUMENT[section])
+            if value is not None or section == "training":  # train=None: an error
+                where, argument = _where(FIT_ARGUMENT[section]), f"fit({FIT_ARGUMENT[section]}=...)"
                 seed_for_section(seed, section)  # as `loom process` opens it alone
-                datasets[section], sources[section] = open_dataset(value, section, where)
+                opened = open_dataset(value, section, where, argument)
+                datasets[section], sources[section] = opened
         seed_everything(seed)  # before the dry run, which initialises Lazy layers
         pipeline = build_pipeline(module, datasets)
         declared = declared_outputs(pipeline)

@@ -103,7 +103,20 @@ class ModuleModel(Model):
         batch = task.collate([task[0], task[min(1, len(task) - 1)]])
         batch = to_device(batch, _device_of(module))  # a module `fit` trained is on its GPU
         with torch.no_grad():  # the dry run: output names and shapes, Lazy layers built
-            declared = module(batch)
+            try:
+                declared = module(batch)
+            except KeyError as error:
+                missing = error.args[0] if error.args else None
+                if not isinstance(missing, str) or missing in batch:
+                    raise  # not a stream the batch lacks: the module's own bug
+                raise ConfigError.at(
+                    fit_where("model"),
+                    f"{type(module).__name__}.forward",
+                    f"reads the stream '{missing}' (KeyError), which the batch does not "
+                    f"have; its streams: {', '.join(batch)}",
+                    "read one of these, or have the dataset's samples be dicts of streams "
+                    "that include it",
+                ) from error
         if not isinstance(declared, Mapping) or not all(
             isinstance(v, outputs.Output) for v in declared.values()
         ):
@@ -186,7 +199,9 @@ def _check_regression_shapes(declared: Mapping[str, outputs.Output], task: Datas
     """A Regression's value and target must have one shape: torch's losses broadcast
     [batch, 1] against [batch] to [batch, batch], a wrong loss it only warns about."""
     for name, out in declared.items():
-        target = task.sample_shapes.get(out.target) if isinstance(out, outputs.Regression) else None
+        if not isinstance(out, outputs.Regression):
+            continue
+        target = task.sample_shapes.get(out.target)
         if target is None or tuple(out.value.shape[1:]) == target:
             continue
         predicted, expected = tuple(out.value.shape[1:]), _shown(target)
@@ -242,6 +257,7 @@ def rebuild_pipeline(
     if data is None:
         dataset = rebuild_dataset(record, section, where)
     else:
-        dataset, _ = open_dataset(data, section, f"process(data=...) for {section}")
+        place = f"process(data=...) for {section}"
+        dataset, _ = open_dataset(data, section, place, "process(data=...)")
     seed_everything(seed)  # the dry run, as fit's
     return build_pipeline(module, {section: dataset})

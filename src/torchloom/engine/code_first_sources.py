@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchloom.core.registry import import_object, refused_module
 from torchloom.engine.checkpoint import seed_everything
@@ -132,15 +132,22 @@ def _is_factory(value: Any) -> bool:
     return callable(value) and not hasattr(value, "__getitem__")
 
 
-def open_dataset(value: Any, section: str, where: str) -> tuple[Any, dict[str, str]]:
+def open_dataset(value: Any, section: str, where: str, argument: str) -> tuple[Any, dict[str, str]]:
     """The dataset that a `fit` argument gives (an object, a factory or its import path) and
-    the record of how to get it again."""
+    the record of how to get it again. `argument`: how the user gave it (`fit(train=...)`)."""
+    if value is None:
+        raise ConfigError.at(
+            where,
+            argument,
+            f"is None: the run needs the {section} data",
+            "give a map-style Dataset, or a zero-argument factory of one",
+        )
     if isinstance(value, str):
         factory = _import_factory(value, where, f"{FIT_ARGUMENT.get(section, section)}='{value}'")
         return _dataset_of(factory, where, value), {"factory": value}
     if not (isinstance(value, type) or (callable(value) and not hasattr(value, "__getitem__"))):
         why = f"a {type(value).__name__} object was given; {FACTORY}"
-        return value, {"unavailable": why}
+        return check_dataset(value, where, argument), {"unavailable": why}
     path, why = import_path(value)
     if path is not None:
         why = _not_a_factory(value) or refused_module(path.partition(":")[0]) or ""
@@ -156,10 +163,34 @@ def _not_a_factory(obj: Any) -> str:
 
 
 def _dataset_of(factory: Callable[[], Any], where: str, name: str) -> Any:
-    dataset = factory()
-    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        message = f"returned a {type(dataset).__name__}, not a dataset (__len__, __getitem__)"
-        raise ConfigError.at(where, f"factory {name}", message)
+    return check_dataset(factory(), where, f"factory {name}", "returned")
+
+
+def check_dataset(dataset: Any, where: str, subject: str, verb: str = "is") -> Any:
+    """`dataset` if torchloom can index it (a sampler draws indices, reports name samples by
+    them, a resume continues at one): else an error saying what to give instead, where it
+    would have been a bare TypeError or IndexError from the first batch."""
+    kind = type(dataset).__name__
+    if isinstance(dataset, DataLoader):
+        raise ConfigError.at(
+            where,
+            subject,
+            f"{verb} a DataLoader: torchloom batches the data itself",
+            "give its dataset (loader.dataset) and set the batch size with Trainer(batch_size=...)",
+        )
+    if isinstance(dataset, IterableDataset) or not (
+        hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+    ):
+        raise ConfigError.at(
+            where,
+            subject,
+            f"{verb} a {kind}, not a map-style dataset (__len__ and __getitem__): samples "
+            "are drawn by index",
+            "give a Dataset with __len__ and __getitem__ (a TensorDataset, or a list of "
+            "(inputs, targets) pairs)",
+        )
+    if len(dataset) == 0:
+        raise ConfigError.at(where, subject, f"{verb} a {kind} with no samples", "give data")
     return dataset
 
 
