@@ -227,3 +227,21 @@ def test_hparams_missing_a_defaulted_argument_is_not_rebuildable(
         "module code_first_models:PartlyRecorded: cannot be rebuilt: its hparams lack the "
         "constructor's argument(s) classes"
     ) in output
+
+
+def test_a_code_first_run_given_to_yaml_commands_says_to_use_fit(
+    run: torchloom.RunResult, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`loom train --resume`, `loom check` and `torchloom.train(resume=)` said "unknown
+    top-level section 'code_first'" of a Trainer.fit run folder."""
+    expected = "a run of torchloom.Trainer(...).fit(...)"
+    for argv in (
+        ("train", "--resume", str(run.run_dir)),
+        ("check", str(run.run_dir / "config.yaml")),
+    ):
+        status, output = loom(capsys, *argv)
+        assert status == 2, output
+        assert expected in output and "fit(..., resume=" in output, output
+        assert "unknown top-level section" not in output and "Traceback" not in output
+    with pytest.raises(ConfigError, match=r"fit\(\.\.\., resume="):
+        torchloom.train(resume=run.run_dir)

@@ -50,7 +50,7 @@ def _escaped_plain(
     Python holds them naturally). Anything else is an error naming its key, not a yaml
     RepresenterError."""
     if isinstance(value, Mapping):
-        return {key: _escaped_plain(item, escape, (*path, key), where) for key, item in value.items()}
+        return {k: _escaped_plain(item, escape, (*path, k), where) for k, item in value.items()}
     if isinstance(value, list | tuple):
         return [_escaped_plain(item, escape, (*path, i), where) for i, item in enumerate(value)]
     if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():

@@ -28,11 +28,12 @@ from typing import Any
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from torchloom.config.schema import CODE_FIRST_KEY
 from torchloom.core.registry import import_object, refused_module
 from torchloom.engine.checkpoint import seed_everything
 from torchloom.errors import ConfigError, Problem, Where
 
-KEY = "code_first"  # the top-level key of config.yaml holding the record
+KEY = CODE_FIRST_KEY  # the top-level key of config.yaml holding the record
 MODULE_HINT = "then train again, or pass the module in code: torchloom.process(run_dir, module=...)"
 DATA_HINT = (
     "then train again, or pass the data in code: "
