@@ -120,3 +120,25 @@ def test_online_mode_validates_part_of_the_validation_set_and_needs_one(tmp_path
     assert caught.value.problems[0].subject == "Trainer(mode='online')"
     assert "fit(..., validation=...)" in str(caught.value)
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("test", [None, models.test_set])
+def test_the_module_holds_best_pt_after_a_test_pass_and_the_last_weights_without(
+    tmp_path: Path, test: Any
+) -> None:
+    """What the user guide says the module holds after fit (the test pass loads best.pt)."""
+    module = models.Clusters()
+    result = torchloom.Trainer(
+        epochs=3,
+        batch_size=32,
+        seed=1,
+        expdir=tmp_path,
+        analysis=False,
+        optimizer={"type": "SGD", "lr": 10.0},  # so large that epoch 1 is the best
+    ).fit(module, train=models.train_set, validation=models.validation_set, test=test)
+    assert result.summary["monitor"]["best_epoch"] == 1 and result.summary["epochs"] == 3
+    held = "best.pt" if test is not None else "last.pt"
+    saved = torch.load(result.run_dir / "checkpoints" / held, weights_only=False)
+    weights = saved["components"]["model"]
+    state = module.state_dict()
+    assert all(torch.equal(state[k.removeprefix("module.")].cpu(), v) for k, v in weights.items())
