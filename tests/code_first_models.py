@@ -51,3 +51,29 @@ class Unrecorded(Clusters):
     def __init__(self, width: int = 16) -> None:
         super().__init__(width)
         del self.hparams
+
+
+def _drawn(n: int) -> TensorDataset:
+    """Clusters drawn from the global random generator (no generator of its own)."""
+    targets = torch.randint(0, 3, (n,))
+    return TensorDataset(torch.eye(3, 8)[targets] + torch.randn(n, 8), targets)
+
+
+def drawn_train_set() -> TensorDataset:
+    return _drawn(64)
+
+
+def drawn_validation_set() -> TensorDataset:
+    return _drawn(32)
+
+
+def drawn_test_set() -> TensorDataset:
+    return _drawn(32)
+
+
+class PartlyRecorded(Clusters):
+    """`hparams` without a defaulted argument (`classes`): a rebuild would take its default."""
+
+    def __init__(self, width: int = 16, classes: int = 3) -> None:
+        super().__init__(width, classes)
+        self.hparams = {"width": width}

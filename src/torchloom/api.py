@@ -39,11 +39,12 @@ from torchloom.engine.setup import prepare_training as prepare_training
 from torchloom.engine.state import Hook as Hook
 from torchloom.engine.state import RunView as RunView
 from torchloom.engine.state import TrainOptions as TrainOptions
+from torchloom.errors import ConfigError
 
 
 def train(
     config: ConfigSource | None = None,
-    overrides: Sequence[str] = (),
+    overrides: Sequence[str] | str = (),
     *,
     expdir: str = "runs",
     tag: str = "",
@@ -57,6 +58,7 @@ def train(
     """Train a pipeline (or continue the run folder `resume`); returns its run folder and
     summary. `analysis=False` skips the config's analysis section (reports, plots). Raises a
     `torchloom.errors.LoomError` subclass for anything the user can fix."""
+    overrides = _override_list(overrides, "train")
     options = TrainOptions(
         expdir=expdir,
         tag=tag,
@@ -66,6 +68,16 @@ def train(
         disable=disable,
         hook_factory=build_hooks if analysis else None,
     )
+    if resume is not None and config is not None:
+        # The run continues with the config it started with: one given here would be
+        # ignored, as if taken (the CLI refuses the same).
+        raise ConfigError.at(
+            "torchloom.train(...)",
+            "train(config, resume=...)",
+            "continues a run with the config it started with: give no config",
+            "give train(resume=RUN_DIR, overrides=[...]) with overrides of the keys that "
+            "may change on resume (epoch_limit, ...)",
+        )
     if resume is not None:
         prepared = prepare_training(None, overrides, options, resume=Path(resume))
     elif config is None:
@@ -77,6 +89,20 @@ def train(
     return prepared.run()
 
 
+def _override_list(overrides: Sequence[str] | str, function: str) -> list[str]:
+    """The overrides as a list: one string is one override (iterated, it was one override
+    per character)."""
+    if isinstance(overrides, str):
+        return [overrides]
+    if not all(isinstance(o, str) for o in overrides):
+        raise ConfigError.at(
+            f"torchloom.{function}(...)",
+            f"{function}(overrides=...)",
+            "must be a list of strings such as 'training.optimizer.lr=0.01'",
+        )
+    return list(overrides)
+
+
 class Trainer(CodeFirstTrainer):
     __doc__ = CodeFirstTrainer.__doc__
     # The same hooks a YAML run's `analysis:` section gets (one path for both).
@@ -85,7 +111,7 @@ class Trainer(CodeFirstTrainer):
 
 def process(
     source: ConfigSource,
-    overrides: Sequence[str] = (),
+    overrides: Sequence[str] | str = (),
     *,
     section: str = "test",
     checkpoint: str | None = None,
@@ -102,6 +128,7 @@ def process(
     For a run of `torchloom.Trainer(...).fit(...)`, `module` (an instance of the trained
     class) and `data` (the section's dataset, or a factory) replace what the run recorded, so
     any code-first run can be processed, rebuildable by `loom process` or not."""
+    overrides = _override_list(overrides, "process")
     code = {"module": module, "data": data, "checkpoint_strict": checkpoint_strict}
     source = source if isinstance(source, Mapping) else Path(source)
     return _process(source, overrides, section, checkpoint, expdir, device, disable, **code)
@@ -150,7 +177,6 @@ def check_training(config: ConfigSource, overrides: Sequence[str] = ()) -> set[s
     from torchloom.engine.evaluation import statistic_names
     from torchloom.engine.optim import checking_only
     from torchloom.engine.training_parts import build_training_parts
-    from torchloom.errors import ConfigError
 
     assembled = assemble(config, overrides)
     training = assembled.sections.get("training")

@@ -63,3 +63,22 @@ def test_dump_accepts_tuples(tmp_path: Path) -> None:
 def test_importing_config_does_not_import_torch() -> None:
     code = "import torchloom.config, sys; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_paths_and_numpy_scalars_are_written_as_plain_values(tmp_path: Path) -> None:
+    """A Path or a numpy scalar in a config mapping (or in Trainer settings) was a bare
+    yaml RepresenterError from the dump."""
+    import numpy as np
+
+    data = {"folder": Path("data/mnist"), "lr": np.float64(0.5), "n": [np.int64(3), np.bool_(1)]}
+    assert round_trip(tmp_path, data) == {"folder": "data/mnist", "lr": 0.5, "n": [3, True]}
+
+
+def test_a_value_a_config_cannot_hold_is_an_error_naming_its_key() -> None:
+    from torchloom.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        dump_config({"training": {"optimizer": {"betas": [0.9, object()]}}})
+    problem = caught.value.problems[0]
+    assert problem.subject == "key 'training.optimizer.betas.1'"
+    assert "is of type object" in problem.message and problem.suggestion

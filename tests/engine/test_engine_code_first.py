@@ -224,7 +224,7 @@ def test_a_module_already_on_the_run_s_device_builds_its_pipeline() -> None:
     again (`process(run, module=net)`, a second `fit`, a resume) is on the GPU: the dry run
     that names its outputs runs where the module is (the meta device stands in for a GPU,
     where host inputs would be a device error)."""
-    from torchloom.engine.code_first import build_pipeline
+    from torchloom.engine.code_first_pipeline import build_pipeline
 
     module = Classifier()
     build_pipeline(module, {"training": clusters(8, 0)})  # as fit's first build does
@@ -236,10 +236,56 @@ def test_a_module_already_on_the_run_s_device_builds_its_pipeline() -> None:
 def test_a_dataset_on_a_device_is_refused_naming_its_section() -> None:
     """Samples on a device could not be pinned for the copy to the GPU, nor sent to loader
     workers: the dataset is refused with what to change."""
-    from torchloom.engine.code_first import build_pipeline
+    from torchloom.engine.code_first_pipeline import build_pipeline
 
     on_device = TensorDataset(torch.zeros(4, 8, device="meta"), torch.zeros(4, dtype=torch.int64))
     with pytest.raises(ConfigError, match="sample 0's 'inputs'") as error:
         build_pipeline(Classifier(), {"validation": on_device})
     assert "is on meta" in str(error.value) and "validation" in str(error.value)
     assert "CPU tensors" in str(error.value)
+
+
+def test_accuracy_leaves_out_the_targets_a_classification_output_ignores(tmp_path: Path) -> None:
+    """The accuracy statistic was built with its own default ignore_index (-100), so targets
+    the loss ignored (here -1, half of them) counted as wrong in summary.json while the
+    analysis report left them out: the two disagreed."""
+
+    class Ignoring(Classifier):
+        def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, outputs.Output]:
+            logits = self.body(batch["inputs"])
+            return {"cluster": outputs.Classification(logits, ignore_index=-1)}
+
+    data = clusters(128, 0)
+    targets = data.tensors[1].clone()
+    targets[::2] = -1
+    ignored = TensorDataset(data.tensors[0], targets)
+    result = torchloom.Trainer(
+        epochs=3, batch_size=32, seed=1, expdir=tmp_path, optimizer={"type": "Adam", "lr": 0.01}
+    ).fit(Ignoring(), train=ignored, validation=ignored)
+    accuracy = result.statistics["validation"]["accuracy"]
+    assert accuracy > 0.9  # counted over the 64 kept targets, not the 128
+    report = (result.run_dir / "reports" / "cluster-validation-report.md").read_text()
+    assert f"accuracy {accuracy:.4f}" in report
+
+
+def test_a_regression_against_targets_of_another_shape_is_refused(tmp_path: Path) -> None:
+    """[batch, 1] predictions against [batch] targets broadcast the loss to [batch, batch]
+    (torch only warned): a wrong loss, trained on. It is refused before anything is written."""
+
+    class Scalar(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(4, 1)
+
+        def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, outputs.Output]:
+            return {"y": outputs.Regression(self.linear(batch["inputs"]))}
+
+    inputs = torch.randn(16, 4)
+    with pytest.raises(ConfigError) as caught:
+        torchloom.Trainer(epochs=1, expdir=tmp_path, analysis=False).fit(
+            Scalar(), train=TensorDataset(inputs, inputs.sum(1))
+        )
+    message = str(caught.value)
+    assert "Regression output 'y'" in message and "[batch, 1]" in message
+    assert "'targets' is [batch]" in message and "Traceback" not in message
+    assert not any(tmp_path.iterdir())

@@ -190,3 +190,58 @@ def test_objects_in_code_are_refused_for_a_yaml_pipeline(tmp_path: Path) -> None
     )
     with pytest.raises(ConfigError, match=r"module= and data= are for runs of torchloom\.Trainer"):
         torchloom.process(config, module=models.Clusters())
+
+
+def test_factories_drawing_from_the_global_generator_build_the_same_data_again(
+    tmp_path: Path,
+) -> None:
+    """fit seeded once and called the train, validation and test factories in turn, while
+    process seeded and called one: a factory drawing from the global generator returned other
+    samples, and process measured other data. Each factory is now called seeded by the run's
+    seed and its section."""
+    trainer = torchloom.Trainer(epochs=1, batch_size=32, seed=4, expdir=tmp_path, analysis=False)
+    result = trainer.fit(
+        models.Clusters(),
+        train=models.drawn_train_set,
+        validation=models.drawn_validation_set,
+        test=models.drawn_test_set,
+    )
+    for section in ("validation", "test"):
+        again = torchloom.process(result.run_dir, section=section, checkpoint="last")
+        final = result.statistics[section]
+        assert again.statistics["loss"] == pytest.approx(final["loss"], rel=1e-5), section
+
+
+def test_hparams_missing_a_defaulted_argument_is_not_rebuildable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the recorded arguments were checked to bind, so hparams without a defaulted
+    argument rebuilt the module with the default: another model, silently (here it does not
+    even fit the weights). The record now says which arguments are missing."""
+    result = fit(tmp_path, models.PartlyRecorded(width=8, classes=4), models.test_set, seed=7)
+    config = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert "init_args" not in config["code_first"]["module"]
+    status, output = loom(capsys, "process", str(result.run_dir))
+    assert status == 2 and "Traceback" not in output
+    assert (
+        "module code_first_models:PartlyRecorded: cannot be rebuilt: its hparams lack the "
+        "constructor's argument(s) classes"
+    ) in output
+
+
+def test_a_code_first_run_given_to_yaml_commands_says_to_use_fit(
+    run: torchloom.RunResult, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`loom train --resume`, `loom check` and `torchloom.train(resume=)` said "unknown
+    top-level section 'code_first'" of a Trainer.fit run folder."""
+    expected = "a run of torchloom.Trainer(...).fit(...)"
+    for argv in (
+        ("train", "--resume", str(run.run_dir)),
+        ("check", str(run.run_dir / "config.yaml")),
+    ):
+        status, output = loom(capsys, *argv)
+        assert status == 2, output
+        assert expected in output and "fit(..., resume=" in output, output
+        assert "unknown top-level section" not in output and "Traceback" not in output
+    with pytest.raises(ConfigError, match=r"fit\(\.\.\., resume="):
+        torchloom.train(resume=run.run_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import yaml
 
 from torchloom.config.yaml_reader import ConfigDumper
+from torchloom.errors import ConfigError
 
 # Any run of backslashes followed by `${`: see _escape_interpolation.
 _INTERPOLATION_START = re.compile(r"(\\*)\$\{")
@@ -33,15 +35,44 @@ def dump_config(data: Mapping[str, Any], interpolations: bool = False) -> str:
     )
 
 
-def _escaped_plain(value: Any, escape: bool = True) -> Any:
-    """Plain dicts/lists (tuples and other mappings converted) with strings escaped."""
+def plain_config_data(data: Mapping[str, Any], where: str = "config") -> dict[str, Any]:
+    """`data` as the plain values a config holds (see _escaped_plain), strings as they are:
+    what code hands over (Trainer settings) made what a config read from YAML would be."""
+    plain: dict[str, Any] = _escaped_plain(data, escape=False, where=where)
+    return plain
+
+
+def _escaped_plain(
+    value: Any, escape: bool = True, path: tuple[Any, ...] = (), where: str = "config"
+) -> Any:
+    """Plain dicts/lists (tuples and other mappings converted) with strings escaped; a path
+    is written as its text and a numpy scalar as its Python number (a config written in
+    Python holds them naturally). Anything else is an error naming its key, not a yaml
+    RepresenterError."""
     if isinstance(value, Mapping):
-        return {key: _escaped_plain(item, escape) for key, item in value.items()}
+        return {k: _escaped_plain(item, escape, (*path, k), where) for k, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_escaped_plain(item, escape) for item in value]
-    if isinstance(value, str) and escape:
-        return _escape_interpolation(value)
-    return value
+        return [_escaped_plain(item, escape, (*path, i), where) for i, item in enumerate(value)]
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        # np.float64 is a float and np.str_ a str, but yaml's safe dumper takes exact types
+        # only. Duck-typed: torchloom.config imports neither numpy nor torch.
+        return _escaped_plain(value.item(), escape, path, where)
+    if isinstance(value, str):
+        text = str.__str__(value)  # a str subclass (a StrEnum) as a plain str
+        return _escape_interpolation(text) if escape else text
+    if value is None:
+        return value
+    for plain in (bool, int, float):  # a subclass (an IntEnum) as its plain value
+        if isinstance(value, plain):
+            return plain(value)
+    if isinstance(value, os.PathLike):
+        return _escaped_plain(os.fspath(value), escape, path, where)
+    raise ConfigError.at(
+        where,
+        f"key '{'.'.join(str(p) for p in path)}'",
+        f"is of type {type(value).__name__}, which a config cannot hold",
+        "give a number, string, boolean, null, list or mapping",
+    )
 
 
 def _escape_interpolation(text: str) -> str:

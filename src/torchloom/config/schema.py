@@ -215,6 +215,10 @@ class ValidationConfig(SectionConfig):
     )
 
 
+# config.yaml's record of how a code-first run (Trainer.fit) builds its module and data
+# (engine/code_first_sources.py).
+CODE_FIRST_KEY = "code_first"
+
 TOP_LEVEL_KEYS: dict[str, type[BaseModel] | None] = {
     "name": None,
     "training": TrainingConfig,
@@ -249,6 +253,17 @@ def schema_fields(path: tuple[str, ...]) -> list[str]:
 
 def validate_sections(data: Mapping[str, Any], where: Where) -> dict[str, BaseModel]:
     """Check the top-level keys and every section; return the typed sections by name."""
+    if CODE_FIRST_KEY in data:
+        # A Trainer.fit run's record: its pipeline is Python code, not a config to train or
+        # check, and "unknown top-level section" would not say so.
+        raise ConfigError.at(
+            where(CODE_FIRST_KEY),
+            "this config",
+            "is that of a run of torchloom.Trainer(...).fit(...): its pipeline is a Python "
+            "module, not a config a YAML command trains or checks",
+            "continue it in Python with torchloom.Trainer(...).fit(..., resume=RUN_DIR), or "
+            "evaluate it with `loom process RUN_DIR`",
+        )
     problems: list[Problem] = []
     sections: dict[str, BaseModel] = {}
     for key, value in data.items():

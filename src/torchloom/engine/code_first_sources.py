@@ -21,16 +21,19 @@ outside the standard library. The checks happen before anything is called.
 from __future__ import annotations
 
 import inspect
+import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from torchloom.config.schema import CODE_FIRST_KEY
 from torchloom.core.registry import import_object, refused_module
+from torchloom.engine.checkpoint import seed_everything
 from torchloom.errors import ConfigError, Problem, Where
 
-KEY = "code_first"  # the top-level key of config.yaml holding the record
+KEY = CODE_FIRST_KEY  # the top-level key of config.yaml holding the record
 MODULE_HINT = "then train again, or pass the module in code: torchloom.process(run_dir, module=...)"
 DATA_HINT = (
     "then train again, or pass the data in code: "
@@ -90,6 +93,15 @@ def describe_module(module: nn.Module) -> dict[str, Any]:
         except TypeError as error:
             why = f"its hparams are not its constructor's arguments: {error}"
             return {"class": path, "unavailable": why}
+        # An argument left out would be rebuilt with its default, which need not be the value
+        # this module was built with: another model, silently. Every one must be recorded.
+        missing = [n for n in _named_parameters(cls) if n not in arguments]
+        if missing:
+            why = (
+                f"its hparams lack the constructor's argument(s) {', '.join(missing)} (a rebuild "
+                f"would take their defaults); add them to self.hparams in __init__"
+            )
+            return {"class": path, "unavailable": why}
         return {"class": path, "init_args": arguments}
     if cls.__init__ is nn.Module.__init__ or not inspect.signature(cls).parameters:
         return {"class": path, "init_args": {}}
@@ -102,21 +114,41 @@ def describe_module(module: nn.Module) -> dict[str, Any]:
     return {"class": path, "unavailable": why}
 
 
+def seed_for_section(seed: int, section: str) -> None:
+    """Seed every generator from the run's seed and a section's name, just before that
+    section's dataset is opened: a factory drawing from the global generator then returns the
+    same samples whether `fit` calls it among the others or `loom process` calls it alone."""
+    seed_everything(zlib.crc32(f"{seed}:{section}".encode()) % 2**31)
+
+
+def _named_parameters(cls: type) -> list[str]:
+    """The constructor's parameters that take a value by name (not *args, **kwargs)."""
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [n for n, p in inspect.signature(cls).parameters.items() if p.kind in named]
+
+
 def _is_factory(value: Any) -> bool:
     if isinstance(value, type):
         return True
     return callable(value) and not hasattr(value, "__getitem__")
 
 
-def open_dataset(value: Any, section: str, where: str) -> tuple[Any, dict[str, str]]:
+def open_dataset(value: Any, section: str, where: str, argument: str) -> tuple[Any, dict[str, str]]:
     """The dataset that a `fit` argument gives (an object, a factory or its import path) and
-    the record of how to get it again."""
+    the record of how to get it again. `argument`: how the user gave it (`fit(train=...)`)."""
+    if value is None:
+        raise ConfigError.at(
+            where,
+            argument,
+            f"is None: the run needs the {section} data",
+            "give a map-style Dataset, or a zero-argument factory of one",
+        )
     if isinstance(value, str):
         factory = _import_factory(value, where, f"{FIT_ARGUMENT.get(section, section)}='{value}'")
         return _dataset_of(factory, where, value), {"factory": value}
     if not (isinstance(value, type) or (callable(value) and not hasattr(value, "__getitem__"))):
         why = f"a {type(value).__name__} object was given; {FACTORY}"
-        return value, {"unavailable": why}
+        return check_dataset(value, where, argument), {"unavailable": why}
     path, why = import_path(value)
     if path is not None:
         why = _not_a_factory(value) or refused_module(path.partition(":")[0]) or ""
@@ -132,10 +164,34 @@ def _not_a_factory(obj: Any) -> str:
 
 
 def _dataset_of(factory: Callable[[], Any], where: str, name: str) -> Any:
-    dataset = factory()
-    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        message = f"returned a {type(dataset).__name__}, not a dataset (__len__, __getitem__)"
-        raise ConfigError.at(where, f"factory {name}", message)
+    return check_dataset(factory(), where, f"factory {name}", "returned")
+
+
+def check_dataset(dataset: Any, where: str, subject: str, verb: str = "is") -> Any:
+    """`dataset` if torchloom can index it (a sampler draws indices, reports name samples by
+    them, a resume continues at one): else an error saying what to give instead, where it
+    would have been a bare TypeError or IndexError from the first batch."""
+    kind = type(dataset).__name__
+    if isinstance(dataset, DataLoader):
+        raise ConfigError.at(
+            where,
+            subject,
+            f"{verb} a DataLoader: torchloom batches the data itself",
+            "give its dataset (loader.dataset) and set the batch size with Trainer(batch_size=...)",
+        )
+    if isinstance(dataset, IterableDataset) or not (
+        hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")
+    ):
+        raise ConfigError.at(
+            where,
+            subject,
+            f"{verb} a {kind}, not a map-style dataset (__len__ and __getitem__): samples "
+            "are drawn by index",
+            "give a Dataset with __len__ and __getitem__ (a TensorDataset, or a list of "
+            "(inputs, targets) pairs)",
+        )
+    if len(dataset) == 0:
+        raise ConfigError.at(where, subject, f"{verb} a {kind} with no samples", "give data")
     return dataset
 
 

@@ -22,7 +22,7 @@ from torchloom.core.weights import load_pipeline_weights
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.engine.assemble import build_checked, pipeline_name, resolve_device
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything
-from torchloom.engine.code_first import BUILT_IN_PYTHON, rebuild_pipeline
+from torchloom.engine.code_first_pipeline import BUILT_IN_PYTHON, rebuild_pipeline
 from torchloom.engine.code_first_sources import KEY as CODE_FIRST
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
@@ -88,9 +88,9 @@ def process(
         seed_everything(int(training.get("seed") or 0))
         pipeline = prebuilt
     elif _is_code_first(loaded, module, data, disable):
-        seed_everything(int(training.get("seed") or 0))
+        seed = int(training.get("seed") or 0)  # seeds the data as fit did, then the build
         record = loaded.data.get(CODE_FIRST)
-        pipeline = rebuild_pipeline(record, section, loaded.where, module, data)
+        pipeline = rebuild_pipeline(record, section, seed, loaded.where, module, data)
     else:
         validate_sections(loaded.data, loaded.where)
         seed_everything(int(training.get("seed") or 0))
