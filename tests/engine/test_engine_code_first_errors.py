@@ -74,3 +74,44 @@ def test_numpy_values_in_trainer_settings_are_recorded_as_numbers(tmp_path: Path
     ).fit(models.Clusters(), train=models.train_set)
     config = yaml.safe_load((result.run_dir / "config.yaml").read_text())
     assert config["training"]["optimizer"]["betas"] == [0.5, 0.9]
+
+
+def test_a_validation_set_the_module_cannot_take_is_refused_before_training(
+    tmp_path: Path,
+) -> None:
+    """A validation set of another width trained a whole epoch, then failed with torch's
+    bare RuntimeError (the dry run read the training samples only)."""
+    narrow = TensorDataset(torch.zeros(6, 5), torch.zeros(6, dtype=torch.long))
+    with pytest.raises(ConfigError) as caught:
+        torchloom.Trainer(epochs=1, expdir=tmp_path).fit(
+            models.Clusters(), train=models.train_set, validation=narrow
+        )
+    assert caught.value.problems[0].subject == "the validation data"
+    assert "cannot go through Clusters" in str(caught.value)
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_dry_run_leaves_a_pretrained_module_s_batch_norm_statistics_alone(
+    tmp_path: Path,
+) -> None:
+    """It ran in training mode: BatchNorm's running statistics moved before training did."""
+
+    class Normalised(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.BatchNorm1d(8)
+            self.kept = nn.Dropout()
+            self.head = nn.Linear(8, 3)
+
+        def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, outputs.Output]:
+            features = self.kept(self.norm(batch["inputs"]))
+            return {"y": outputs.Classification(self.head(features))}
+
+    from torchloom.engine.code_first_pipeline import build_pipeline
+
+    module = Normalised()
+    module.kept.eval()  # a part the user keeps in eval mode stays so
+    before = module.norm.running_mean.clone()
+    build_pipeline(module, {"training": models.train_set()})
+    assert torch.equal(module.norm.running_mean, before)
+    assert module.training and module.norm.training and not module.kept.training

@@ -100,23 +100,7 @@ class ModuleModel(Model):
         super().__init__(ComponentParams(), BuildContext("model", store=store))
         self.module = module
         self.reads = list(task.output_specs())
-        batch = task.collate([task[0], task[min(1, len(task) - 1)]])
-        batch = to_device(batch, _device_of(module))  # a module `fit` trained is on its GPU
-        with torch.no_grad():  # the dry run: output names and shapes, Lazy layers built
-            try:
-                declared = module(batch)
-            except KeyError as error:
-                missing = error.args[0] if error.args else None
-                if not isinstance(missing, str) or missing in batch:
-                    raise  # not a stream the batch lacks: the module's own bug
-                raise ConfigError.at(
-                    fit_where("model"),
-                    f"{type(module).__name__}.forward",
-                    f"reads the stream '{missing}' (KeyError), which the batch does not "
-                    f"have; its streams: {', '.join(batch)}",
-                    "read one of these, or have the dataset's samples be dicts of streams "
-                    "that include it",
-                ) from error
+        declared = self.dry_run(task)
         if not isinstance(declared, Mapping) or not all(
             isinstance(v, outputs.Output) for v in declared.values()
         ):
@@ -126,6 +110,50 @@ class ModuleModel(Model):
                 "forward(batch) must return {name: torchloom.outputs.Output}",
             )
         self.declared: dict[str, outputs.Output] = dict(declared)
+
+    def dry_run(self, task: DatasetTask) -> Any:
+        """The module's outputs for two of the task's samples: without gradients and in eval
+        mode (a pretrained module's BatchNorm statistics are not moved by it), each
+        submodule's mode restored after."""
+        batch = task.collate([task[0], task[min(1, len(task) - 1)]])
+        batch = to_device(batch, _device_of(self.module))  # a module `fit` trained is on its GPU
+        modes = [(part, part.training) for part in self.module.modules()]
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                return self.module(batch)
+        except KeyError as error:
+            missing = error.args[0] if error.args else None
+            if not isinstance(missing, str) or missing in batch:
+                raise  # not a stream the batch lacks: the module's own bug
+            raise ConfigError.at(
+                fit_where("model"),
+                f"{type(self.module).__name__}.forward",
+                f"reads the stream '{missing}' (KeyError), which the batch does not "
+                f"have; its streams: {', '.join(batch)}",
+                "read one of these, or have the dataset's samples be dicts of streams "
+                "that include it",
+            ) from error
+        finally:
+            for part, training in modes:
+                part.training = training
+
+    def check_reads(self, task: DatasetTask, section: str) -> None:
+        """The module takes `section`'s samples too: a validation set of another width
+        failed a whole training epoch later, with torch's bare error."""
+        try:
+            self.dry_run(task)
+        except ConfigError:
+            raise
+        except Exception as error:
+            first_line = (str(error).splitlines() or [type(error).__name__])[0]
+            raise ConfigError.at(
+                fit_where(section),
+                f"the {section} data",
+                f"cannot go through {type(self.module).__name__}, which takes the training "
+                f"data: {type(error).__name__}: {first_line}",
+                "give every section samples of the same streams and shapes",
+            ) from error
 
     def input_specs(self) -> dict[str, StreamSpec]:
         return {name: StreamSpec(None, None, "read by the module") for name in self.reads}
@@ -222,6 +250,9 @@ def build_pipeline(module: nn.Module, datasets: Mapping[str, Any]) -> Pipeline:
     tasks = {s: DatasetTask(d, s, store) for s, d in datasets.items()}
     first = tasks.get("training") or next(iter(tasks.values()))  # the dry run's samples
     model = ModuleModel(module, first, store)
+    for section, task in tasks.items():
+        if task is not first:
+            model.check_reads(task, section)
     _check_regression_shapes(model.declared, first)
     losses = [OutputLoss(n, o, store) for n, o in model.declared.items() if has_loss(o)]
     statistics = []
