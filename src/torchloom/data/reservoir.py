@@ -152,6 +152,7 @@ class AsyncReservoir:
         self.stale: list[int] = []  # slots delivered at least once (replaceable)
         self.waiting: dict[int, tuple[int, Sample]] = {}  # arrived, not yet taken in
         self.sequences: list[int] = []  # each slot's sequence number (its augmentation seed)
+        self.positions: list[tuple[int, int]] = []  # each slot's (virtual epoch, position)
         self.job_of: dict[int, tuple[int, int]] = {}  # (virtual epoch, position) of jobs out
         self.refill: dict[int, int] = {}  # after load_state_dict: sequence -> slot to remake
         self.issued = 0  # jobs handed out
@@ -251,6 +252,7 @@ class AsyncReservoir:
         if len(self.slots) < self.size:
             self.slots.append(sample)
             self.origins.append((0, 0))
+            self.positions.append((0, 0))
             self.sequences.append(sequence)
             slot = len(self.slots) - 1
         else:
@@ -259,7 +261,8 @@ class AsyncReservoir:
             self.stale[pick] = self.stale[-1]
             self.stale.pop()
             self.slots[slot], self.sequences[slot] = sample, sequence
-        self.origins[slot] = (self.job_of.pop(sequence)[0], index)
+        self.positions[slot] = self.job_of.pop(sequence)
+        self.origins[slot] = (self.positions[slot][0], index)
         self.fresh.append(slot)
 
     def next_batch(self, batch_size: int, collate: Callable[[list[Sample]], Any]) -> Any:
@@ -286,17 +289,21 @@ class AsyncReservoir:
             self.deliveries.extend(self.origins[slot] for slot in chosen)
         return collate([self.slots[slot] for slot in chosen])
 
-    # ---- exact resume (deterministic mode) --------------------------------------------------
+    # ---- resume ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the reservoir stands: which sample (sequence number, index) each slot holds,
-        which are not yet delivered, the draws' generator and the next job. Samples are not
-        saved: they are made again from (seed, sequence number), so this is exact only in
-        the deterministic mode, where what arrives when does not matter."""
+        which are not yet delivered, the draws' generator and the next job; and where its
+        stream stands (`stream`). Samples are not saved: they are made again from (seed,
+        sequence number), so this is exact only in the deterministic mode, where what
+        arrives when does not matter; the other mode continues the stream."""
         following = self.job_of.get(self.taken, (self.virtual_epoch, self.position))
         return {
+            "deterministic": self.deterministic,
+            "stream": list(self._stream_point()),
             "taken": self.taken,
             "next": list(following),
             "sequences": list(self.sequences),
+            "positions": [list(position) for position in self.positions],
             "origins": [list(origin) for origin in self.origins],
             "fresh": list(self.fresh),
             "stale": list(self.stale),
@@ -305,20 +312,40 @@ class AsyncReservoir:
             "fresh_delivered": self.fresh_delivered,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state_dict()`; the slots' samples are made again by the workers at
-        the next batch."""
+    def _stream_point(self) -> tuple[int, int, int]:
+        """(sequence number, virtual epoch, position) of the oldest sample not yet delivered:
+        a slot's, or a job's not yet taken in; the next job's when there is none. A stream
+        continued from there skips no sample (a later one already delivered, arrived out of
+        order, is delivered again)."""
+        pending = [(sequence, *job) for sequence, job in self.job_of.items()]
+        pending += [(self.sequences[slot], *self.positions[slot]) for slot in self.fresh]
+        return min(pending, default=(self.issued, self.virtual_epoch, self.position))
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Continue from `state_dict()`, on a reservoir that has drawn nothing yet. True when
+        exact (the deterministic mode, from a deterministic state): the slots' samples are
+        made again by the workers at the next batch. Otherwise the stream continues where it
+        stood, into empty slots (a sequence number is a sample's seed: kept, not reused)."""
+        self.generator.set_state(state["generator"])
+        self.steps, self.fresh_delivered = state["steps"], state["fresh_delivered"]
+        if not (self.deterministic and state.get("deterministic", True)):
+            sequence, self.virtual_epoch, self.position = state["stream"]
+            self.taken = self.issued = sequence
+            self.current = list(self.order(self.virtual_epoch))
+            return False
         self.taken = self.issued = state["taken"]
         self.virtual_epoch, self.position = state["next"]
         self.current = list(self.order(self.virtual_epoch))
         self.sequences = list(state["sequences"])
         self.origins = [(int(e), int(i)) for e, i in state["origins"]]
+        # A state saved before positions were: the next job's stands in for them.
+        default = [state["next"]] * len(self.origins)
+        self.positions = [(int(e), int(p)) for e, p in state.get("positions", default)]
         self.slots = [None] * len(self.sequences)
         self.fresh, self.stale = deque(state["fresh"]), list(state["stale"])
-        self.generator.set_state(state["generator"])
-        self.steps, self.fresh_delivered = state["steps"], state["fresh_delivered"]
         self.job_of, self.waiting = {}, {}
         self.refill = {sequence: slot for slot, sequence in enumerate(self.sequences)}
+        return True
 
     def _remake(self) -> None:
         for sequence, slot in self.refill.items():

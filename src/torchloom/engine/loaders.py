@@ -256,24 +256,27 @@ class SectionLoader:
         return self.collate(self.task.collate(samples))
 
     def reservoir_state(self) -> dict[str, Any] | None:
-        """The reservoir's state for a checkpoint: only a deterministic one resumes exactly
-        (engine/resume), so only its state is kept; None otherwise."""
-        reservoir = self.reservoir
-        if reservoir is None or not reservoir.deterministic:
-            return None
-        return reservoir.state_dict()
+        """The reservoir's state for a checkpoint, in every mode: a deterministic one resumes
+        exactly, the other continues its stream (a run preempted and resumed again and
+        again would otherwise train on the first samples of its data alone); None without."""
+        return None if self.reservoir is None else self.reservoir.state_dict()
 
     def load_reservoir_state(self, state: dict[str, Any] | None) -> str | None:
-        """Continue the reservoir from a checkpoint's state; a note for the run's log when a
-        reservoir starts afresh instead (the resumed run is then not bit-identical)."""
+        """Continue the reservoir from a checkpoint's state; a note for the run's log when the
+        resumed run is not bit-identical to one left alone."""
         if self.reservoir is None:
             return None
-        if state is None or not self.reservoir.deterministic:
+        if state is None:  # a checkpoint from before reservoirs' states were saved
             return (
-                "the reservoir starts afresh: a run resumed with a non-deterministic reservoir "
-                "is not bit-identical to one left alone (reservoir.deterministic: true is)"
+                "the reservoir starts afresh at the beginning of its data: the checkpoint "
+                "holds no reservoir state"
             )
-        self.reservoir.load_state_dict(state)
+        if not self.reservoir.load_state_dict(state):
+            return (
+                "the reservoir's slots start afresh where its stream stood: a run resumed "
+                "with a non-deterministic reservoir is not bit-identical to one left alone "
+                "(reservoir.deterministic: true is)"
+            )
         return None
 
     def close(self) -> None:
