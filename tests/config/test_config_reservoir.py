@@ -1,0 +1,36 @@
+"""`dataloader.reservoir` combinations that cannot give a right result are refused by the
+schema, so `loom check` reports them (naming the key) before any data is read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from torchloom.config.schema import validate_sections
+from torchloom.errors import ConfigError
+
+
+def where(*keys: str) -> str:
+    return "cfg.yml:" + ".".join(keys)
+
+
+def training(**extra: Any) -> dict[str, Any]:
+    reservoir = {"size": 16, **extra.pop("reservoir", {})}
+    dataloader = {"batch_size": 4, "reservoir": reservoir, **extra.pop("dataloader", {})}
+    return {"task": {}, "dataloader": dataloader, **extra}
+
+
+def refused(data: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as error:
+        validate_sections(data, where)
+    return str(error.value)
+
+
+def test_a_reservoir_with_a_kfold_sampler_is_refused() -> None:
+    """The reservoir stepped k-fold's sampler by its own virtual epochs, and kept samples of
+    earlier folds: validation's held-out fold leaked into training."""
+    message = refused({"training": training(sampler={"type": "kfold", "folds": 5})})
+    assert "cfg.yml:training.dataloader.reservoir: training.dataloader.reservoir" in message
+    assert "kfold" in message and "held-out" in message
+    validate_sections({"training": training(sampler={"type": "subset", "fraction": 0.5})}, where)
