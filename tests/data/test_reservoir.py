@@ -3,6 +3,8 @@ deterministic in its test mode, never waiting once full, and no worker outliving
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -148,3 +150,18 @@ def test_the_deterministic_mode_continues_exactly_from_its_state() -> None:
         second.close()
     for a, b in zip(expected, got, strict=True):
         assert torch.equal(a["index"], b["index"]) and torch.equal(a["noise"], b["noise"])
+
+
+def test_workers_killed_after_the_fill_end_the_training_with_an_error() -> None:
+    """Once full, a step takes in what arrived without waiting, so workers killed then were
+    noticed by nobody: training went on drawing the same samples and ended successfully."""
+    source = reservoir(Augmented(40))
+    try:
+        source.next_batch(8, collate)
+        for process in source.processes:
+            os.kill(process.pid, signal.SIGKILL)
+            process.join(timeout=5)
+        with pytest.raises(ReservoirError, match="reservoir worker died"):
+            source.next_batch(8, collate)
+    finally:
+        source.close()

@@ -208,10 +208,8 @@ class AsyncReservoir:
         try:
             sequence, index, sample, failure = self.results.get(block, _POLL if block else None)
         except queue.Empty:
-            if block and not all(p.is_alive() for p in self.processes):
-                raise ReservoirError(
-                    "a reservoir worker died (killed, or out of memory?)"
-                ) from None
+            if block:
+                self._check_workers()
             return False
         if isinstance(failure, tuple):
             kind, problems = failure
@@ -220,6 +218,13 @@ class AsyncReservoir:
             raise ReservoirError(f"a reservoir worker failed on sample {index}:\n{failure}")
         self.waiting[sequence] = (index, pickle.loads(sample))
         return True
+
+    def _check_workers(self) -> None:
+        # A worker killed (the OOM killer, kill -9) sends nothing; a waitpid per worker.
+        dead = [process for process in self.processes if not process.is_alive()]
+        if dead:
+            codes = ", ".join(f"{p.name}: exit code {p.exitcode}" for p in dead)
+            raise ReservoirError(f"a reservoir worker died ({codes}; killed, or out of memory?)")
 
     # ---- the reservoir ---------------------------------------------------------------------
     def _take(self, count: int, block: bool) -> None:
@@ -272,6 +277,9 @@ class AsyncReservoir:
         if batch_size > self.size:
             raise ValueError(f"a batch of {batch_size} exceeds the reservoir's {self.size}")
         self.start()
+        # Every step: once full, a step takes in only what arrived, without waiting, so dead
+        # workers would otherwise leave training drawing the same samples to its end.
+        self._check_workers()
         if self.refill:
             self._remake()
         if len(self.slots) < self.size:
