@@ -34,3 +34,14 @@ def test_a_reservoir_with_a_kfold_sampler_is_refused() -> None:
     assert "cfg.yml:training.dataloader.reservoir: training.dataloader.reservoir" in message
     assert "kfold" in message and "held-out" in message
     validate_sections({"training": training(sampler={"type": "subset", "fraction": 0.5})}, where)
+
+
+def test_a_deterministic_run_with_a_reservoir_that_is_not_is_refused() -> None:
+    """training.deterministic promised a run that depends on its seed, and the reservoir's
+    fill order followed the workers' timing."""
+    message = refused({"training": training(deterministic=True)})
+    assert "cfg.yml:training.dataloader.reservoir.deterministic" in message
+    assert "training.deterministic" in message and "deterministic: true" in message
+    validate_sections(
+        {"training": training(deterministic=True, reservoir={"deterministic": True})}, where
+    )

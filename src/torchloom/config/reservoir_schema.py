@@ -59,4 +59,16 @@ def reservoir_problems(sections: Mapping[str, BaseModel], where: Where) -> list[
                 "remove the reservoir for a k-fold run, or use another sampler",
             )
         )
+    if training.deterministic and not reservoir.deterministic:
+        # Which samples fill the reservoir, and in which order, follows the workers' timing.
+        problems.append(
+            Problem(
+                where("training", "dataloader", "reservoir", "deterministic"),
+                f"{shown}.deterministic",
+                "is false, and training.deterministic is true: which samples a step draws "
+                "would follow the workers' timing, so the run would not depend on its seed alone",
+                f"set {shown}.deterministic: true (slower when the workers are), or "
+                "training.deterministic: false",
+            )
+        )
     return problems
