@@ -200,6 +200,22 @@ def test_a_ctrl_c_after_a_hooks_stop_is_a_first_ctrl_c() -> None:
             os.kill(os.getpid(), signal.SIGINT)
 
 
+def test_a_loader_failing_while_a_signal_stop_is_pending_is_an_interruption(
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM to the whole process group (Slurm's scancel) may kill the loader's workers
+    too: the run was asked to stop, so it ends `interrupted` with last.pt of its last
+    finished step, not `failed`."""
+    config = toy_config(epochs=3)
+    config["training"]["task"] = {"type": "trust_components:TerminatedLoader", "size": 40}
+    result = train(write(tmp_path, config), tmp_path / "runs")
+    stopped = summary(result.run_dir)
+    assert stopped["status"] == "interrupted", stopped["reason"]
+    assert stopped["episodes"] == 2  # the third batch never came
+    saved = load_checkpoint(result.run_dir / "checkpoints" / "last.pt")["progress"]
+    assert (saved["epoch"], saved["episode"], saved["batch_in_epoch"]) == (0, 2, 2)
+
+
 def test_a_finished_run_leaves_no_logger_behind(tmp_path: Path) -> None:
     # Many runs in one process (a search's trials): `logging` would keep each run's logger.
     result = train(toy_config(epochs=1), tmp_path)

@@ -19,9 +19,9 @@ and when augmentation is slower than training, samples are reused instead of wai
 `deterministic`: each step takes in exactly its quota of new samples, in sequence order,
 waiting for them if need be: a run then depends on the seed only (tests, comparisons).
 
-Shutdown never hangs: workers ignore SIGINT (the main process stops them), leave when the
-main process dies, and `close()` stops them with a deadline and then terminates them; it runs
-at garbage collection and interpreter exit too.
+Shutdown never hangs: workers ignore SIGINT, SIGTERM and SIGHUP (the main process stops
+them), leave when the main process dies, and `close()` stops them with a deadline and then
+kills them; it runs at garbage collection and interpreter exit too.
 """
 
 from __future__ import annotations
@@ -77,10 +77,13 @@ def _packed(sample: Any) -> bytes:
 
 def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
     """A worker: fetch samples for jobs until told to stop or the parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    # A forked worker inherits the run's SIGTERM handler (a graceful stop of the training):
-    # here SIGTERM, which close() sends after its grace period, must end the worker.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Stop signals are the main process's to handle: Ctrl-C reaches a terminal's whole
+    # process group, and SIGTERM a scheduler's (Slurm's scancel, systemd), and a worker that
+    # died of one would fail a run that was asked to stop gracefully. The main process stops
+    # the workers (close(), with a SIGKILL after its grace period).
+    for signum in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None:
+            signal.signal(signum, signal.SIG_IGN)
     torch.set_num_threads(1)
     results.cancel_join_thread()  # exit at once even when nobody reads what is queued
     while True:
@@ -106,7 +109,8 @@ def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None
 
 
 def _stop(processes: list[Any], jobs: Any, results: Any) -> None:
-    """Stop the workers: a sentinel each, a short grace, then terminate; never blocks long."""
+    """Stop the workers: a sentinel each, a short grace, then kill (they ignore SIGTERM);
+    never blocks long."""
     for _ in processes:
         try:
             jobs.put_nowait(None)
@@ -115,9 +119,6 @@ def _stop(processes: list[Any], jobs: Any, results: Any) -> None:
     for process in processes:
         process.join(timeout=2.0)
     for process in processes:
-        if process.is_alive():
-            process.terminate()
-            process.join(timeout=2.0)
         if process.is_alive():
             process.kill()
             process.join()

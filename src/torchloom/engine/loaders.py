@@ -322,6 +322,31 @@ class ReservoirEpoch:
             yield batch
 
 
+class StopAwareBatches:
+    """A loader's batches that end early, without an error, when fetching one fails while a
+    stop signal is pending (`stopping()`): a signal sent to the whole process group (a
+    scheduler's SIGTERM) may reach the loader's workers too, and a run asked to stop must
+    end `interrupted` with the last finished step saved, not `failed`. `cut_short` says
+    whether that happened."""
+
+    def __init__(self, batches: Iterable[Batch], stopping: Callable[[], bool]) -> None:
+        self.batches, self.stopping, self.cut_short = batches, stopping, False
+
+    def __iter__(self) -> Iterator[Batch]:
+        iterator = iter(self.batches)
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except Exception:
+                if not self.stopping():
+                    raise
+                self.cut_short = True
+                return
+            yield batch
+
+
 def _cannot_hold(section: str, task: Task, where: Where) -> Problem:
     return Problem(
         where(section, "dataloader", "on_device"),
