@@ -239,3 +239,14 @@ class TerminatedLoader(ToyTask):
             os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this (the main) thread
             raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated.")
         return super().fetch(indices)
+
+
+class SlowSamples(ToyTask):
+    """A task whose every sample takes `delay` seconds to make (a slow augmentation)."""
+
+    class Params(ToyTask.Params):
+        delay: float = Field(0.5, gt=0)
+
+    def __getitem__(self, index: int) -> Batch:
+        time.sleep(self.params.delay)
+        return super().__getitem__(index)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from torchloom.data.reservoir import AsyncReservoir, ReservoirError
+from torchloom.data.reservoir import AsyncReservoir, ReservoirError, ReservoirStopped
 from torchloom.errors import DataError
 
 
@@ -165,3 +165,17 @@ def test_workers_killed_after_the_fill_end_the_training_with_an_error() -> None:
             source.next_batch(8, collate)
     finally:
         source.close()
+
+
+def test_a_stop_during_the_fill_ends_it_at_once() -> None:
+    """The first batch waits for a full reservoir: a stop signal during that wait waited for
+    the whole fill (for ever with a huge size)."""
+    source = reservoir(Augmented(40, delay=0.25))  # the fill: 16 * 0.25 / 2 = 2 s
+    started = time.monotonic()
+    try:
+        with pytest.raises(ReservoirStopped, match="stop"):
+            source.next_batch(8, collate, stopping=lambda: time.monotonic() > started + 0.3)
+        assert time.monotonic() - started < 1.0
+    finally:
+        source.close()
+    assert time.monotonic() - started < 1.6  # the jobs not started are dropped

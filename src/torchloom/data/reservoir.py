@@ -26,6 +26,7 @@ kills them; it runs at garbage collection and interpreter exit too.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -49,6 +50,10 @@ _POLL = 0.2  # seconds between liveness checks while waiting
 
 class ReservoirError(RuntimeError):
     """A worker failed (its traceback is in the message) or died."""
+
+
+class ReservoirStopped(ReservoirError):
+    """A wait for samples (the fill) ended by a stop request (`next_batch`'s `stopping`)."""
 
 
 def _sample_seed(seed: int, sequence: int) -> int:
@@ -111,6 +116,11 @@ def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None
 def _stop(processes: list[Any], jobs: Any, results: Any) -> None:
     """Stop the workers: a sentinel each, a short grace, then kill (they ignore SIGTERM);
     never blocks long."""
+    # Jobs not yet started are dropped first: the workers would make them all before they
+    # reached their sentinels.
+    with contextlib.suppress(Exception):
+        while True:
+            jobs.get_nowait()
     for _ in processes:
         try:
             jobs.put_nowait(None)
@@ -165,6 +175,7 @@ class AsyncReservoir:
         self.generator = torch.Generator().manual_seed(_sample_seed(seed, 0x5E5E))
         self.processes: list[Any] = []
         self._finalizer: Any = None
+        self.stopping: Callable[[], bool] | None = None  # next_batch's: a stop is asked
 
     # ---- workers ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -211,6 +222,7 @@ class AsyncReservoir:
         except queue.Empty:
             if block:
                 self._check_workers()
+                self._check_stop()
             return False
         if isinstance(failure, tuple):
             kind, problems = failure
@@ -227,6 +239,12 @@ class AsyncReservoir:
             codes = ", ".join(f"{p.name}: exit code {p.exitcode}" for p in dead)
             raise ReservoirError(f"a reservoir worker died ({codes}; killed, or out of memory?)")
 
+    def _check_stop(self) -> None:
+        # A wait for samples lasts as long as the workers need (the fill: `size` samples),
+        # and a run asked to stop must not wait for it.
+        if self.stopping is not None and self.stopping():
+            raise ReservoirStopped("the reservoir's wait for samples was stopped by a signal")
+
     # ---- the reservoir ---------------------------------------------------------------------
     def _take(self, count: int, block: bool) -> None:
         """Take up to `count` arrived samples in (deterministic: exactly `count`, in sequence
@@ -234,6 +252,8 @@ class AsyncReservoir:
         over a sample not yet delivered."""
         taken = 0
         while taken < count and (len(self.slots) < self.size or self.stale):
+            if block:
+                self._check_stop()
             self._issue()
             sequence = self._next_arrival(block)
             if sequence is None:
@@ -271,12 +291,19 @@ class AsyncReservoir:
         self.origins[slot] = (self.positions[slot][0], index)
         self.fresh.append(slot)
 
-    def next_batch(self, batch_size: int, collate: Callable[[list[Sample]], Any]) -> Any:
+    def next_batch(
+        self,
+        batch_size: int,
+        collate: Callable[[list[Sample]], Any],
+        stopping: Callable[[], bool] | None = None,
+    ) -> Any:
         """A batch of `batch_size` samples (at most `size`): the first call waits until the
         reservoir is full; later ones take in what arrived (up to the step's quota) and
-        never wait, unless `deterministic`."""
+        never wait, unless `deterministic`. A wait ends with ReservoirStopped as soon as
+        `stopping()` is true (polled every sample and every fraction of a second)."""
         if batch_size > self.size:
             raise ValueError(f"a batch of {batch_size} exceeds the reservoir's {self.size}")
+        self.stopping = stopping
         self.start()
         # Every step: once full, a step takes in only what arrived, without waiting, so dead
         # workers would otherwise leave training drawing the same samples to its end.

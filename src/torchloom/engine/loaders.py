@@ -20,6 +20,7 @@ from torchloom.data.rank_shard import RankShard
 from torchloom.data.reservoir import AsyncReservoir
 from torchloom.data.samplers import ResumableSampler, build_sampler
 from torchloom.engine.checkpoint import worker_init
+from torchloom.engine.epoch_batches import ReservoirEpoch, StopAwareBatches, StopRequest
 from torchloom.errors import ConfigError, Problem, Where
 
 
@@ -213,9 +214,22 @@ class SectionLoader:
             deterministic=settings.deterministic,
         )
 
-    def epoch(self, epoch: int, start_batch: int = 0) -> Iterable[Any]:
+    def stoppable(self, epoch: int, start_batch: int, signals: StopRequest) -> StopAwareBatches:
+        """`epoch()` for a training loop that `signals` can ask to stop: a wait for the
+        reservoir's samples ends at once, and a loader failing while a stop is pending ends
+        the epoch early (see StopAwareBatches)."""
+
+        def stopping() -> bool:
+            return signals.by_signal
+
+        return StopAwareBatches(self.epoch(epoch, start_batch, stopping), stopping)
+
+    def epoch(
+        self, epoch: int, start_batch: int = 0, stopping: Callable[[], bool] | None = None
+    ) -> Iterable[Any]:
         """The loader for `epoch`, skipping its first `start_batch` batches (resume). With a
-        reservoir, the epoch's number of batches drawn from it."""
+        reservoir, the epoch's number of batches drawn from it (a wait for its samples ends
+        when `stopping()` is true)."""
         if self.reservoir is not None:
             return ReservoirEpoch(
                 self.reservoir,
@@ -223,6 +237,7 @@ class SectionLoader:
                 self.config.batch_size,
                 self._collate_samples,
                 pin=self.pin_memory,
+                stopping=stopping,
             )
         self.sampler.set_epoch(epoch)
         # A save after the epoch's last batch, shorter than batch_size when the epoch does
@@ -293,58 +308,6 @@ class SectionLoader:
         """Samples in the epoch's last global batch."""
         size, batch = self.sampler.epoch_length(), self.config.batch_size
         return batch if self.config.drop_last or size % batch == 0 else size % batch
-
-
-class ReservoirEpoch:
-    """An epoch's batches drawn from a reservoir (as many as the sampler's epoch has)."""
-
-    def __init__(
-        self,
-        reservoir: AsyncReservoir,
-        batches: int,
-        batch_size: int,
-        collate: Callable[[list[Any]], Batch],
-        pin: bool = False,
-    ) -> None:
-        self.reservoir, self.batches, self.batch_size = reservoir, batches, batch_size
-        self.collate, self.pin = collate, pin
-
-    def __len__(self) -> int:
-        return self.batches
-
-    def __iter__(self) -> Iterator[Batch]:
-        for _ in range(self.batches):
-            batch = self.reservoir.next_batch(self.batch_size, self.collate)
-            # Pinned, as a DataLoader's with pin_memory: a copy to a GPU from pageable
-            # memory waits for the GPU's queue, which is what the reservoir is for avoiding.
-            if self.pin:
-                batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
-            yield batch
-
-
-class StopAwareBatches:
-    """A loader's batches that end early, without an error, when fetching one fails while a
-    stop signal is pending (`stopping()`): a signal sent to the whole process group (a
-    scheduler's SIGTERM) may reach the loader's workers too, and a run asked to stop must
-    end `interrupted` with the last finished step saved, not `failed`. `cut_short` says
-    whether that happened."""
-
-    def __init__(self, batches: Iterable[Batch], stopping: Callable[[], bool]) -> None:
-        self.batches, self.stopping, self.cut_short = batches, stopping, False
-
-    def __iter__(self) -> Iterator[Batch]:
-        iterator = iter(self.batches)
-        while True:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            except Exception:
-                if not self.stopping():
-                    raise
-                self.cut_short = True
-                return
-            yield batch
 
 
 def _cannot_hold(section: str, task: Task, where: Where) -> Problem:

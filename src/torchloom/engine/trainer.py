@@ -21,7 +21,7 @@ from torchloom.engine.evaluation import (
     statistics_copy,
 )
 from torchloom.engine.final_test import run_test_pass
-from torchloom.engine.loaders import StopAwareBatches, to_device
+from torchloom.engine.loaders import to_device
 from torchloom.engine.loop_state import (
     LoopMeters,
     checkpoint_state,
@@ -77,8 +77,7 @@ class TrainingLoop:
     def train_epoch(self) -> Status | None:
         setup, progress = self.setup, self.progress
         self.trained_epoch = progress.epoch
-        epoch = setup.train_data.epoch(progress.epoch, start_batch=progress.batch_in_epoch)
-        loader = StopAwareBatches(epoch, lambda: setup.signals.by_signal)
+        loader = setup.train_data.stoppable(progress.epoch, progress.batch_in_epoch, setup.signals)
         bar = progress_bar(
             setup.train_data.batches_per_epoch(),
             progress.epoch,
