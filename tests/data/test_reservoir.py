@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from torchloom.data.reservoir import AsyncReservoir, ReservoirError, ReservoirStopped
-from torchloom.errors import DataError
+from torchloom.errors import ConfigError, DataError
 
 
 class Augmented:
@@ -179,3 +179,19 @@ def test_a_stop_during_the_fill_ends_it_at_once() -> None:
     finally:
         source.close()
     assert time.monotonic() - started < 1.6  # the jobs not started are dropped
+
+
+def test_a_reservoir_larger_than_the_memory_available_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured on the first sample that arrives, before the fill takes the memory."""
+    monkeypatch.setattr("torchloom.data.reservoir.available_memory", lambda: 2000)
+    source = reservoir(Augmented(40), where="cfg.yml:7")
+    try:
+        with pytest.raises(ConfigError) as error:
+            source.next_batch(8, collate)
+    finally:
+        source.close()
+    message = str(error.value)
+    assert "cfg.yml:7: training.dataloader.reservoir.size: 16 samples of about" in message
+    assert "use a size of at most" in message

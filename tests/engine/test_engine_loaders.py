@@ -185,6 +185,8 @@ def where(*keys: str) -> str:
     [
         ("validation", 8, 1, "is for training only"),
         ("training", 8, 2, "cannot be used by 2 processes"),
+        # Unbounded, a size of 1e9 passed and grew the run's memory until it was killed.
+        ("training", 11, 1, "11 is more than the 10 samples of the training set"),
     ],
 )
 def test_a_reservoir_that_cannot_work_is_a_config_error(

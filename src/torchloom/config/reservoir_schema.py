@@ -21,7 +21,11 @@ class ReservoirConfig(ConfigModel):
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
-    size: int = Field(gt=0, description="samples the reservoir holds (at least batch_size)")
+    size: int = Field(
+        gt=0,
+        description="samples the reservoir holds (at least batch_size, at most the training "
+        "set's length)",
+    )
     replacement_rate: float = Field(
         0.1,
         gt=0,

@@ -26,26 +26,22 @@ kills them; it runs at garbage collection and interpreter exit too.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import pickle
 import queue
-import random
-import signal
-import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from torchloom.errors import LoomError
+from torchloom.data.reservoir_workers import POLL, sample_seed, stop_workers, work
+from torchloom.errors import ConfigError
+from torchloom.host_memory import available_memory
 
 Sample = Any
-_POLL = 0.2  # seconds between liveness checks while waiting
 
 
 class ReservoirError(RuntimeError):
@@ -56,85 +52,8 @@ class ReservoirStopped(ReservoirError):
     """A wait for samples (the fill) ended by a stop request (`next_batch`'s `stopping`)."""
 
 
-def _sample_seed(seed: int, sequence: int) -> int:
-    return (seed * 1_000_003 + sequence) % 2**63
-
-
-def _compact(value: Any) -> Any:
-    """A sample as it travels to the main process: a tensor that views a larger storage (a
-    row of a data set held in one tensor) would be pickled with the whole storage."""
-    if isinstance(value, torch.Tensor):
-        whole = value.untyped_storage().nbytes()
-        return value.clone() if whole > value.numel() * value.element_size() else value
-    if isinstance(value, dict):
-        return {key: _compact(item) for key, item in value.items()}
-    if type(value) in (list, tuple):
-        return type(value)(_compact(item) for item in value)
-    return value
-
-
-def _packed(sample: Any) -> bytes:
-    """A sample as bytes, tensors by value. Not through torch's shared-memory pickling: each
-    tensor would cost a round trip to a helper thread of this worker, which waits for the
-    GIL while the worker augments (milliseconds a tensor, on the training's side)."""
-    return pickle.dumps(_compact(sample), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
-    """A worker: fetch samples for jobs until told to stop or the parent is gone."""
-    # Stop signals are the main process's to handle: Ctrl-C reaches a terminal's whole
-    # process group, and SIGTERM a scheduler's (Slurm's scancel, systemd), and a worker that
-    # died of one would fail a run that was asked to stop gracefully. The main process stops
-    # the workers (close(), with a SIGKILL after its grace period).
-    for signum in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if signum is not None:
-            signal.signal(signum, signal.SIG_IGN)
-    torch.set_num_threads(1)
-    results.cancel_join_thread()  # exit at once even when nobody reads what is queued
-    while True:
-        try:
-            job = jobs.get(timeout=_POLL)
-        except queue.Empty:
-            if os.getppid() != parent:
-                return
-            continue
-        if job is None:
-            return
-        sequence, index = job
-        try:
-            value = _sample_seed(seed, sequence)
-            torch.manual_seed(value)
-            random.seed(value)
-            np.random.seed(value % 2**32)
-            results.put((sequence, index, _packed(dataset[index]), None))
-        except LoomError as error:  # the user's to fix: its problems, raised again in training
-            results.put((sequence, index, None, (type(error), error.problems)))
-        except Exception:
-            results.put((sequence, index, None, traceback.format_exc()))
-
-
-def _stop(processes: list[Any], jobs: Any, results: Any) -> None:
-    """Stop the workers: a sentinel each, a short grace, then kill (they ignore SIGTERM);
-    never blocks long."""
-    # Jobs not yet started are dropped first: the workers would make them all before they
-    # reached their sentinels.
-    with contextlib.suppress(Exception):
-        while True:
-            jobs.get_nowait()
-    for _ in processes:
-        try:
-            jobs.put_nowait(None)
-        except Exception:
-            break
-    for process in processes:
-        process.join(timeout=2.0)
-    for process in processes:
-        if process.is_alive():
-            process.kill()
-            process.join()
-    for channel in (jobs, results):
-        channel.cancel_join_thread()
-        channel.close()
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.3g} MiB"
 
 
 class AsyncReservoir:
@@ -149,10 +68,13 @@ class AsyncReservoir:
         seed: int,
         deterministic: bool = False,
         record: bool = False,
+        where: str = "",
     ) -> None:
         """`dataset[index]` gives a processed sample (it is copied into each worker);
-        `order(virtual_epoch)` the indices of one pass over the data."""
-        self.dataset, self.order = dataset, order
+        `order(virtual_epoch)` the indices of one pass over the data; `where` the config's
+        place of `size`, for an error that names it."""
+        self.dataset, self.order, self.where = dataset, order, where
+        self.sample_bytes: int | None = None  # the first sample's, for the memory estimate
         self.size, self.workers, self.seed = size, workers, seed
         self.deterministic = deterministic
         self.quota = max(1, int(replacement_rate * size))  # new samples per step, at most
@@ -172,7 +94,7 @@ class AsyncReservoir:
         self.steps = self.fresh_delivered = 0  # batches drawn; never-delivered samples in them
         # (virtual epoch, index) of every sample of every batch, when asked for (tests)
         self.deliveries: list[tuple[int, int]] | None = [] if record else None
-        self.generator = torch.Generator().manual_seed(_sample_seed(seed, 0x5E5E))
+        self.generator = torch.Generator().manual_seed(sample_seed(seed, 0x5E5E))
         self.processes: list[Any] = []
         self._finalizer: Any = None
         self.stopping: Callable[[], bool] | None = None  # next_batch's: a stop is asked
@@ -186,14 +108,16 @@ class AsyncReservoir:
         self.jobs, self.results = context.Queue(), context.Queue()
         for number in range(self.workers):
             process = context.Process(
-                target=_work,
+                target=work,
                 args=(self.dataset, self.seed, self.jobs, self.results, os.getpid()),
                 name=f"torchloom-reservoir-{number}",
                 daemon=True,
             )
             process.start()
             self.processes.append(process)
-        self._finalizer = weakref.finalize(self, _stop, self.processes, self.jobs, self.results)
+        self._finalizer = weakref.finalize(
+            self, stop_workers, self.processes, self.jobs, self.results
+        )
 
     def close(self) -> None:
         """Stop the workers (idempotent; also at garbage collection and exit)."""
@@ -218,7 +142,7 @@ class AsyncReservoir:
     def _receive(self, block: bool) -> bool:
         """One result into `waiting`; False when none came (not blocking, or a poll passed)."""
         try:
-            sequence, index, sample, failure = self.results.get(block, _POLL if block else None)
+            sequence, index, sample, failure = self.results.get(block, POLL if block else None)
         except queue.Empty:
             if block:
                 self._check_workers()
@@ -229,8 +153,26 @@ class AsyncReservoir:
             raise kind(problems)
         if failure is not None:
             raise ReservoirError(f"a reservoir worker failed on sample {index}:\n{failure}")
+        if self.sample_bytes is None:
+            self.sample_bytes = len(sample)
+            self._check_memory(len(sample))
         self.waiting[sequence] = (index, pickle.loads(sample))
         return True
+
+    def _check_memory(self, sample_bytes: int) -> None:
+        """The reservoir's memory, estimated from its first sample, against the memory the
+        machine has left: a size that cannot fit is refused before the fill takes it (half
+        at most: the training needs its own)."""
+        need, available = sample_bytes * self.size, available_memory()
+        if available is None or need <= available // 2:
+            return
+        raise ConfigError.at(
+            self.where,
+            "training.dataloader.reservoir.size",
+            f"{self.size} samples of about {_mib(sample_bytes)} each need about {_mib(need)}, "
+            f"more than half of the {_mib(available)} of memory available",
+            f"use a size of at most {max(1, available // 2 // sample_bytes)}",
+        )
 
     def _check_workers(self) -> None:
         # A worker killed (the OOM killer, kill -9) sends nothing; a waitpid per worker.
