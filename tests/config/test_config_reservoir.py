@@ -45,3 +45,26 @@ def test_a_deterministic_run_with_a_reservoir_that_is_not_is_refused() -> None:
     validate_sections(
         {"training": training(deterministic=True, reservoir={"deterministic": True})}, where
     )
+
+
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"training": training(reservoir={"workers": 100000})}, "training.dataloader.reservoir"),
+        (
+            {
+                "training": {"task": {}},
+                "validation": {"task": {}, "dataloader": {"num_workers": 100000}},
+            },
+            "validation.dataloader",
+        ),
+    ],
+)
+def test_worker_counts_beyond_the_machine_are_refused(data: dict[str, Any], key: str) -> None:
+    """100000 workers passed loom check, and the run forked until the machine gave out."""
+    message = refused(data)
+    assert f"cfg.yml:{key}" in message and "100000" in message
+    assert "at most" in message
+    for workers in (8, 64):
+        validate_sections({"training": training(reservoir={"workers": workers})}, where)
+        validate_sections({"training": {"task": {}, "dataloader": {"num_workers": workers}}}, where)

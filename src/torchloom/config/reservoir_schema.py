@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from torchloom.config_model import ConfigModel
+from torchloom.config_model import ConfigModel, refuse_too_many_workers
 from torchloom.errors import Problem, Where
 
 
@@ -38,6 +38,7 @@ class ReservoirConfig(ConfigModel):
         description="wait for exactly the samples a step is due (in order), so that a run does "
         "not depend on timing: for tests and exact comparisons, slower",
     )
+    _bounded_workers = field_validator("workers")(refuse_too_many_workers)
 
 
 def reservoir_problems(sections: Mapping[str, BaseModel], where: Where) -> list[Problem]:

@@ -9,12 +9,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from torchloom.config.architecture_search_schema import ArchitectureSearchConfig
 from torchloom.config.reservoir_schema import ReservoirConfig, reservoir_problems
 from torchloom.config.sampler_schema import SamplerConfig
-from torchloom.config_model import ConfigModel
+from torchloom.config_model import ConfigModel, refuse_too_many_workers
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean, validation_problems
 from torchloom.run_names import run_name_problem, shown
 
@@ -45,6 +52,8 @@ class DataLoaderConfig(_Strict):
         "(tasks that hold their split as tensors: MNIST, Fashion-MNIST, CIFAR, "
         "Sort-of-CLEVR): no batch is built on the host or copied to a GPU in the loop",
     )
+
+    _bounded_workers = field_validator("num_workers")(refuse_too_many_workers)
 
     @model_validator(mode="after")
     def _reservoir_holds_a_batch(self) -> DataLoaderConfig:
