@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -195,3 +197,40 @@ def test_a_reservoir_larger_than_the_memory_available_is_a_config_error(
     message = str(error.value)
     assert "cfg.yml:7: training.dataloader.reservoir.size: 16 samples of about" in message
     assert "use a size of at most" in message
+
+
+ORPHANING = """
+import sys, time
+from torchloom.data.reservoir import AsyncReservoir
+
+class Slow:
+    def __len__(self):
+        return 100
+    def __getitem__(self, index):
+        time.sleep(0.5)
+        return index
+
+source = AsyncReservoir(Slow(), lambda epoch: list(range(100)), size=16, replacement_rate=1.0,
+                        workers=2, seed=1)
+source.start()
+source._issue()  # 32 jobs queued: 8 s of work for two workers
+print(*(p.pid for p in source.processes), flush=True)
+time.sleep(60)
+"""
+
+
+def test_workers_leave_at_once_when_the_main_process_is_killed() -> None:
+    """They noticed a dead parent only when their job queue ran dry: every queued job was
+    made for nobody first (22 s seen)."""
+    main = subprocess.Popen([sys.executable, "-c", ORPHANING], stdout=subprocess.PIPE, text=True)
+    try:
+        assert main.stdout is not None
+        pids = [int(pid) for pid in main.stdout.readline().split()]
+        time.sleep(0.3)  # the workers are making their first samples
+    finally:
+        main.kill()
+        main.wait()
+    deadline = time.monotonic() + 1.5
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(pids) == 2 and not any(alive(pid) for pid in pids)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from torchloom.errors import LoomError
+from torchloom.signals import set_parent_death_signal
 
 POLL = 0.2  # seconds between liveness checks while waiting
 
@@ -53,14 +54,19 @@ def work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
         if signum is not None:
             signal.signal(signum, signal.SIG_IGN)
+    # A killed main process (SIGKILL, the OOM killer) cannot stop its workers, and a worker
+    # would otherwise make every job still queued for nobody: the kernel kills it with its
+    # parent (Linux; the parent is the thread that started it, the run's main thread), and
+    # elsewhere it asks before each job.
+    set_parent_death_signal(signal.SIGKILL)
     torch.set_num_threads(1)
     results.cancel_join_thread()  # exit at once even when nobody reads what is queued
     while True:
+        if os.getppid() != parent:  # also a parent that died before the line above
+            return
         try:
             job = jobs.get(timeout=POLL)
         except queue.Empty:
-            if os.getppid() != parent:
-                return
             continue
         if job is None:
             return
