@@ -68,3 +68,26 @@ def test_worker_counts_beyond_the_machine_are_refused(data: dict[str, Any], key:
     for workers in (8, 64):
         validate_sections({"training": training(reservoir={"workers": workers})}, where)
         validate_sections({"training": {"task": {}, "dataloader": {"num_workers": workers}}}, where)
+
+
+@pytest.mark.parametrize(
+    ("dataloader", "key"),
+    [({"num_workers": 4}, "num_workers"), ({"persistent_workers": True}, "persistent_workers")],
+)
+def test_loader_worker_keys_a_reservoir_ignores_are_refused(
+    dataloader: dict[str, Any], key: str
+) -> None:
+    """With a reservoir, training's batches come from its workers: these keys were silently
+    ignored (a user who set num_workers: 8 trained with reservoir.workers' default 2)."""
+    message = refused({"training": training(dataloader=dataloader)})
+    assert f"cfg.yml:training.dataloader.{key}: training.dataloader.{key}" in message
+    assert "reservoir.workers" in message
+
+
+@pytest.mark.parametrize("section", ["validation", "test"])
+def test_a_reservoir_outside_training_is_refused_by_loom_check(section: str) -> None:
+    """It was refused only when a run started (the loader), after loom check passed it."""
+    data = {"training": {"task": {}}, section: training()}
+    message = refused(data)
+    assert f"cfg.yml:{section}.dataloader.reservoir: {section}.dataloader.reservoir" in message
+    assert "training only" in message

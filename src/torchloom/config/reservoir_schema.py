@@ -42,13 +42,40 @@ class ReservoirConfig(ConfigModel):
 
 
 def reservoir_problems(sections: Mapping[str, BaseModel], where: Where) -> list[Problem]:
-    """What a reservoir cannot be combined with, each naming the reservoir's key."""
+    """What a reservoir cannot be combined with, each naming the key at fault."""
+    problems = [
+        Problem(
+            where(section, "dataloader", "reservoir"),
+            f"{section}.dataloader.reservoir",
+            "is for training only (a pass that evaluates visits every sample once)",
+            "remove it here",
+        )
+        for section in ("validation", "test")
+        if getattr(getattr(sections.get(section), "dataloader", None), "reservoir", None)
+    ]
     training: Any = sections.get("training")
     reservoir = training.dataloader.reservoir if training is not None else None
     if reservoir is None:
-        return []
+        return problems
     key, shown = where("training", "dataloader", "reservoir"), "training.dataloader.reservoir"
-    problems = []
+    # Training's batches come from the reservoir's workers, so the loader's would be ignored
+    # (num_workers: 8 trained with reservoir.workers' default); passes that read the task
+    # directly (loom process, the learning-rate finder) read it in this process then.
+    loader_keys = {
+        "num_workers": training.dataloader.num_workers > 0,
+        "persistent_workers": training.dataloader.persistent_workers,
+    }
+    problems += [
+        Problem(
+            where("training", "dataloader", name),
+            f"training.dataloader.{name}",
+            "configures the loader's workers, and with a reservoir the reservoir's workers "
+            "make the training's batches (it would be ignored)",
+            f"remove {name}; {shown}.workers sets how many workers make samples",
+        )
+        for name, used in loader_keys.items()
+        if used
+    ]
     sampler = getattr(training.sampler, "type", None)
     if sampler == "kfold":
         # The reservoir's workers step the sampler by their own virtual epochs, which run
