@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from torchloom.data.reservoir import AsyncReservoir, ReservoirError, ReservoirStopped
+from torchloom.data.reservoir_workers import sample_seed
 from torchloom.errors import ConfigError, DataError
 
 
@@ -234,3 +235,13 @@ def test_workers_leave_at_once_when_the_main_process_is_killed() -> None:
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(pids) == 2 and not any(alive(pid) for pid in pids)
+
+
+def test_seeds_of_samples_runs_and_draws_never_coincide() -> None:
+    """Seeds were seed * 1_000_003 + sequence: sequence 1_000_003 + n of one run had the
+    augmentation of sequence n of the run seeded one more, and the slot draws' generator
+    (sequence 0x5E5E) the seed of sample 24158."""
+    assert sample_seed(5, 1_000_003 + 7) != sample_seed(6, 7)
+    source = reservoir(Augmented(4))
+    assert source.generator.initial_seed() not in {sample_seed(5, n) for n in range(30000)}
+    assert len({sample_seed(seed, n) for seed in range(30) for n in range(3000)}) == 30 * 3000

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from torchloom.data.reservoir_workers import POLL, sample_seed, stop_workers, work
+from torchloom.data.reservoir_workers import POLL, derived_seed, stop_workers, work
 from torchloom.errors import ConfigError
 from torchloom.host_memory import available_memory
 
@@ -94,7 +94,7 @@ class AsyncReservoir:
         self.steps = self.fresh_delivered = 0  # batches drawn; never-delivered samples in them
         # (virtual epoch, index) of every sample of every batch, when asked for (tests)
         self.deliveries: list[tuple[int, int]] | None = [] if record else None
-        self.generator = torch.Generator().manual_seed(sample_seed(seed, 0x5E5E))
+        self.generator = torch.Generator().manual_seed(derived_seed(seed, "draws"))
         self.processes: list[Any] = []
         self._finalizer: Any = None
         self.stopping: Callable[[], bool] | None = None  # next_batch's: a stop is asked

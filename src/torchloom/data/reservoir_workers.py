@@ -4,6 +4,7 @@ samples for jobs, how a sample travels back, and how they are stopped."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import pickle
 import queue
@@ -21,8 +22,17 @@ from torchloom.signals import set_parent_death_signal
 POLL = 0.2  # seconds between liveness checks while waiting
 
 
+def derived_seed(seed: int, purpose: str, number: int = 0) -> int:
+    """A seed for one `purpose` ("sample", "draws") and number, from the run's seed: hashed,
+    so no two (seed, purpose, number) share one, as seed * K + number did (sequence K + n of
+    a run had sequence n's augmentation of the run seeded one more)."""
+    digest = hashlib.blake2b(f"{seed}:{purpose}:{number}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % 2**63
+
+
 def sample_seed(seed: int, sequence: int) -> int:
-    return (seed * 1_000_003 + sequence) % 2**63
+    """The seed of the augmentation of the sample with this sequence number."""
+    return derived_seed(seed, "sample", sequence)
 
 
 def _compact(value: Any) -> Any:
