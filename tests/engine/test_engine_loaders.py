@@ -185,8 +185,6 @@ def where(*keys: str) -> str:
     [
         ("validation", 8, 1, "is for training only"),
         ("training", 8, 2, "cannot be used by 2 processes"),
-        # Unbounded, a size of 1e9 passed and grew the run's memory until it was killed.
-        ("training", 11, 1, "11 is more than the 10 samples of the training set"),
     ],
 )
 def test_a_reservoir_that_cannot_work_is_a_config_error(
@@ -197,6 +195,19 @@ def test_a_reservoir_that_cannot_work_is_a_config_error(
     with pytest.raises(ConfigError, match=message) as error:
         SectionLoader(section_name, task, config, 3, where, world=world, reservoir=True)
     assert "dataloader.reservoir" in str(error.value)
+
+
+def test_a_reservoir_larger_than_its_data_works() -> None:
+    """Not refused: the same config trained on a subset of its data (`task.subset=64`, a
+    smoke test) would otherwise fail; such a reservoir holds several augmented copies of
+    each sample. What bounds a size is the memory it would take (data/reservoir.py)."""
+    loader = SectionLoader(
+        "training", ToyTask.create(size=10), reservoir_section(size=24), 3, where, reservoir=True
+    )
+    try:
+        assert len(list(loader.epoch(0))) == 3
+    finally:
+        loader.close()
 
 
 def test_a_reservoir_smaller_than_a_batch_is_refused_by_the_schema() -> None:

@@ -23,8 +23,8 @@ class ReservoirConfig(ConfigModel):
 
     size: int = Field(
         gt=0,
-        description="samples the reservoir holds (at least batch_size, at most the training "
-        "set's length)",
+        description="samples the reservoir holds (at least batch_size; bounded by the memory "
+        "they take)",
     )
     replacement_rate: float = Field(
         0.1,

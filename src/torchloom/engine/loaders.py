@@ -191,16 +191,6 @@ class SectionLoader:
                 "share of the data)",
                 "train with one process, or remove the reservoir",
             )
-        if settings.size > len(self.task):
-            # A reservoir larger than its data holds several augmented copies of each sample
-            # and makes more than a whole pass of them before the first step; unbounded, a
-            # size of 1e9 grew the run's memory until it was killed.
-            raise ConfigError.at(
-                where(self.section, "dataloader", "reservoir", "size"),
-                f"{shown}.size",
-                f"{settings.size} is more than the {len(self.task)} samples of the training set",
-                f"use a size of at most {len(self.task)} (a few batches is usual)",
-            )
         order_sampler = build_sampler(
             config.sampler,
             len(self.task),
