@@ -245,3 +245,29 @@ def test_seeds_of_samples_runs_and_draws_never_coincide() -> None:
     source = reservoir(Augmented(4))
     assert source.generator.initial_seed() not in {sample_seed(5, n) for n in range(30000)}
     assert len({sample_seed(seed, n) for seed in range(30) for n in range(3000)}) == 30 * 3000
+
+
+def test_a_deterministic_fill_stopped_midway_resumes_exactly() -> None:
+    """A run stopped during the fill saves the reservoir as it stands (some slots filled):
+    resumed, it makes the same batches as a run left alone."""
+    whole = reservoir(Augmented(40), deterministic=True)
+    try:
+        expected = [whole.next_batch(8, collate) for _ in range(5)]
+    finally:
+        whole.close()
+    first = reservoir(Augmented(40), deterministic=True)
+    try:
+        with pytest.raises(ReservoirStopped):
+            first.next_batch(8, collate, stopping=lambda: len(first.slots) >= 6)
+        state = first.state_dict()
+    finally:
+        first.close()
+    assert len(state["sequences"]) == 6
+    second = reservoir(Augmented(40), deterministic=True)
+    try:
+        second.load_state_dict(state)
+        got = [second.next_batch(8, collate, stopping=lambda: False) for _ in range(5)]
+    finally:
+        second.close()
+    for a, b in zip(expected, got, strict=True):
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["noise"], b["noise"])

@@ -182,9 +182,12 @@ class AsyncReservoir:
             raise ReservoirError(f"a reservoir worker died ({codes}; killed, or out of memory?)")
 
     def _check_stop(self) -> None:
-        # A wait for samples lasts as long as the workers need (the fill: `size` samples),
-        # and a run asked to stop must not wait for it.
-        if self.stopping is not None and self.stopping():
+        # The fill (or the remaking of the slots on resume) waits for `size` samples, and a
+        # run asked to stop must not wait for it. Only then: a deterministic step's take,
+        # cut short, would leave a state between two steps that no resume repeats exactly,
+        # and it waits for one step's quota alone.
+        filling = len(self.slots) < self.size or bool(self.refill)
+        if filling and self.stopping is not None and self.stopping():
             raise ReservoirStopped("the reservoir's wait for samples was stopped by a signal")
 
     # ---- the reservoir ---------------------------------------------------------------------
@@ -241,7 +244,7 @@ class AsyncReservoir:
     ) -> Any:
         """A batch of `batch_size` samples (at most `size`): the first call waits until the
         reservoir is full; later ones take in what arrived (up to the step's quota) and
-        never wait, unless `deterministic`. A wait ends with ReservoirStopped as soon as
+        never wait, unless `deterministic`. The fill ends with ReservoirStopped as soon as
         `stopping()` is true (polled every sample and every fraction of a second)."""
         if batch_size > self.size:
             raise ValueError(f"a batch of {batch_size} exceeds the reservoir's {self.size}")
