@@ -271,3 +271,25 @@ def test_a_deterministic_fill_stopped_midway_resumes_exactly() -> None:
         second.close()
     for a, b in zip(expected, got, strict=True):
         assert torch.equal(a["index"], b["index"]) and torch.equal(a["noise"], b["noise"])
+
+
+def test_a_deterministic_state_continues_the_stream_of_a_reservoir_that_is_not() -> None:
+    """A run resumed with `deterministic: false` from a deterministic one's last.pt (one
+    saved by an older torchloom too, without `stream`) continues its data where it stood."""
+    first = reservoir(Augmented(40), deterministic=True, workers=1)
+    try:
+        for _ in range(3):
+            first.next_batch(8, collate)
+        state = first.state_dict()
+    finally:
+        first.close()
+    for saved in (state, {k: v for k, v in state.items() if k not in ("stream", "deterministic")}):
+        second = reservoir(Augmented(40), workers=1)
+        try:
+            assert not second.load_state_dict(saved)
+            second.next_batch(8, collate)
+        finally:
+            second.close()
+        assert second.deliveries is not None
+        assert all(epoch == 0 for epoch, _ in second.deliveries)
+        assert [i for _, i in second.deliveries] != order_of(40)(0)[:8]

@@ -310,7 +310,9 @@ class AsyncReservoir:
         self.generator.set_state(state["generator"])
         self.steps, self.fresh_delivered = state["steps"], state["fresh_delivered"]
         if not (self.deterministic and state.get("deterministic", True)):
-            sequence, self.virtual_epoch, self.position = state["stream"]
+            # A deterministic state saved before `stream` was: its next job's place.
+            stream = state.get("stream") or [state["taken"], *state["next"]]
+            sequence, self.virtual_epoch, self.position = stream
             self.taken = self.issued = sequence
             self.current = list(self.order(self.virtual_epoch))
             return False
