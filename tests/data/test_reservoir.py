@@ -293,3 +293,24 @@ def test_a_deterministic_state_continues_the_stream_of_a_reservoir_that_is_not()
         assert second.deliveries is not None
         assert all(epoch == 0 for epoch, _ in second.deliveries)
         assert [i for _, i in second.deliveries] != order_of(40)(0)[:8]
+
+
+def test_a_deterministic_step_that_fails_takes_none_of_its_samples_in() -> None:
+    """A step cut short (a worker failed or died while a stop was pending: the run then saves
+    last.pt and ends interrupted) must leave the reservoir as the last step left it, or the
+    resume it promises to be exact is not."""
+    failing = order_of(50)(0)[17]  # the second of the second step's four new samples
+    source = reservoir(Augmented(50, fail_at=failing), deterministic=True, workers=1)
+    try:
+        source.next_batch(8, collate)  # the fill: positions 0 to 15
+        before = source.state_dict()
+        with pytest.raises(ReservoirError, match=f"failed on sample {failing}"):
+            source.next_batch(8, collate)
+        after = source.state_dict()
+    finally:
+        source.close()
+    assert (after["taken"], after["sequences"], after["fresh"]) == (
+        before["taken"],
+        before["sequences"],
+        before["fresh"],
+    )

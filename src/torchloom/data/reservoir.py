@@ -195,6 +195,8 @@ class AsyncReservoir:
         """Take up to `count` arrived samples in (deterministic: exactly `count`, in sequence
         order, waiting for them), into empty slots first, then over delivered ones; never
         over a sample not yet delivered."""
+        if self.deterministic and len(self.slots) == self.size:
+            self._await_in_order(count)
         taken = 0
         while taken < count and (len(self.slots) < self.size or self.stale):
             if block:
@@ -207,6 +209,16 @@ class AsyncReservoir:
             self._place(sequence, index, sample)
             self.taken, taken = self.taken + 1, taken + 1
         self._issue()
+
+    def _await_in_order(self, count: int) -> None:
+        """A deterministic step's new samples, every one arrived before any is taken in: a
+        step cut short (a worker failed or died while a stop was pending, and the run saves
+        last.pt) then leaves the reservoir as the last step left it, which a resume repeats
+        exactly. (The fill may stop midway: it takes its samples in order, nothing else.)"""
+        self._issue()  # at least a step's quota of jobs out (prefetch >= quota)
+        wanted = range(self.taken, min(self.taken + count, self.issued))
+        while any(sequence not in self.waiting for sequence in wanted):
+            self._receive(block=True)
 
     def _next_arrival(self, block: bool) -> int | None:
         if self.deterministic:
