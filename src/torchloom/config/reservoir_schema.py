@@ -99,7 +99,7 @@ def reservoir_problems(sections: Mapping[str, BaseModel], where: Where) -> list[
                 f"{shown}.deterministic",
                 "is false, and training.deterministic is true: which samples a step draws "
                 "would follow the workers' timing, so the run would not depend on its seed alone",
-                f"set {shown}.deterministic: true (slower when the workers are), or "
+                f"set {shown}.deterministic: true (a step then waits for its samples), or "
                 "training.deterministic: false",
             )
         )
