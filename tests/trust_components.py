@@ -16,7 +16,7 @@ from pydantic import Field
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams, Statistic
 from torchloom.core.streams import Dim, StreamSpec
 from torchloom.errors import ConfigError
-from toy_components import ToyLinear
+from toy_components import ToyLinear, ToyTask
 
 
 class FailsAtStep(Component):
@@ -220,3 +220,33 @@ class PutsInPlace(ToyLinear):
     def forward(self, inputs: Batch) -> Batch:
         torch.zeros(3).put_(torch.tensor([1]), torch.tensor([2.0]))
         return super().forward(inputs)
+
+
+class TerminatedLoader(ToyTask):
+    """A task whose loader fails on its `at`-th batch, as a loader whose workers a SIGTERM
+    sent to the whole process group killed: the run's process gets the signal too, first."""
+
+    class Params(ToyTask.Params):
+        at: int = Field(3, gt=0)
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.fetches = 0
+
+    def fetch(self, indices: Any) -> Batch:
+        self.fetches += 1
+        if self.fetches == self.params.at:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once, in this (the main) thread
+            raise RuntimeError("DataLoader worker (pid 1) is killed by signal: Terminated.")
+        return super().fetch(indices)
+
+
+class SlowSamples(ToyTask):
+    """A task whose every sample takes `delay` seconds to make (a slow augmentation)."""
+
+    class Params(ToyTask.Params):
+        delay: float = Field(0.5, gt=0)
+
+    def __getitem__(self, index: int) -> Batch:
+        time.sleep(self.params.delay)
+        return super().__getitem__(index)

@@ -9,6 +9,7 @@ is refused, in lists, tuples and mappings of numbers too.
 
 from __future__ import annotations
 
+import os
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -108,3 +109,24 @@ def _item_types(annotation: Any, mapping: bool) -> list[Any]:
         ):
             items.extend(args)
     return items
+
+
+def most_workers() -> int:
+    """The most worker processes a loader or a reservoir may start on this machine: four per
+    CPU this process may use, and never fewer than 64 (a config written for a larger
+    machine stays usable here)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(64, 4 * (cpus or 1))
+
+
+def refuse_too_many_workers(value: int) -> int:
+    """A field validator (mode "after") of a count of worker processes: beyond
+    `most_workers()`, a run would fork until the machine gave out."""
+    bound = most_workers()
+    if value > bound:
+        raise PydanticCustomError(
+            "too_many_workers",
+            f"{value} worker processes are far more than this machine's CPUs can use: use at "
+            f"most {bound} (4 per CPU; a few per CPU is usual)",
+        )
+    return value

@@ -15,6 +15,9 @@ same size but grew the heap, and a Sort-of-CLEVR training process grew by a GiB 
 
 torch reads the variable once, when it starts, so it is set before torch is imported: the `loom`
 command does so; a Python program sets it itself. This module must not import torch.
+
+`available_memory()`: the host memory a run can still take, for checks that refuse what
+cannot fit before it is allocated (an asynchronous reservoir's size).
 """
 
 from __future__ import annotations
@@ -44,3 +47,26 @@ def huge_page_tensors_in_effect() -> bool:
     page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
     blocks = [torch.empty(2**19 + 1024 * n) for n in range(4)]  # 2 MiB and a little more
     return all(block.data_ptr() % page == 0 for block in blocks)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still take without swapping: the kernel's
+    MemAvailable, and no more than its cgroup's limit leaves (a container, a Slurm job);
+    None where neither is known."""
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            found += [
+                int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:")
+            ]
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # cgroup v2: the limit, less what the group uses already ("max": no limit)
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as limit:
+            text = limit.read().strip()
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as current:
+            if text != "max":
+                found.append(max(0, int(text) - int(current.read().strip())))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None

@@ -3,6 +3,10 @@ deterministic in its test mode, never waiting once full, and no worker outliving
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -10,8 +14,9 @@ from typing import Any
 import pytest
 import torch
 
-from torchloom.data.reservoir import AsyncReservoir, ReservoirError
-from torchloom.errors import DataError
+from torchloom.data.reservoir import AsyncReservoir, ReservoirError, ReservoirStopped
+from torchloom.data.reservoir_workers import sample_seed
+from torchloom.errors import ConfigError, DataError
 
 
 class Augmented:
@@ -148,3 +153,164 @@ def test_the_deterministic_mode_continues_exactly_from_its_state() -> None:
         second.close()
     for a, b in zip(expected, got, strict=True):
         assert torch.equal(a["index"], b["index"]) and torch.equal(a["noise"], b["noise"])
+
+
+def test_workers_killed_after_the_fill_end_the_training_with_an_error() -> None:
+    """Once full, a step takes in what arrived without waiting, so workers killed then were
+    noticed by nobody: training went on drawing the same samples and ended successfully."""
+    source = reservoir(Augmented(40))
+    try:
+        source.next_batch(8, collate)
+        for process in source.processes:
+            os.kill(process.pid, signal.SIGKILL)
+            process.join(timeout=5)
+        with pytest.raises(ReservoirError, match="reservoir worker died"):
+            source.next_batch(8, collate)
+    finally:
+        source.close()
+
+
+def test_a_stop_during_the_fill_ends_it_at_once() -> None:
+    """The first batch waits for a full reservoir: a stop signal during that wait waited for
+    the whole fill (for ever with a huge size)."""
+    source = reservoir(Augmented(40, delay=0.25))  # the fill: 16 * 0.25 / 2 = 2 s
+    started = time.monotonic()
+    try:
+        with pytest.raises(ReservoirStopped, match="stop"):
+            source.next_batch(8, collate, stopping=lambda: time.monotonic() > started + 0.3)
+        assert time.monotonic() - started < 1.0
+    finally:
+        source.close()
+    assert time.monotonic() - started < 1.6  # the jobs not started are dropped
+
+
+def test_a_reservoir_larger_than_the_memory_available_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured on the first sample that arrives, before the fill takes the memory."""
+    monkeypatch.setattr("torchloom.data.reservoir.available_memory", lambda: 2000)
+    source = reservoir(Augmented(40), where="cfg.yml:7")
+    try:
+        with pytest.raises(ConfigError) as error:
+            source.next_batch(8, collate)
+    finally:
+        source.close()
+    message = str(error.value)
+    assert "cfg.yml:7: training.dataloader.reservoir.size: 16 samples of about" in message
+    assert "use a size of at most" in message
+
+
+ORPHANING = """
+import sys, time
+from torchloom.data.reservoir import AsyncReservoir
+
+class Slow:
+    def __len__(self):
+        return 100
+    def __getitem__(self, index):
+        time.sleep(0.5)
+        return index
+
+source = AsyncReservoir(Slow(), lambda epoch: list(range(100)), size=16, replacement_rate=1.0,
+                        workers=2, seed=1)
+source.start()
+source._issue()  # 32 jobs queued: 8 s of work for two workers
+print(*(p.pid for p in source.processes), flush=True)
+time.sleep(60)
+"""
+
+
+def test_workers_leave_at_once_when_the_main_process_is_killed() -> None:
+    """They noticed a dead parent only when their job queue ran dry: every queued job was
+    made for nobody first (22 s seen)."""
+    main = subprocess.Popen([sys.executable, "-c", ORPHANING], stdout=subprocess.PIPE, text=True)
+    try:
+        assert main.stdout is not None
+        pids = [int(pid) for pid in main.stdout.readline().split()]
+        time.sleep(0.3)  # the workers are making their first samples
+    finally:
+        main.kill()
+        main.wait()
+    deadline = time.monotonic() + 1.5
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(pids) == 2 and not any(alive(pid) for pid in pids)
+
+
+def test_seeds_of_samples_runs_and_draws_never_coincide() -> None:
+    """Seeds were seed * 1_000_003 + sequence: sequence 1_000_003 + n of one run had the
+    augmentation of sequence n of the run seeded one more, and the slot draws' generator
+    (sequence 0x5E5E) the seed of sample 24158."""
+    assert sample_seed(5, 1_000_003 + 7) != sample_seed(6, 7)
+    source = reservoir(Augmented(4))
+    assert source.generator.initial_seed() not in {sample_seed(5, n) for n in range(30000)}
+    assert len({sample_seed(seed, n) for seed in range(30) for n in range(3000)}) == 30 * 3000
+
+
+def test_a_deterministic_fill_stopped_midway_resumes_exactly() -> None:
+    """A run stopped during the fill saves the reservoir as it stands (some slots filled):
+    resumed, it makes the same batches as a run left alone."""
+    whole = reservoir(Augmented(40), deterministic=True)
+    try:
+        expected = [whole.next_batch(8, collate) for _ in range(5)]
+    finally:
+        whole.close()
+    first = reservoir(Augmented(40), deterministic=True)
+    try:
+        with pytest.raises(ReservoirStopped):
+            first.next_batch(8, collate, stopping=lambda: len(first.slots) >= 6)
+        state = first.state_dict()
+    finally:
+        first.close()
+    assert len(state["sequences"]) == 6
+    second = reservoir(Augmented(40), deterministic=True)
+    try:
+        second.load_state_dict(state)
+        got = [second.next_batch(8, collate, stopping=lambda: False) for _ in range(5)]
+    finally:
+        second.close()
+    for a, b in zip(expected, got, strict=True):
+        assert torch.equal(a["index"], b["index"]) and torch.equal(a["noise"], b["noise"])
+
+
+def test_a_deterministic_state_continues_the_stream_of_a_reservoir_that_is_not() -> None:
+    """A run resumed with `deterministic: false` from a deterministic one's last.pt (one
+    saved by an older torchloom too, without `stream`) continues its data where it stood."""
+    first = reservoir(Augmented(40), deterministic=True, workers=1)
+    try:
+        for _ in range(3):
+            first.next_batch(8, collate)
+        state = first.state_dict()
+    finally:
+        first.close()
+    for saved in (state, {k: v for k, v in state.items() if k not in ("stream", "deterministic")}):
+        second = reservoir(Augmented(40), workers=1)
+        try:
+            assert not second.load_state_dict(saved)
+            second.next_batch(8, collate)
+        finally:
+            second.close()
+        assert second.deliveries is not None
+        assert all(epoch == 0 for epoch, _ in second.deliveries)
+        assert [i for _, i in second.deliveries] != order_of(40)(0)[:8]
+
+
+def test_a_deterministic_step_that_fails_takes_none_of_its_samples_in() -> None:
+    """A step cut short (a worker failed or died while a stop was pending: the run then saves
+    last.pt and ends interrupted) must leave the reservoir as the last step left it, or the
+    resume it promises to be exact is not."""
+    failing = order_of(50)(0)[17]  # the second of the second step's four new samples
+    source = reservoir(Augmented(50, fail_at=failing), deterministic=True, workers=1)
+    try:
+        source.next_batch(8, collate)  # the fill: positions 0 to 15
+        before = source.state_dict()
+        with pytest.raises(ReservoirError, match=f"failed on sample {failing}"):
+            source.next_batch(8, collate)
+        after = source.state_dict()
+    finally:
+        source.close()
+    assert (after["taken"], after["sequences"], after["fresh"]) == (
+        before["taken"],
+        before["sequences"],
+        before["fresh"],
+    )

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from e2e_helpers import LOOM, only_run, summary
 
@@ -25,15 +26,22 @@ ENV = {
 }
 
 
-def reservoir_config(folder: Path, epochs: int = 2, **reservoir: Any) -> Path:
+def reservoir_config(
+    folder: Path, epochs: int = 2, loader_workers: int = 0, **reservoir: Any
+) -> Path:
+    """A toy run with a reservoir; with `loader_workers`, with that many DataLoader workers
+    instead."""
+    dataloader: dict[str, Any] = {
+        "batch_size": 8,
+        "reservoir": {"size": 16, "replacement_rate": 0.25, "workers": 2, **reservoir},
+    }
+    if loader_workers:
+        dataloader = {"batch_size": 8, "num_workers": loader_workers}
     config: dict[str, Any] = {
         "name": "toy",
         "training": {
             "task": {"type": "toy_components:ToyTask", "size": 44},
-            "dataloader": {
-                "batch_size": 8,
-                "reservoir": {"size": 16, "replacement_rate": 0.25, "workers": 2, **reservoir},
-            },
+            "dataloader": dataloader,
             "optimizer": {"type": "SGD", "lr": 0.1},
             "seed": 3,
             "logging_interval": 2,
@@ -70,9 +78,12 @@ def alive(pid: int) -> bool:
         return False
 
 
-def watched(args: list[str], stop_when: Any = None) -> tuple[int, str, set[int]]:
+def watched(
+    args: list[str], stop_when: Any = None, signum: int = signal.SIGINT
+) -> tuple[int, str, set[int]]:
     """Run `loom` noting its child processes; with `stop_when()`, press Ctrl-C (SIGINT to its
-    whole process group, as a terminal does) once that is true."""
+    whole process group, as a terminal does), or send `signum` to the group as a scheduler
+    does, once that is true."""
     process = subprocess.Popen(
         [*LOOM, *args],
         stdout=subprocess.PIPE,
@@ -86,7 +97,7 @@ def watched(args: list[str], stop_when: Any = None) -> tuple[int, str, set[int]]
     while process.poll() is None and time.monotonic() < deadline:
         seen |= children(process.pid)
         if stop_when is not None and stop_when() and len(seen) >= 2:
-            os.killpg(process.pid, signal.SIGINT)  # Ctrl-C reaches the workers too
+            os.killpg(process.pid, signum)  # Ctrl-C reaches the workers too
             stop_when = None
         time.sleep(0.02)
     _, stderr = process.communicate(timeout=60)
@@ -147,6 +158,30 @@ def test_ctrl_c_stops_a_reservoir_run_and_its_workers(tmp_path: Path) -> None:
     assert len(seen) >= 2 and not any(alive(pid) for pid in seen)
     run = only_run(expdir)
     assert summary(run)["status"] == "interrupted"
+    assert (run / "checkpoints" / "last.pt").exists()
+
+
+@pytest.mark.parametrize("loader", ["reservoir", "num_workers"])
+def test_sigterm_to_the_process_group_interrupts_the_run(tmp_path: Path, loader: str) -> None:
+    """Slurm's scancel and systemd send SIGTERM to every process of the job: the workers
+    died of it (a reservoir's reset it to the default; a DataLoader's took the run's handler
+    as their own), and the run ended `failed` without last.pt though a stop was asked."""
+    # Deterministic: each step waits for its samples, so a dead worker is noticed at once.
+    workers = 2 if loader == "num_workers" else 0
+    config = reservoir_config(tmp_path, 100000, loader_workers=workers, deterministic=True)
+    expdir = tmp_path / "runs"
+
+    def training() -> bool:
+        return any(expdir.glob("*/*/training_statistics.csv"))
+
+    code, stderr, seen = watched(
+        ["train", str(config), "--expdir", str(expdir)], training, signal.SIGTERM
+    )
+    assert code == 130, stderr
+    assert "Traceback" not in stderr
+    assert len(seen) >= 2 and not any(alive(pid) for pid in seen)
+    run = only_run(expdir)
+    assert summary(run)["status"] == "interrupted", summary(run)["reason"]
     assert (run / "checkpoints" / "last.pt").exists()
 
 

@@ -57,8 +57,9 @@ def test_the_default_fetch_collates_the_samples() -> None:
     assert batch["labels"] == [task[i]["labels"] for i in (3, 0, 11)]
 
 
-def reservoir_section(size: int = 8) -> SectionConfig:
-    reservoir = {"size": size, "replacement_rate": 0.25, "workers": 1, "deterministic": True}
+def reservoir_section(size: int = 8, deterministic: bool = True) -> SectionConfig:
+    reservoir = {"size": size, "replacement_rate": 0.25, "workers": 1}
+    reservoir["deterministic"] = deterministic
     return SectionConfig.model_validate(
         {"task": {}, "dataloader": {"batch_size": 4, "reservoir": reservoir}}
     )
@@ -77,6 +78,45 @@ def test_a_reservoir_loader_gives_the_epochs_batches_renamed_and_stops_its_worke
     finally:
         loader.close()
     assert workers and not any(process.is_alive() for process in workers)
+
+
+def test_a_resumed_non_deterministic_reservoir_continues_its_stream() -> None:
+    """A preempted run resumed again and again trained on the first slice of its data only:
+    a non-deterministic reservoir's state was not saved, and each session's stream started
+    at the beginning. It continues where the stream stood (only the slots start afresh):
+    with one worker, samples arrive in order, so the next batch is the sampler's next."""
+    batches = []
+    states = []
+    for _ in range(2):
+        loader = SectionLoader(
+            "training",
+            ToyTask.create(size=40),
+            reservoir_section(deterministic=False),
+            3,
+            where,
+            reservoir=True,
+        )
+        assert loader.reservoir is not None
+        try:
+            if states:
+                assert "not bit-identical" in str(loader.load_reservoir_state(states[0]))
+            loader.reservoir.deliveries = []
+            epoch = iter(loader.epoch(0))
+            for _ in range(3 if not states else 1):
+                batches.append(next(epoch))
+            order = loader.reservoir.order(0)
+            delivered = list(loader.reservoir.deliveries)
+            states.append(loader.reservoir_state())
+        finally:
+            loader.close()
+        if len(states) == 1:
+            assert [i for _, i in delivered[:4]] == order[:4]
+            first_fresh = loader.reservoir.fresh_delivered
+    assert states[0] is not None
+    resumed = [i for _, i in delivered]
+    assert resumed == order[first_fresh : first_fresh + 4]  # not order[:4] again
+    inputs = ToyTask.create(size=40).inputs
+    assert torch.equal(batches[-1]["inputs"], inputs[resumed])
 
 
 def test_batches_for_a_gpu_are_pinned_reservoir_batches_too(
@@ -155,6 +195,19 @@ def test_a_reservoir_that_cannot_work_is_a_config_error(
     with pytest.raises(ConfigError, match=message) as error:
         SectionLoader(section_name, task, config, 3, where, world=world, reservoir=True)
     assert "dataloader.reservoir" in str(error.value)
+
+
+def test_a_reservoir_larger_than_its_data_works() -> None:
+    """Not refused: the same config trained on a subset of its data (`task.subset=64`, a
+    smoke test) would otherwise fail; such a reservoir holds several augmented copies of
+    each sample. What bounds a size is the memory it would take (data/reservoir.py)."""
+    loader = SectionLoader(
+        "training", ToyTask.create(size=10), reservoir_section(size=24), 3, where, reservoir=True
+    )
+    try:
+        assert len(list(loader.epoch(0))) == 3
+    finally:
+        loader.close()
 
 
 def test_a_reservoir_smaller_than_a_batch_is_refused_by_the_schema() -> None:

@@ -11,6 +11,8 @@ import logging
 import math
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -198,6 +200,51 @@ def test_a_ctrl_c_after_a_hooks_stop_is_a_first_ctrl_c() -> None:
         assert signals.by_signal and signals.status.value == "interrupted"
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_loader_failing_while_a_signal_stop_is_pending_is_an_interruption(
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM to the whole process group (Slurm's scancel) may kill the loader's workers
+    too: the run was asked to stop, so it ends `interrupted` with last.pt of its last
+    finished step, not `failed`."""
+    config = toy_config(epochs=3)
+    config["training"]["task"] = {"type": "trust_components:TerminatedLoader", "size": 40}
+    result = train(write(tmp_path, config), tmp_path / "runs")
+    stopped = summary(result.run_dir)
+    assert stopped["status"] == "interrupted", stopped["reason"]
+    assert stopped["episodes"] == 2  # the third batch never came
+    saved = load_checkpoint(result.run_dir / "checkpoints" / "last.pt")["progress"]
+    assert (saved["epoch"], saved["episode"], saved["batch_in_epoch"]) == (0, 2, 2)
+
+
+class TerminateSoon(Hook):
+    """Sends this process SIGTERM `after` seconds into the training (the reservoir's fill)."""
+
+    name = "terminate_soon"
+
+    def __init__(self, after: float) -> None:
+        self.after = after
+
+    def before_train(self, run: RunView) -> None:
+        self.started = time.monotonic()
+        threading.Timer(self.after, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+
+def test_a_stop_signal_during_the_reservoirs_fill_stops_the_run_at_once(tmp_path: Path) -> None:
+    """The first batch waits for the reservoir to fill (here 16 samples of 0.5 s with two
+    workers: 4 s); a stop signal during it waited for the whole fill."""
+    config = toy_config(
+        epochs=1,
+        dataloader={"batch_size": 8, "reservoir": {"size": 16, "workers": 2}},
+    )
+    config["training"]["task"] = {"type": "trust_components:SlowSamples", "size": 40}
+    hook = TerminateSoon(0.3)
+    result = train(write(tmp_path, config), tmp_path / "runs", hook)
+    assert time.monotonic() - hook.started < 2.0
+    stopped = summary(result.run_dir)
+    assert stopped["status"] == "interrupted" and stopped["episodes"] == 0
+    assert (result.run_dir / "checkpoints" / "last.pt").is_file()
 
 
 def test_a_finished_run_leaves_no_logger_behind(tmp_path: Path) -> None:

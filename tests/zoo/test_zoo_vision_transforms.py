@@ -238,3 +238,30 @@ def test_cutout_is_part_of_a_task_s_config(tmp_path: Path) -> None:
     assert loaded.data["training"]["task"]["transforms"]["cutout"] == 8
     with pytest.raises(pydantic.ValidationError, match="greater than 0"):
         ImageTransforms.model_validate({"cutout": 0})
+
+
+@pytest.mark.parametrize("section", ["validation", "test"])
+def test_random_steps_in_an_evaluation_task_are_a_config_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], section: str
+) -> None:
+    """A validation task copied from the training task (`task: ${training.task}`) took its
+    random crop too, and loom check accepted it: the statistics of every validation pass
+    were those of another random set."""
+    from torchloom.cli.main import main
+
+    config = tmp_path / "copied.yml"
+    config.write_text(
+        "default_configs: [loom://mnist/lenet5.yml]\n"
+        "training:\n  task: {transforms: {random_crop: {size: [28, 28], padding: 2},"
+        " horizontal_flip: 0.5}}\n"
+        f"{section}:\n  task: ${{training.task}}\n",
+        encoding="utf-8",
+    )
+    capsys.readouterr()
+    assert main(["check", str(config)]) == 2
+    message = capsys.readouterr().err
+    assert f"component '{section}.task'" in message and "Traceback" not in message
+    assert "transforms.random_crop" in message and "transforms.horizontal_flip" in message
+    assert "its own task" in message
+    config.write_text(config.read_text().replace(f"{section}:\n  task: ${{training.task}}\n", ""))
+    assert main(["check", str(config)]) == 0

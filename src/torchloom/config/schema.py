@@ -9,37 +9,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from torchloom.config.architecture_search_schema import ArchitectureSearchConfig
+from torchloom.config.reservoir_schema import ReservoirConfig, reservoir_problems
 from torchloom.config.sampler_schema import SamplerConfig
-from torchloom.config_model import ConfigModel
+from torchloom.config_model import ConfigModel, refuse_too_many_workers
 from torchloom.errors import ConfigError, Problem, Where, did_you_mean, validation_problems
 from torchloom.run_names import run_name_problem, shown
 
 
 class _Strict(ConfigModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use: faster import
-
-
-class ReservoirConfig(_Strict):
-    """`training.dataloader.reservoir`: worker processes keep a reservoir of processed
-    (augmented) samples filled, and training draws its batches from it without waiting for
-    them (data/reservoir.py)."""
-
-    size: int = Field(gt=0, description="samples the reservoir holds (at least batch_size)")
-    replacement_rate: float = Field(
-        0.1,
-        gt=0,
-        le=1,
-        description="at most this fraction of the reservoir is replaced by new samples per step",
-    )
-    workers: int = Field(2, ge=1, description="worker processes that produce samples")
-    deterministic: bool = Field(
-        False,
-        description="wait for exactly the samples a step is due (in order), so that a run does "
-        "not depend on timing: for tests and exact comparisons, slower",
-    )
 
 
 class DataLoaderConfig(_Strict):
@@ -64,6 +52,8 @@ class DataLoaderConfig(_Strict):
         "(tasks that hold their split as tensors: MNIST, Fashion-MNIST, CIFAR, "
         "Sort-of-CLEVR): no batch is built on the host or copied to a GPU in the loop",
     )
+
+    _bounded_workers = field_validator("num_workers")(refuse_too_many_workers)
 
     @model_validator(mode="after")
     def _reservoir_holds_a_batch(self) -> DataLoaderConfig:
@@ -314,6 +304,7 @@ def validate_sections(data: Mapping[str, Any], where: Where) -> dict[str, BaseMo
                 "add a validation section, or use mode: offline",
             )
         )
+    problems += reservoir_problems(sections, where)
     if "pipeline" in data and not isinstance(data["pipeline"], Mapping):
         problems.append(
             Problem(

@@ -19,9 +19,9 @@ and when augmentation is slower than training, samples are reused instead of wai
 `deterministic`: each step takes in exactly its quota of new samples, in sequence order,
 waiting for them if need be: a run then depends on the seed only (tests, comparisons).
 
-Shutdown never hangs: workers ignore SIGINT (the main process stops them), leave when the
-main process dies, and `close()` stops them with a deadline and then terminates them; it runs
-at garbage collection and interpreter exit too.
+Shutdown never hangs: workers ignore SIGINT, SIGTERM and SIGHUP (the main process stops
+them), leave when the main process dies, and `close()` stops them with a deadline and then
+kills them; it runs at garbage collection and interpreter exit too.
 """
 
 from __future__ import annotations
@@ -30,100 +30,30 @@ import multiprocessing
 import os
 import pickle
 import queue
-import random
-import signal
-import traceback
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from torchloom.errors import LoomError
+from torchloom.data.reservoir_workers import POLL, derived_seed, stop_workers, work
+from torchloom.errors import ConfigError
+from torchloom.host_memory import available_memory
 
 Sample = Any
-_POLL = 0.2  # seconds between liveness checks while waiting
 
 
 class ReservoirError(RuntimeError):
     """A worker failed (its traceback is in the message) or died."""
 
 
-def _sample_seed(seed: int, sequence: int) -> int:
-    return (seed * 1_000_003 + sequence) % 2**63
+class ReservoirStopped(ReservoirError):
+    """A wait for samples (the fill) ended by a stop request (`next_batch`'s `stopping`)."""
 
 
-def _compact(value: Any) -> Any:
-    """A sample as it travels to the main process: a tensor that views a larger storage (a
-    row of a data set held in one tensor) would be pickled with the whole storage."""
-    if isinstance(value, torch.Tensor):
-        whole = value.untyped_storage().nbytes()
-        return value.clone() if whole > value.numel() * value.element_size() else value
-    if isinstance(value, dict):
-        return {key: _compact(item) for key, item in value.items()}
-    if type(value) in (list, tuple):
-        return type(value)(_compact(item) for item in value)
-    return value
-
-
-def _packed(sample: Any) -> bytes:
-    """A sample as bytes, tensors by value. Not through torch's shared-memory pickling: each
-    tensor would cost a round trip to a helper thread of this worker, which waits for the
-    GIL while the worker augments (milliseconds a tensor, on the training's side)."""
-    return pickle.dumps(_compact(sample), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
-    """A worker: fetch samples for jobs until told to stop or the parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    # A forked worker inherits the run's SIGTERM handler (a graceful stop of the training):
-    # here SIGTERM, which close() sends after its grace period, must end the worker.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    torch.set_num_threads(1)
-    results.cancel_join_thread()  # exit at once even when nobody reads what is queued
-    while True:
-        try:
-            job = jobs.get(timeout=_POLL)
-        except queue.Empty:
-            if os.getppid() != parent:
-                return
-            continue
-        if job is None:
-            return
-        sequence, index = job
-        try:
-            value = _sample_seed(seed, sequence)
-            torch.manual_seed(value)
-            random.seed(value)
-            np.random.seed(value % 2**32)
-            results.put((sequence, index, _packed(dataset[index]), None))
-        except LoomError as error:  # the user's to fix: its problems, raised again in training
-            results.put((sequence, index, None, (type(error), error.problems)))
-        except Exception:
-            results.put((sequence, index, None, traceback.format_exc()))
-
-
-def _stop(processes: list[Any], jobs: Any, results: Any) -> None:
-    """Stop the workers: a sentinel each, a short grace, then terminate; never blocks long."""
-    for _ in processes:
-        try:
-            jobs.put_nowait(None)
-        except Exception:
-            break
-    for process in processes:
-        process.join(timeout=2.0)
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-            process.join(timeout=2.0)
-        if process.is_alive():
-            process.kill()
-            process.join()
-    for channel in (jobs, results):
-        channel.cancel_join_thread()
-        channel.close()
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.3g} MiB"
 
 
 class AsyncReservoir:
@@ -138,10 +68,13 @@ class AsyncReservoir:
         seed: int,
         deterministic: bool = False,
         record: bool = False,
+        where: str = "",
     ) -> None:
         """`dataset[index]` gives a processed sample (it is copied into each worker);
-        `order(virtual_epoch)` the indices of one pass over the data."""
-        self.dataset, self.order = dataset, order
+        `order(virtual_epoch)` the indices of one pass over the data; `where` the config's
+        place of `size`, for an error that names it."""
+        self.dataset, self.order, self.where = dataset, order, where
+        self.sample_bytes: int | None = None  # the first sample's, for the memory estimate
         self.size, self.workers, self.seed = size, workers, seed
         self.deterministic = deterministic
         self.quota = max(1, int(replacement_rate * size))  # new samples per step, at most
@@ -152,6 +85,7 @@ class AsyncReservoir:
         self.stale: list[int] = []  # slots delivered at least once (replaceable)
         self.waiting: dict[int, tuple[int, Sample]] = {}  # arrived, not yet taken in
         self.sequences: list[int] = []  # each slot's sequence number (its augmentation seed)
+        self.positions: list[tuple[int, int]] = []  # each slot's (virtual epoch, position)
         self.job_of: dict[int, tuple[int, int]] = {}  # (virtual epoch, position) of jobs out
         self.refill: dict[int, int] = {}  # after load_state_dict: sequence -> slot to remake
         self.issued = 0  # jobs handed out
@@ -160,9 +94,10 @@ class AsyncReservoir:
         self.steps = self.fresh_delivered = 0  # batches drawn; never-delivered samples in them
         # (virtual epoch, index) of every sample of every batch, when asked for (tests)
         self.deliveries: list[tuple[int, int]] | None = [] if record else None
-        self.generator = torch.Generator().manual_seed(_sample_seed(seed, 0x5E5E))
+        self.generator = torch.Generator().manual_seed(derived_seed(seed, "draws"))
         self.processes: list[Any] = []
         self._finalizer: Any = None
+        self.stopping: Callable[[], bool] | None = None  # next_batch's: a stop is asked
 
     # ---- workers ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -173,14 +108,16 @@ class AsyncReservoir:
         self.jobs, self.results = context.Queue(), context.Queue()
         for number in range(self.workers):
             process = context.Process(
-                target=_work,
+                target=work,
                 args=(self.dataset, self.seed, self.jobs, self.results, os.getpid()),
                 name=f"torchloom-reservoir-{number}",
                 daemon=True,
             )
             process.start()
             self.processes.append(process)
-        self._finalizer = weakref.finalize(self, _stop, self.processes, self.jobs, self.results)
+        self._finalizer = weakref.finalize(
+            self, stop_workers, self.processes, self.jobs, self.results
+        )
 
     def close(self) -> None:
         """Stop the workers (idempotent; also at garbage collection and exit)."""
@@ -205,28 +142,65 @@ class AsyncReservoir:
     def _receive(self, block: bool) -> bool:
         """One result into `waiting`; False when none came (not blocking, or a poll passed)."""
         try:
-            sequence, index, sample, failure = self.results.get(block, _POLL if block else None)
+            sequence, index, sample, failure = self.results.get(block, POLL if block else None)
         except queue.Empty:
-            if block and not all(p.is_alive() for p in self.processes):
-                raise ReservoirError(
-                    "a reservoir worker died (killed, or out of memory?)"
-                ) from None
+            if block:
+                self._check_workers()
+                self._check_stop()
             return False
         if isinstance(failure, tuple):
             kind, problems = failure
             raise kind(problems)
         if failure is not None:
             raise ReservoirError(f"a reservoir worker failed on sample {index}:\n{failure}")
+        if self.sample_bytes is None:
+            self.sample_bytes = len(sample)
+            self._check_memory(len(sample))
         self.waiting[sequence] = (index, pickle.loads(sample))
         return True
+
+    def _check_memory(self, sample_bytes: int) -> None:
+        """The reservoir's memory, estimated from its first sample, against the memory the
+        machine has left: a size that cannot fit is refused before the fill takes it (half
+        at most: the training needs its own)."""
+        need, available = sample_bytes * self.size, available_memory()
+        if available is None or need <= available // 2:
+            return
+        raise ConfigError.at(
+            self.where,
+            "training.dataloader.reservoir.size",
+            f"{self.size} samples of about {_mib(sample_bytes)} each need about {_mib(need)}, "
+            f"more than half of the {_mib(available)} of memory available",
+            f"use a size of at most {max(1, available // 2 // sample_bytes)}",
+        )
+
+    def _check_workers(self) -> None:
+        # A worker killed (the OOM killer, kill -9) sends nothing; a waitpid per worker.
+        dead = [process for process in self.processes if not process.is_alive()]
+        if dead:
+            codes = ", ".join(f"{p.name}: exit code {p.exitcode}" for p in dead)
+            raise ReservoirError(f"a reservoir worker died ({codes}; killed, or out of memory?)")
+
+    def _check_stop(self) -> None:
+        # The fill (or the remaking of the slots on resume) waits for `size` samples, and a
+        # run asked to stop must not wait for it. Only then: a deterministic step's take,
+        # cut short, would leave a state between two steps that no resume repeats exactly,
+        # and it waits for one step's quota alone.
+        filling = len(self.slots) < self.size or bool(self.refill)
+        if filling and self.stopping is not None and self.stopping():
+            raise ReservoirStopped("the reservoir's wait for samples was stopped by a signal")
 
     # ---- the reservoir ---------------------------------------------------------------------
     def _take(self, count: int, block: bool) -> None:
         """Take up to `count` arrived samples in (deterministic: exactly `count`, in sequence
         order, waiting for them), into empty slots first, then over delivered ones; never
         over a sample not yet delivered."""
+        if self.deterministic and len(self.slots) == self.size:
+            self._await_in_order(count)
         taken = 0
         while taken < count and (len(self.slots) < self.size or self.stale):
+            if block:
+                self._check_stop()
             self._issue()
             sequence = self._next_arrival(block)
             if sequence is None:
@@ -235,6 +209,16 @@ class AsyncReservoir:
             self._place(sequence, index, sample)
             self.taken, taken = self.taken + 1, taken + 1
         self._issue()
+
+    def _await_in_order(self, count: int) -> None:
+        """A deterministic step's new samples, every one arrived before any is taken in: a
+        step cut short (a worker failed or died while a stop was pending, and the run saves
+        last.pt) then leaves the reservoir as the last step left it, which a resume repeats
+        exactly. (The fill may stop midway: it takes its samples in order, nothing else.)"""
+        self._issue()  # at least a step's quota of jobs out (prefetch >= quota)
+        wanted = range(self.taken, min(self.taken + count, self.issued))
+        while any(sequence not in self.waiting for sequence in wanted):
+            self._receive(block=True)
 
     def _next_arrival(self, block: bool) -> int | None:
         if self.deterministic:
@@ -251,6 +235,7 @@ class AsyncReservoir:
         if len(self.slots) < self.size:
             self.slots.append(sample)
             self.origins.append((0, 0))
+            self.positions.append((0, 0))
             self.sequences.append(sequence)
             slot = len(self.slots) - 1
         else:
@@ -259,16 +244,27 @@ class AsyncReservoir:
             self.stale[pick] = self.stale[-1]
             self.stale.pop()
             self.slots[slot], self.sequences[slot] = sample, sequence
-        self.origins[slot] = (self.job_of.pop(sequence)[0], index)
+        self.positions[slot] = self.job_of.pop(sequence)
+        self.origins[slot] = (self.positions[slot][0], index)
         self.fresh.append(slot)
 
-    def next_batch(self, batch_size: int, collate: Callable[[list[Sample]], Any]) -> Any:
+    def next_batch(
+        self,
+        batch_size: int,
+        collate: Callable[[list[Sample]], Any],
+        stopping: Callable[[], bool] | None = None,
+    ) -> Any:
         """A batch of `batch_size` samples (at most `size`): the first call waits until the
         reservoir is full; later ones take in what arrived (up to the step's quota) and
-        never wait, unless `deterministic`."""
+        never wait, unless `deterministic`. The fill ends with ReservoirStopped as soon as
+        `stopping()` is true (polled every sample and every fraction of a second)."""
         if batch_size > self.size:
             raise ValueError(f"a batch of {batch_size} exceeds the reservoir's {self.size}")
+        self.stopping = stopping
         self.start()
+        # Every step: once full, a step takes in only what arrived, without waiting, so dead
+        # workers would otherwise leave training drawing the same samples to its end.
+        self._check_workers()
         if self.refill:
             self._remake()
         if len(self.slots) < self.size:
@@ -286,17 +282,21 @@ class AsyncReservoir:
             self.deliveries.extend(self.origins[slot] for slot in chosen)
         return collate([self.slots[slot] for slot in chosen])
 
-    # ---- exact resume (deterministic mode) --------------------------------------------------
+    # ---- resume ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the reservoir stands: which sample (sequence number, index) each slot holds,
-        which are not yet delivered, the draws' generator and the next job. Samples are not
-        saved: they are made again from (seed, sequence number), so this is exact only in
-        the deterministic mode, where what arrives when does not matter."""
+        which are not yet delivered, the draws' generator and the next job; and where its
+        stream stands (`stream`). Samples are not saved: they are made again from (seed,
+        sequence number), so this is exact only in the deterministic mode, where what
+        arrives when does not matter; the other mode continues the stream."""
         following = self.job_of.get(self.taken, (self.virtual_epoch, self.position))
         return {
+            "deterministic": self.deterministic,
+            "stream": list(self._stream_point()),
             "taken": self.taken,
             "next": list(following),
             "sequences": list(self.sequences),
+            "positions": [list(position) for position in self.positions],
             "origins": [list(origin) for origin in self.origins],
             "fresh": list(self.fresh),
             "stale": list(self.stale),
@@ -305,20 +305,42 @@ class AsyncReservoir:
             "fresh_delivered": self.fresh_delivered,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from `state_dict()`; the slots' samples are made again by the workers at
-        the next batch."""
+    def _stream_point(self) -> tuple[int, int, int]:
+        """(sequence number, virtual epoch, position) of the oldest sample not yet delivered:
+        a slot's, or a job's not yet taken in; the next job's when there is none. A stream
+        continued from there skips no sample (a later one already delivered, arrived out of
+        order, is delivered again)."""
+        pending = [(sequence, *job) for sequence, job in self.job_of.items()]
+        pending += [(self.sequences[slot], *self.positions[slot]) for slot in self.fresh]
+        return min(pending, default=(self.issued, self.virtual_epoch, self.position))
+
+    def load_state_dict(self, state: dict[str, Any]) -> bool:
+        """Continue from `state_dict()`, on a reservoir that has drawn nothing yet. True when
+        exact (the deterministic mode, from a deterministic state): the slots' samples are
+        made again by the workers at the next batch. Otherwise the stream continues where it
+        stood, into empty slots (a sequence number is a sample's seed: kept, not reused)."""
+        self.generator.set_state(state["generator"])
+        self.steps, self.fresh_delivered = state["steps"], state["fresh_delivered"]
+        if not (self.deterministic and state.get("deterministic", True)):
+            # A deterministic state saved before `stream` was: its next job's place.
+            stream = state.get("stream") or [state["taken"], *state["next"]]
+            sequence, self.virtual_epoch, self.position = stream
+            self.taken = self.issued = sequence
+            self.current = list(self.order(self.virtual_epoch))
+            return False
         self.taken = self.issued = state["taken"]
         self.virtual_epoch, self.position = state["next"]
         self.current = list(self.order(self.virtual_epoch))
         self.sequences = list(state["sequences"])
         self.origins = [(int(e), int(i)) for e, i in state["origins"]]
+        # A state saved before positions were: the next job's stands in for them.
+        default = [state["next"]] * len(self.origins)
+        self.positions = [(int(e), int(p)) for e, p in state.get("positions", default)]
         self.slots = [None] * len(self.sequences)
         self.fresh, self.stale = deque(state["fresh"]), list(state["stale"])
-        self.generator.set_state(state["generator"])
-        self.steps, self.fresh_delivered = state["steps"], state["fresh_delivered"]
         self.job_of, self.waiting = {}, {}
         self.refill = {sequence: slot for slot, sequence in enumerate(self.sequences)}
+        return True
 
     def _remake(self) -> None:
         for sequence, slot in self.refill.items():

@@ -20,6 +20,7 @@ import hashlib
 import os
 import random
 import re
+import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import torch
 from torchloom.data.atomic_files import atomic_file, sync_folder
 from torchloom.engine import sharded
 from torchloom.errors import ConfigError, DataError, StorageError
+from torchloom.signals import set_parent_death_signal
 
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)  # format 1: before digests (still resumable)
@@ -232,7 +234,16 @@ def seed_everything(seed: int) -> None:
 
 def worker_init(worker_id: int) -> None:
     """Seed python and numpy in a loader worker from torch's per-worker seed (which torch
-    derives from the loader's own generator), so augmentations are reproducible."""
+    derives from the loader's own generator), so augmentations are reproducible; leave stop
+    signals to the main process."""
+    # A stop signal sent to the whole process group (Ctrl-C, Slurm's scancel, systemd) is
+    # the main process's to handle: torch's workers die of a SIGTERM not sent by their
+    # parent, which failed a run asked to stop gracefully. The main process stops them (a
+    # sentinel); they leave with it (torch's watchdog; the parent-death signal).
+    for signum in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is not None:
+            signal.signal(signum, signal.SIG_IGN)
+    set_parent_death_signal(signal.SIGKILL)
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)

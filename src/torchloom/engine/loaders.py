@@ -20,6 +20,7 @@ from torchloom.data.rank_shard import RankShard
 from torchloom.data.reservoir import AsyncReservoir
 from torchloom.data.samplers import ResumableSampler, build_sampler
 from torchloom.engine.checkpoint import worker_init
+from torchloom.engine.epoch_batches import ReservoirEpoch, StopAwareBatches, StopRequest
 from torchloom.errors import ConfigError, Problem, Where
 
 
@@ -213,11 +214,25 @@ class SectionLoader:
             workers=settings.workers,
             seed=self.seed,
             deterministic=settings.deterministic,
+            where=where(self.section, "dataloader", "reservoir", "size"),
         )
 
-    def epoch(self, epoch: int, start_batch: int = 0) -> Iterable[Any]:
+    def stoppable(self, epoch: int, start_batch: int, signals: StopRequest) -> StopAwareBatches:
+        """`epoch()` for a training loop that `signals` can ask to stop: a wait for the
+        reservoir's samples ends at once, and a loader failing while a stop is pending ends
+        the epoch early (see StopAwareBatches)."""
+
+        def stopping() -> bool:
+            return signals.by_signal
+
+        return StopAwareBatches(self.epoch(epoch, start_batch, stopping), stopping)
+
+    def epoch(
+        self, epoch: int, start_batch: int = 0, stopping: Callable[[], bool] | None = None
+    ) -> Iterable[Any]:
         """The loader for `epoch`, skipping its first `start_batch` batches (resume). With a
-        reservoir, the epoch's number of batches drawn from it."""
+        reservoir, the epoch's number of batches drawn from it (a wait for its samples ends
+        when `stopping()` is true)."""
         if self.reservoir is not None:
             return ReservoirEpoch(
                 self.reservoir,
@@ -225,6 +240,7 @@ class SectionLoader:
                 self.config.batch_size,
                 self._collate_samples,
                 pin=self.pin_memory,
+                stopping=stopping,
             )
         self.sampler.set_epoch(epoch)
         # A save after the epoch's last batch, shorter than batch_size when the epoch does
@@ -258,24 +274,27 @@ class SectionLoader:
         return self.collate(self.task.collate(samples))
 
     def reservoir_state(self) -> dict[str, Any] | None:
-        """The reservoir's state for a checkpoint: only a deterministic one resumes exactly
-        (engine/resume), so only its state is kept; None otherwise."""
-        reservoir = self.reservoir
-        if reservoir is None or not reservoir.deterministic:
-            return None
-        return reservoir.state_dict()
+        """The reservoir's state for a checkpoint, in every mode: a deterministic one resumes
+        exactly, the other continues its stream (a run preempted and resumed again and
+        again would otherwise train on the first samples of its data alone); None without."""
+        return None if self.reservoir is None else self.reservoir.state_dict()
 
     def load_reservoir_state(self, state: dict[str, Any] | None) -> str | None:
-        """Continue the reservoir from a checkpoint's state; a note for the run's log when a
-        reservoir starts afresh instead (the resumed run is then not bit-identical)."""
+        """Continue the reservoir from a checkpoint's state; a note for the run's log when the
+        resumed run is not bit-identical to one left alone."""
         if self.reservoir is None:
             return None
-        if state is None or not self.reservoir.deterministic:
+        if state is None:  # a checkpoint from before reservoirs' states were saved
             return (
-                "the reservoir starts afresh: a run resumed with a non-deterministic reservoir "
-                "is not bit-identical to one left alone (reservoir.deterministic: true is)"
+                "the reservoir starts afresh at the beginning of its data: the checkpoint "
+                "holds no reservoir state"
             )
-        self.reservoir.load_state_dict(state)
+        if not self.reservoir.load_state_dict(state):
+            return (
+                "the reservoir's slots start afresh where its stream stood: a run resumed "
+                "with a non-deterministic reservoir is not bit-identical to one left alone "
+                "(reservoir.deterministic: true is)"
+            )
         return None
 
     def close(self) -> None:
@@ -292,33 +311,6 @@ class SectionLoader:
         """Samples in the epoch's last global batch."""
         size, batch = self.sampler.epoch_length(), self.config.batch_size
         return batch if self.config.drop_last or size % batch == 0 else size % batch
-
-
-class ReservoirEpoch:
-    """An epoch's batches drawn from a reservoir (as many as the sampler's epoch has)."""
-
-    def __init__(
-        self,
-        reservoir: AsyncReservoir,
-        batches: int,
-        batch_size: int,
-        collate: Callable[[list[Any]], Batch],
-        pin: bool = False,
-    ) -> None:
-        self.reservoir, self.batches, self.batch_size = reservoir, batches, batch_size
-        self.collate, self.pin = collate, pin
-
-    def __len__(self) -> int:
-        return self.batches
-
-    def __iter__(self) -> Iterator[Batch]:
-        for _ in range(self.batches):
-            batch = self.reservoir.next_batch(self.batch_size, self.collate)
-            # Pinned, as a DataLoader's with pin_memory: a copy to a GPU from pageable
-            # memory waits for the GPU's queue, which is what the reservoir is for avoiding.
-            if self.pin:
-                batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
-            yield batch
 
 
 def _cannot_hold(section: str, task: Task, where: Where) -> Problem:

@@ -77,7 +77,7 @@ class TrainingLoop:
     def train_epoch(self) -> Status | None:
         setup, progress = self.setup, self.progress
         self.trained_epoch = progress.epoch
-        loader = setup.train_data.epoch(progress.epoch, start_batch=progress.batch_in_epoch)
+        loader = setup.train_data.stoppable(progress.epoch, progress.batch_in_epoch, setup.signals)
         bar = progress_bar(
             setup.train_data.batches_per_epoch(),
             progress.epoch,
@@ -97,6 +97,7 @@ class TrainingLoop:
             status = self.after_step()
             if status is not None:
                 break
+        status = setup.signals.status if loader.cut_short else status  # workers it ended
         ran_to_end = status is None or (
             not status.requested and progress.batch_in_epoch >= setup.train_data.batches_per_epoch()
         )
@@ -109,8 +110,7 @@ class TrainingLoop:
         return self.end_epoch(status)
 
     def train_step(self, batch: dict[str, Any]) -> torch.Tensor:
-        """Forward, loss, divergence check, backward; the optimizer step every
-        `gradient_accumulation` batches. Returns the batch's loss."""
+        """Forward, loss, divergence check, backward, and the optimizer step when one is due."""
         setup, progress = self.setup, self.progress
         # Compiled models run eagerly for a step a hook observes through forward hooks.
         eager = bool(setup.compiled_models) and setup.hooks.needs_eager_step(self.view)

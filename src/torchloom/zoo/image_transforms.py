@@ -17,8 +17,9 @@ epoch, its position in the epoch's order) (`keyed_uniform`), so an augmented run
 with any number of workers or processes, on the host or the device, and when resumed; read
 otherwise (`task[i]`, `task.fetch`, the reservoir's workers, which seed per delivery) random
 steps draw from torch's global generator, each image its own numbers, the same whether it
-comes alone or in a batch. Augmentation happens only where a config asks for it: put random
-steps in the training task, not in validation or test.
+comes alone or in a batch. Augmentation happens only where a config asks for it: random
+steps belong in the training task; in a validation or test task they are an error (its
+statistics would be those of a new random set at every pass).
 """
 
 from __future__ import annotations

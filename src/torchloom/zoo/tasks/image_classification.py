@@ -73,6 +73,7 @@ class ImageClassificationTask(Task):
             subject=self.label,
             where=self._context.where("transforms"),
         )
+        self._refuse_random_evaluation(transforms)
         self.class_names = list(class_names)
         # Keyed draws (Task.keyed_draws) when random, unless a subclass's fetch takes none.
         fetch_parameters = inspect.signature(type(self).fetch).parameters
@@ -89,6 +90,33 @@ class ImageClassificationTask(Task):
         self.publish_global("num_classes", len(self.class_names))
         self.publish_global(
             "label_word_mappings", {name: index for index, name in enumerate(self.class_names)}
+        )
+
+    def _refuse_random_evaluation(self, transforms: ImageTransforms) -> None:
+        """Random steps in a validation or test task would make its statistics those of a
+        new random set at every pass: an error, as the result may be wrong. The usual way in
+        is a copy of the training task (`task: ${training.task}`), transforms included."""
+        section = self._context.name.removesuffix(".task")
+        if section not in ("validation", "test") or not self.transformer.random:
+            return
+        steps = {
+            "random_crop": transforms.random_crop is not None,
+            "horizontal_flip": transforms.horizontal_flip > 0,
+            "cutout": transforms.cutout is not None,
+        }
+        raise ComponentError(
+            [
+                Problem(
+                    self._context.where("transforms", step),
+                    self.label,
+                    f"transforms.{step} is a random augmentation, and a {section} task's "
+                    "statistics would then be those of another random set at every pass",
+                    f"give {section} its own task without random steps: a copy of the "
+                    "training task (`task: ${training.task}`) copies its transforms too",
+                )
+                for step, used in steps.items()
+                if used
+            ]
         )
 
     def _param_error(self, parameter: str, message: str, suggestion: str) -> ComponentError:
