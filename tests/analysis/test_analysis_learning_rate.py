@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from torchloom.analysis.learning_rate import LearningRateRecorder, lr_find
+from torchloom.analysis.learning_rate import LearningRateRecorder
+from torchloom.analysis.lr_find import lr_find
 from torchloom.analysis.lr_range_rules import find_divergence, smoothing_window, suggest
 from torchloom.analysis.plotting import png_data
 from torchloom.analysis.schema import AnalysisConfig
@@ -219,7 +220,7 @@ def test_lr_find_user_errors_leave_no_run_folder(config: Path, tmp_path: Path) -
 
 def test_a_group_at_rate_zero_stays_frozen_through_the_ramp() -> None:
     """A first group at rate 0 (a frozen part) made every ratio 1: the frozen part ramped."""
-    from torchloom.analysis.learning_rate import _ramp_ratios
+    from torchloom.analysis.lr_find import _ramp_ratios
 
     assert _ramp_ratios([0.0, 1e-3, 5e-4]) == [0.0, 1.0, 0.5]
     assert _ramp_ratios([1e-3, 1e-4]) == pytest.approx([1.0, 0.1])

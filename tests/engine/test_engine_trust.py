@@ -67,7 +67,7 @@ def test_an_operation_without_a_deterministic_version_names_training_determinist
 def test_lr_find_names_training_deterministic_as_loom_train_does(tmp_path: Path) -> None:
     """The learning-rate finder's sweep meets torch's refusal as a run does: a config error
     naming the key (exit 2 for `loom lr-find`), not a traceback."""
-    from torchloom.analysis.learning_rate import lr_find
+    from torchloom.analysis.lr_find import lr_find
 
     config = toy_config(deterministic=True)
     config["pipeline"]["model"]["type"] = "trust_components:PutsInPlace"

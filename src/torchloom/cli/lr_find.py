@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from torchloom.analysis.learning_rate import lr_find
+from torchloom.analysis.lr_find import lr_find
 
 
 def run(args: argparse.Namespace) -> int:
