@@ -188,6 +188,25 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
     assert vectors[0].shape == (15, 3) and numpy.allclose(*vectors, atol=1e-5)
 
 
+def test_two_processes_train_what_one_trains_with_a_loss_that_counts_some_targets(
+    tmp_path: Path,
+) -> None:
+    """The global loss weighted each process's mean by its share of the samples, but a loss
+    that leaves targets out (ignore_index) is a mean over the targets it counts, which the
+    processes hold in other shares: the weights differed by up to 0.08."""
+    ignoring = {"loss": {"type": "CrossEntropyLoss", "ignore_index": 0}}
+    runs = []
+    for processes in ("1", "2"):
+        folder = tmp_path / processes
+        config = toy_config(folder.mkdir() or folder, **ignoring)
+        done = loom("train", str(config), "--expdir", str(folder), "--quiet", "--nproc", processes)
+        assert done.returncode == 0, done.stderr
+        runs.append(only_run(folder))
+    assert_close(weights(runs[0]), weights(runs[1]))
+    one, two = (summary(run)["final"] for run in runs)
+    assert two["training"]["loss"] == pytest.approx(one["training"]["loss"], abs=1e-6)
+
+
 KINDS = ("cm.csv", "report.md", "roc.csv", "errors.csv")
 CLASSES = ("first", "second", "third")
 

@@ -23,7 +23,7 @@ import inspect
 import math
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from torchloom.config.schema import GradientClippingConfig
 from torchloom.core.component import Batch, Model
 from torchloom.core.pipeline import Pipeline
 from torchloom.errors import ConfigError, LoomError, Problem, Where, did_you_mean
+
+if TYPE_CHECKING:
+    from torchloom.engine.distributed import Distributed
 
 
 # ---- the loss ------------------------------------------------------------------------------
@@ -72,6 +75,41 @@ class WeightedLoss:
             own[stream] = counted if counted is not None else samples
         total = next(iter(own.values())) if len(own) == 1 else samples
         return {"loss": total, **(own if len(own) > 1 else {})}
+
+    def across_processes(
+        self, batch: Batch, samples: int, distributed: Distributed
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """With several processes, each holding its share of the global batch: the global
+        batch's loss (what one process would have computed), and this process's loss scaled
+        so that DDP's mean of the processes' gradients is that loss's gradient. Each loss is
+        a mean over what it counts (`Loss.elements`: the targets it does not ignore, a
+        sequence's steps; else the samples), which the processes hold in unequal shares: it is
+        weighted by this process's count over the global count. One all-reduce."""
+        counts = [self.losses[stream].elements(batch) for stream, _ in self.terms]
+        device = batch[self.terms[0][0]].device
+        own = torch.stack(
+            [
+                torch.as_tensor(samples if count is None else count, device=device)
+                .to(torch.float64)
+                .reshape(())
+                for count in counts
+            ]
+        )
+        values = torch.stack([batch[stream].detach().to(torch.float64) for stream, _ in self.terms])
+        # A share that counts nothing has a NaN mean and adds nothing.
+        shares = torch.cat([torch.where(own > 0, values * own, 0.0), own])
+        distributed.sum(shares)
+        summed, counted = shares.split(len(self.terms))
+        factors = (own * distributed.world / counted).to(torch.float32)
+        mean: torch.Tensor | None = None
+        scaled: torch.Tensor | None = None
+        for index, (stream, weight) in enumerate(self.terms):
+            term_mean = weight * summed[index] / counted[index]
+            term = weight * batch[stream] * factors[index]
+            mean = term_mean if mean is None else mean + term_mean
+            scaled = term if scaled is None else scaled + term
+        assert mean is not None and scaled is not None, "the handshake guarantees a loss"
+        return mean.to(batch[self.terms[0][0]].dtype), scaled
 
     def __call__(self, batch: Batch) -> torch.Tensor:
         total: torch.Tensor | None = None

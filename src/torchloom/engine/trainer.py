@@ -120,7 +120,7 @@ class TrainingLoop:
             setup.pipeline(batch)
             loss = setup.loss(batch)
         if setup.distributed.active:
-            loss, scaled = self.global_loss(loss, batch_size_of(batch))
+            loss, scaled = self.global_loss(batch)
         else:
             scaled = loss
         setup.guard.check(loss, batch, progress.episode + 1)
@@ -134,18 +134,14 @@ class TrainingLoop:
             self.optimizer_step()
         return loss
 
-    def global_loss(self, loss: torch.Tensor, local: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """With several processes: the global batch's mean loss (what one process would have
-        computed), and this process's loss scaled so that DDP's mean of the processes'
-        gradients is the global batch's gradient when their shares differ (a last, shorter
-        batch cut unevenly)."""
+    def global_loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """With several processes: the global batch's loss and this process's share of its
+        gradient (WeightedLoss.across_processes); the global batch's size, for statistics."""
         setup, progress = self.setup, self.progress
         last = progress.batch_in_epoch + 1 == setup.train_data.batches_per_epoch()
         size = setup.train_data.last_batch_size() if last else setup.config.dataloader.batch_size
-        world = setup.distributed.world
-        mean = setup.distributed.sum(loss.detach() * (local / size))
         self.global_batch = size
-        return mean, loss * (local * world / size)
+        return setup.loss.across_processes(batch, batch_size_of(batch), setup.distributed)
 
     def optimizer_step(self) -> None:
         setup = self.setup
