@@ -49,6 +49,34 @@ class FailsAtStep(Component):
         return {}
 
 
+class DeafAfterStep(Component):
+    """From its `at`-th training call on, the worker of global rank `rank` (every worker:
+    None) ignores SIGINT, SIGTERM and SIGHUP and sleeps `seconds` a step: a process that
+    never sees a signal, as one waiting inside a collective does not."""
+
+    class Params(ComponentParams):
+        at: int = Field(2, gt=0)
+        rank: int | None = None
+        seconds: float = 0.5
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.calls = 0
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(None, None, "anything")}
+
+    def forward(self, inputs: Batch) -> Batch:
+        mine = self.params.rank is None or os.environ.get("RANK") == str(self.params.rank)
+        if self.training and mine:
+            self.calls += 1
+            if self.calls >= self.params.at:
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                    signal.signal(signum, signal.SIG_IGN)
+                time.sleep(self.params.seconds)
+        return {}
+
+
 class SlowInEvaluation(Component):
     """Sleeps `seconds` per batch of an evaluation pass (validation, test), or with
     `in_training` per training step: a window in which a test can stop the process."""

@@ -111,12 +111,18 @@ def _item_types(annotation: Any, mapping: bool) -> list[Any]:
     return items
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (taskset, a Slurm allocation), which
+    os.cpu_count() ignores."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cpus or 1
+
+
 def most_workers() -> int:
     """The most worker processes a loader or a reservoir may start on this machine: four per
     CPU this process may use, and never fewer than 64 (a config written for a larger
     machine stays usable here)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(64, 4 * (cpus or 1))
+    return max(64, 4 * usable_cpus())
 
 
 def refuse_too_many_workers(value: int) -> int:

@@ -26,7 +26,7 @@ HOLDER = textwrap.dedent(
     import json, sys, time
     from pathlib import Path
     import torchloom.analysis.runs_table
-    from torchloom.engine.run_folder import RunLock
+    from torchloom.engine.run_lock import RunLock
     heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "matplotlib"))
     lock = RunLock(Path(sys.argv[1])).acquire()
     print(json.dumps(heavy), flush=True)
@@ -108,12 +108,12 @@ def test_the_lock_records_pid_host_and_start_and_its_heartbeat_is_refreshed(
     import socket
     import time
 
-    from torchloom.engine import run_folder
+    from torchloom.engine import run_lock
 
-    monkeypatch.setattr(run_folder, "HEARTBEAT_SECONDS", 0.05)
-    lock = run_folder.RunLock(tmp_path).acquire()
+    monkeypatch.setattr(run_lock, "HEARTBEAT_SECONDS", 0.05)
+    lock = run_lock.RunLock(tmp_path).acquire()
     try:
-        record = run_folder.read_lock_record(tmp_path / ".lock")
+        record = run_lock.read_lock_record(tmp_path / ".lock")
         assert record["pid"] == os.getpid() and record["host"] == socket.gethostname()
         assert abs(record["started"] - time.time()) < 60
         os.utime(tmp_path / ".lock", (0, 0))  # as if the last beat were long ago
@@ -121,19 +121,19 @@ def test_the_lock_records_pid_host_and_start_and_its_heartbeat_is_refreshed(
         while (tmp_path / ".lock").stat().st_mtime == 0 and time.time() < deadline:
             time.sleep(0.02)
         assert (tmp_path / ".lock").stat().st_mtime > time.time() - 10, "no heartbeat"
-        assert run_folder.run_liveness(tmp_path).alive
+        assert run_lock.run_liveness(tmp_path).alive
     finally:
         lock.release()
-    assert not run_folder.run_liveness(tmp_path).alive
+    assert not run_lock.run_liveness(tmp_path).alive
 
 
 def test_a_run_of_another_host_is_dead_once_its_heartbeat_is_stale(tmp_path: Path) -> None:
-    from torchloom.engine import run_folder
+    from torchloom.engine import run_lock
 
     lock_file = tmp_path / ".lock"
     lock_file.write_text(json.dumps({"pid": 4242, "host": "elsewhere", "started": 0}))
     beat = lock_file.stat().st_mtime
-    fresh = run_folder.run_liveness(tmp_path, now=beat + 5)
+    fresh = run_lock.run_liveness(tmp_path, now=beat + 5)
     assert fresh.alive and fresh.host == "elsewhere" and fresh.pid == 4242
-    stale = run_folder.run_liveness(tmp_path, now=beat + run_folder.STALE_AFTER_SECONDS + 1)
+    stale = run_lock.run_liveness(tmp_path, now=beat + run_lock.STALE_AFTER_SECONDS + 1)
     assert not stale.alive and "heartbeat from elsewhere" in stale.reason

@@ -27,7 +27,7 @@ from torchloom.data.rank_shard import RankShard
 from torchloom.data.samplers import build_sampler
 from torchloom.engine.checkpoint import load_checkpoint
 from torchloom.engine.launch import free_port
-from torchloom.engine.run_folder import RunLock
+from torchloom.engine.run_lock import RunLock
 
 TESTS = Path(__file__).resolve().parents[1]
 ENV = {
@@ -507,6 +507,72 @@ def test_ctrl_c_stops_every_process_and_the_run_resumes_exactly(tmp_path: Path) 
         assert torch.equal(tensor, reference[key]), f"{key} differs"
     # The per-sample losses of the stopped epoch: both processes' went into last.pt.
     assert same_reports(run, only_run(tmp_path / "whole"), "worst_samples/worst.csv")
+
+
+def test_a_second_ctrl_c_stops_workers_that_cannot_take_a_signal(tmp_path: Path) -> None:
+    """Workers waiting inside collectives (two that do not match) run no Python and never
+    see the signals the launcher passes on: two Ctrl-C left the command hanging until a
+    kill -9. Here both workers ignore signals."""
+    before = spawned_workers()
+    deaf = {"type": "trust_components:DeafAfterStep", "at": 2}
+    config = toy_config(tmp_path, epochs=2000, training={"checkpoint_interval": 1}, deaf=deaf)
+    expdir = tmp_path / "runs"
+    process = subprocess.Popen(
+        [*LOOM, "train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
+    try:
+        while not list(expdir.glob("*/*/checkpoints/last.pt")):
+            assert process.poll() is None, process.communicate()[1][-2000:]
+            time.sleep(0.1)
+        time.sleep(2.0)  # rank 1 deaf by now
+        asked = time.monotonic()
+        os.killpg(process.pid, signal.SIGINT)
+        time.sleep(1.0)
+        os.killpg(process.pid, signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, (process.returncode, err[-2000:])
+    assert time.monotonic() - asked < 30
+    deadline = time.monotonic() + 20
+    while spawned_workers() - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert spawned_workers() - before == set(), "a worker outlived its command"
+
+
+def worker_pid(rank: int, launched_after: float) -> int:
+    """The PID of the worker of `rank` that a launcher started after `launched_after`, from
+    the pid files the workers write in their launcher's handoff folder."""
+    folders = Path(tempfile.gettempdir()).glob("torchloom-launch-*")
+    (path,) = [
+        f / f"pid-{rank:04d}"
+        for f in folders
+        if (f / f"pid-{rank:04d}").is_file() and f.stat().st_mtime >= launched_after
+    ]
+    return int(path.read_text(encoding="utf-8"))
+
+
+def test_a_worker_killed_by_a_signal_is_named_as_the_first_failure(tmp_path: Path) -> None:
+    """A worker killed with SIGKILL records nothing: its peer's "Connection reset by peer"
+    was reported as "rank 0 failed first", and summary.json kept gloo's text as the reason."""
+    started = time.time() - 1
+    process, expdir = long_run(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        os.kill(worker_pid(1, started), signal.SIGKILL)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, err[-2000:]
+    assert "rank 1 failed first" in err and "killed by SIGKILL" in err, err[-2000:]
+    run = only_run(expdir)
+    assert summary(run)["reason"] == "rank 1: killed by SIGKILL"
 
 
 def test_workers_whose_launcher_is_killed_save_and_stop(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from e2e_helpers import LOOM, assert_bit_identical, only_run, summary, weights
 
 from torchloom.config import dump_config
 from torchloom.engine.checkpoint import load_checkpoint
-from torchloom.engine.run_folder import run_liveness
+from torchloom.engine.run_lock import run_liveness
 
 TESTS = Path(__file__).resolve().parents[1]
 ENV = {

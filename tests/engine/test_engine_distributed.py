@@ -113,3 +113,33 @@ def test_the_gpu_process_group_takes_host_and_gpu_tensors() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ok 1.0 2.0 [{'rank': 0}]" in done.stdout
+
+
+def test_a_worker_killed_by_a_signal_is_reported_before_the_peers_it_cut_off() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from torchloom.engine.launch import Failure, WorkerFailed
+
+    killed = ProcessFailure(local_rank=1, pid=4242, exitcode=-9, error_file="")
+    failed = WorkerFailed(ChildFailedError("worker", {1: killed}))
+    peer = Failure(0, "RuntimeError: Connection reset by peer", False, "...", 10.0, 0)
+    first, second = failed.first_failures([peer])
+    assert (first.rank, first.reason) == (1, "killed by SIGKILL") and second is peer
+    crashed = ProcessFailure(local_rank=1, pid=4242, exitcode=1, error_file="")
+    assert WorkerFailed(ChildFailedError("worker", {1: crashed})).first_failures([peer]) == [peer]
+
+
+def test_nproc_is_checked_against_the_cpus_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`taskset -c 0 loom train --nproc 2` started two processes on one CPU: the check read
+    os.cpu_count(), the machine's, not the process's affinity."""
+    from torchloom.engine.launch import LaunchOptions, check_launch
+    from torchloom.errors import ConfigError
+
+    if not hasattr(__import__("os"), "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    with pytest.raises(ConfigError, match="more than the 1 CPU cores this process may use"):
+        check_launch(LaunchOptions(nproc=2))
+    check_launch(LaunchOptions(nproc=1))

@@ -297,3 +297,29 @@ def test_on_device_with_workers_is_refused_by_the_schema(
     training = {"task": {}, "dataloader": {"batch_size": 4, "on_device": True, **dataloader}}
     with pytest.raises(ConfigError, match=message):
         validate_sections({"training": training}, where)
+
+
+def test_a_later_k_fold_epoch_whose_last_batch_leaves_a_process_nothing_is_refused() -> None:
+    """25 samples in 3 folds (9, 8, 8), batches of 8 over 2 processes: epoch 0 trains 16
+    samples (two full batches) and was checked alone; epochs 1 and 2 train 17, a last
+    batch of one, and both processes hung in mismatched collectives."""
+    from types import SimpleNamespace
+
+    from torchloom.engine.distributed import Distributed, check_shardable
+
+    config = SectionConfig.model_validate(
+        {
+            "task": {},
+            "dataloader": {"batch_size": 8},
+            "sampler": {"type": "kfold", "folds": 3},
+        }
+    )
+    two = Distributed(rank=0, world=2, local_rank=0)
+    loader = SectionLoader(
+        "training", ToyTask.create(size=25), config, 3, lambda *keys: "here", rank=0, world=2
+    )
+    assert loader.last_batch_size() == 8  # epoch 0's
+    with pytest.raises(ConfigError, match="last batch has 1 sample"):
+        check_shardable(
+            {"training": loader}, SimpleNamespace(statistics=[]), two, lambda *k: "here", "ddp"
+        )

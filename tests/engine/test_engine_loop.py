@@ -507,7 +507,7 @@ def test_a_set_up_that_fails_after_the_run_log_opened_closes_what_it_opened(
     stayed locked while the process lived."""
     import torchloom.engine.setup as setup_module
     from torchloom.engine.reporting import COMPONENT_LOGGERS
-    from torchloom.engine.run_folder import RunLock
+    from torchloom.engine.run_lock import RunLock
 
     def failing(*args: Any) -> list[str]:
         raise RuntimeError("compilation failed")

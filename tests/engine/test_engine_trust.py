@@ -14,7 +14,7 @@ import torch
 
 import torchloom
 from torchloom.engine.checkpoint import DIGEST_KEY, load_checkpoint, set_deterministic
-from torchloom.engine.run_folder import RunLock, run_liveness
+from torchloom.engine.run_lock import RunLock, run_liveness
 from torchloom.engine.state import Hook, RunView
 from torchloom.errors import ComponentError, ConfigError, DataError, StorageError, WeightsError
 from toy_runs import StopAt, model_weights, only_run, start, summary, toy_config, train, write
@@ -656,3 +656,32 @@ def test_tensorboard_holds_no_row_twice_after_a_resume_from_an_epoch_s_last_step
     assert [event.step for event in events.Scalars("training/epoch/loss")] == [5, 10]
     assert [event.step for event in events.Scalars("validation/epoch/loss")] == [5, 10]
     assert [event.step for event in events.Scalars("training/loss")] == [2, 4, 6, 8, 10]
+
+
+def test_a_disk_that_fills_while_torch_writes_a_checkpoint_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's zip writer reports a write a full disk refused as its own RuntimeError ("unexpected
+    pos"): the run ended in a traceback (exit 1) with that text as its reason."""
+    from torchloom.engine import checkpoint
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:672] . unexpected pos 14976 vs 14928"
+        )
+
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk)
+    target = tmp_path / "last.pt"
+    with pytest.raises(StorageError, match="the disk is full") as raised:
+        checkpoint.save_checkpoint(target, {"components": {}})
+    assert str(target) in raised.value.format() and not target.exists()
+    assert not list(tmp_path.iterdir())  # no temporary file left
+
+
+def test_a_full_disk_when_the_run_s_lock_is_written_is_a_storage_error(tmp_path: Path) -> None:
+    """The lock's record was written outside any guard: ENOSPC was a traceback (exit 1)."""
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    (tmp_path / ".lock").symlink_to("/dev/full")
+    with pytest.raises(StorageError, match="cannot record the run's lock"):
+        RunLock(tmp_path).acquire()

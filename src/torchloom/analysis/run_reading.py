@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from torchloom.analysis.summary_types import summary_problems
-from torchloom.engine.run_folder import Liveness, run_liveness
+from torchloom.engine.run_lock import Liveness, run_liveness
 from torchloom.errors import ConfigError, Problem
 
 SPLITS = ("training", "validation", "test")

@@ -181,8 +181,8 @@ def _launch(options: LaunchOptions, request: dict[str, Any], endpoint: str | Non
                 run_id,
                 handoff,
             )
-        except WorkerFailed:
-            failures = handoff.failures()
+        except WorkerFailed as failed:
+            failures = failed.first_failures(handoff.failures())
             if not failures:
                 raise
             first = failures[0]

@@ -81,6 +81,10 @@ class ResumableSampler(Sampler[int]):
     def epoch_length(self) -> int:
         """Indices in a full epoch (may depend on the epoch, e.g. k-fold with uneven folds)."""
 
+    def epoch_lengths(self) -> set[int]:
+        """Every length an epoch of this sampler may have (k-fold: one per held-out fold)."""
+        return {self.epoch_length()}
+
     @abstractmethod
     def _order(self, epoch: int) -> torch.Tensor:
         """The full, deterministic index order of `epoch` (1-D int64)."""
@@ -196,7 +200,13 @@ class KFoldSampler(ResumableSampler):
         return torch.cat(others).sort().values
 
     def epoch_length(self) -> int:
-        held = len(self.folds[self.held_out_fold(self.epoch)])
+        return self._length(self.held_out_fold(self.epoch))
+
+    def epoch_lengths(self) -> set[int]:
+        return {self._length(fold) for fold in range(len(self.folds))}
+
+    def _length(self, fold: int) -> int:
+        held = len(self.folds[fold])
         return held if self.held_out else sum(len(f) for f in self.folds) - held
 
     def _order(self, epoch: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ import hashlib
 import os
 import random
 import re
+import shutil
 import signal
 from collections.abc import Mapping
 from pathlib import Path
@@ -101,6 +102,18 @@ def save_checkpoint(path: Path, state: dict[str, Any], keep_previous: bool = Fal
                 _keep_previous(path)
     except OSError as error:
         raise StorageError.from_os(path, error, "cannot write the checkpoint") from error
+    except RuntimeError as error:
+        # torch's zip writer reports a write the disk refused (full) as its own error.
+        if not any(sign in str(error) for sign in ("unexpected pos", "PytorchStreamWriter")):
+            raise
+        free = shutil.disk_usage(path.parent).free
+        raise StorageError.at(
+            "",
+            f"'{path}'",
+            f"cannot write the checkpoint: torch's writer stopped, with {free} bytes free on "
+            f"that disk (the disk is full?): {str(error).splitlines()[0]}",
+            "free some space (the previous checkpoint is intact), then resume",
+        ) from error
 
 
 def _keep_previous(path: Path) -> None:

@@ -17,23 +17,22 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import signal
 import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from torchloom.config.interpolation import ascii_digits
+from torchloom.config_model import usable_cpus
+from torchloom.engine.launch_signals import passed_on
 from torchloom.errors import ConfigError, LoomError
-from torchloom.signals import set_parent_death_signal, terminating_signals
+from torchloom.signals import set_parent_death_signal
 
 
 @dataclass(frozen=True)
@@ -69,9 +68,9 @@ def check_launch(options: LaunchOptions, gpus: int | None = None) -> None:
     for flag, (value, minimum) in least.items():
         if value < minimum:
             raise ConfigError.at("command line", f"{flag} {value}", f"must be {minimum} or more")
-    available = gpus if gpus is not None else (os.cpu_count() or 1)
+    available = gpus if gpus is not None else usable_cpus()
     if options.nproc > available:
-        what = "GPUs" if gpus is not None else "CPU cores"
+        what = "GPUs" if gpus is not None else "CPU cores this process may use"
         raise ConfigError.at(
             "command line",
             f"--nproc {options.nproc}",
@@ -205,10 +204,38 @@ class LaunchFailed(LoomError):
 
 
 class WorkerFailed(Exception):
-    """A worker died after the allowed restarts (an internal error in a worker: exit 1)."""
+    """A worker died after the allowed restarts (an internal error in a worker: exit 1).
+    `killed`: the global ranks whose process a signal killed (kill -9, the out-of-memory
+    killer), by the signal's name: such a worker records no failure of its own."""
 
     def __init__(self, error: Any) -> None:
         super().__init__(str(error))
+        self.killed = {
+            int(rank): failure.signal_name()
+            for rank, failure in (getattr(error, "failures", None) or {}).items()
+            if isinstance(getattr(failure, "exitcode", None), int) and failure.exitcode < 0
+        }
+
+    def first_failures(self, recorded: list[Failure]) -> list[Failure]:
+        """The failures to report, the cause first: a worker killed by a signal before the
+        ones that recorded an error (its peers then fail on the connection it closed)."""
+        attempt = max((failure.attempt for failure in recorded), default=0)
+        known = {failure.rank for failure in recorded}
+        killed = [
+            Failure(
+                rank,
+                f"killed by {name}",
+                False,
+                f"the process of rank {rank} was killed by {name} (kill -9, or the kernel's "
+                "out-of-memory killer: see `dmesg`); the other ranks then lost their "
+                "connection to it",
+                0.0,
+                attempt,
+            )
+            for rank, name in sorted(self.killed.items())
+            if rank not in known
+        ]
+        return [*killed, *recorded]
 
 
 def launch(
@@ -266,7 +293,7 @@ def launch(
             outcome["error"] = error
 
     thread = threading.Thread(target=agent, name="torchloom-elastic-agent", daemon=True)
-    with _passed_on(handoff) as signals:
+    with passed_on(handoff) as signals:
         thread.start()
         signals.wait_for(thread)
     error = outcome.get("error")
@@ -300,63 +327,6 @@ def launch(
 def _first_line(error: BaseException) -> str:
     lines = [line for line in str(error).splitlines() if line.strip()]
     return lines[0].strip() if lines else type(error).__name__
-
-
-class _PassedOn:
-    """Signals received by the launcher, passed on to every worker (each signal once to
-    each worker, also to one that writes its pid after the signal came)."""
-
-    GRACE_SECONDS = 10.0  # for a worker to start and write its pid (importing torch: ~3 s)
-
-    def __init__(self, handoff: Handoff) -> None:
-        self.handoff = handoff
-        self.received: list[int] = []
-        self.delivered: dict[int, int] = {}
-        self.first_at: float | None = None
-
-    def __call__(self, signum: int, frame: FrameType | None) -> None:
-        # Recorded only: `wait_for`'s loop delivers (within 0.2 s). A handler that delivered
-        # too could interrupt that loop mid-delivery and send a worker the signal twice.
-        self.received.append(signum)
-        if self.first_at is None:
-            self.first_at = time.monotonic()
-
-    def deliver(self) -> None:
-        for pid in self.handoff.pids():
-            done = self.delivered.get(pid, 0)
-            for signum in self.received[done:]:
-                try:
-                    os.kill(pid, signum)
-                except ProcessLookupError:  # that worker has ended
-                    break
-            self.delivered[pid] = len(self.received)
-
-    def wait_for(self, thread: threading.Thread) -> None:
-        while thread.is_alive():
-            thread.join(0.2)
-            self.deliver()
-            if self.first_at is None or self.delivered:
-                continue
-            # A signal and no worker to pass it to. None spawned: the rendezvous is waiting
-            # for other machines; stop here. Spawned but silent past the grace: stop them.
-            spawned = multiprocessing.active_children()
-            if not spawned or time.monotonic() - self.first_at > self.GRACE_SECONDS:
-                for child in spawned:
-                    child.kill()
-                raise KeyboardInterrupt
-
-
-@contextmanager
-def _passed_on(handoff: Handoff) -> Iterator[_PassedOn]:
-    forward = _PassedOn(handoff)
-    main = threading.current_thread() is threading.main_thread()
-    stopping = (signal.SIGINT, *terminating_signals())
-    previous = {s: signal.signal(s, forward) for s in stopping} if main else {}
-    try:
-        yield forward
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _wait_for_node_0(endpoint: str, timeout: int) -> float:

@@ -307,10 +307,17 @@ class SectionLoader:
         size, batch = self.sampler.epoch_length(), self.config.batch_size
         return size // batch if self.config.drop_last else -(-size // batch)
 
-    def last_batch_size(self) -> int:
-        """Samples in the epoch's last global batch."""
-        size, batch = self.sampler.epoch_length(), self.config.batch_size
+    def last_batch_size(self, length: int | None = None) -> int:
+        """Samples in the epoch's last global batch (of an epoch of `length` samples: by
+        default the sampler's current epoch's)."""
+        size = self.sampler.epoch_length() if length is None else length
+        batch = self.config.batch_size
         return batch if self.config.drop_last or size % batch == 0 else size % batch
+
+    def smallest_last_batch(self) -> int:
+        """The smallest last global batch any epoch has (a k-fold epoch's length follows its
+        held-out fold)."""
+        return min(self.last_batch_size(length) for length in self.sampler.epoch_lengths())
 
 
 def _cannot_hold(section: str, task: Task, where: Where) -> Problem:

@@ -51,13 +51,12 @@ from torchloom.engine.resume import (
     write_run_config,
 )
 from torchloom.engine.run_folder import (
-    NoLock,
-    RunLock,
     RunResult,
     create_run_folder,
     read_started_by,
     write_artifacts,
 )
+from torchloom.engine.run_lock import NoLock, RunLock
 from torchloom.engine.state import Hooks, RunSetup, TrainOptions
 from torchloom.engine.step import (
     DivergenceGuard,

@@ -51,7 +51,8 @@ from torchloom.engine.architecture_search import ArchitectureSearch
 from torchloom.engine.distributed import SINGLE, Distributed
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.reporting import Reporter
-from torchloom.engine.run_folder import NoLock, RunLock, Status
+from torchloom.engine.run_folder import Status
+from torchloom.engine.run_lock import NoLock, RunLock
 from torchloom.engine.step import DivergenceGuard, Precision, WeightedLoss
 from torchloom.engine.terminal import Monitor
 from torchloom.errors import Where
