@@ -208,8 +208,8 @@ def test_kfold_rotates_the_held_out_fold(
     seen: dict[str, list[set[int]]] = {"training": [], "validation": []}
     original = SectionLoader.epoch
 
-    def recording(self: SectionLoader, epoch: int, start_batch: int = 0) -> Any:
-        loader = original(self, epoch, start_batch)  # sets the sampler's epoch
+    def recording(self: SectionLoader, epoch: int, start_batch: int = 0, *rest: Any) -> Any:
+        loader = original(self, epoch, start_batch, *rest)  # sets the sampler's epoch
         seen.setdefault(self.section, []).append(set(iter(self.sampler)))
         return loader
 
