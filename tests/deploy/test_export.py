@@ -4,6 +4,7 @@ files, and the bad inputs that must stop them plainly (exit 2) without touching 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -363,6 +364,28 @@ def test_text_export_after_the_tokenizer_predicts_raw_texts_as_torch_does(
     assert main(["predict", str(folder), str(tmp_path / "articel.txt")]) == 2
     assert "is no file" in capsys.readouterr().err
     assert main(["predict", str(folder), "Goal!", "--json"]) == 0  # a one-word text still is
+    # A whole article on the command line was an OSError (file name too long) traceback.
+    assert main(["predict", str(folder), "The striker scored. " * 40, "--json"]) == 0
+    assert "top" in capsys.readouterr().out
+
+
+def test_an_opset_the_exporter_does_not_write_is_refused(
+    lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--opset 5` exported opset 18 and recorded 5 in export_report.json (exit 0); without
+    --opset the report said null. It records the opset the file holds."""
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    assert main(["export", str(run), "--format", "onnx", "--repeats", "1"]) == 0
+    report = json.loads((run / "exports" / "onnx" / "export_report.json").read_text("utf-8"))
+    written = report["opset"]
+    assert isinstance(written, int) and written >= 13
+    capsys.readouterr()
+    asked = ["export", str(run), "--format", "onnx", "--repeats", "1", "--force", "--opset", "5"]
+    assert main(asked) == 2
+    assert re.search(r"--opset 5: the exporter wrote opset \d+, not 5", capsys.readouterr().err)
+    kept = json.loads((run / "exports" / "onnx" / "export_report.json").read_text("utf-8"))
+    assert kept == report  # the export before is intact
 
 
 TRAINED_BEFORE_THE_GRAPH = """\

@@ -63,7 +63,8 @@ def export_onnx(
     path: Path,
     opset: int | None,
     dynamic: bool,
-) -> None:
+) -> int:
+    """Export `graph` to `path`; the opset the file holds (the one asked, or refused)."""
     try:
         with _quiet(), warnings.catch_warnings():
             # Several inputs share the batch dimension: the exporter notes that it names the
@@ -94,6 +95,26 @@ def export_onnx(
     if program is None:
         raise DeployError.at("", "ONNX export", "the exporter returned no program")
     program.save(str(path), external_data=False)
+    written = written_opset(path)
+    if opset is not None and written != opset:
+        # The exporter writes the opsets it supports and converts down only so far: a model
+        # of another opset than asked would be recorded as the one asked.
+        raise DeployError.at(
+            "command line",
+            f"--opset {opset}",
+            f"the exporter wrote opset {written}, not {opset} (it converts down only so far)",
+            "leave out --opset (the exporter's default), or ask for an opset it writes",
+        )
+    return written
+
+
+def written_opset(path: Path) -> int:
+    """The default-domain opset an ONNX file declares."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    versions = [entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")]
+    return int(versions[0]) if versions else 0
 
 
 class _Alone(torch.nn.Module):

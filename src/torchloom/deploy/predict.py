@@ -199,7 +199,7 @@ def _predict_texts(
     results = []
     for given in inputs:
         path = Path(given).expanduser()
-        if not path.is_file() and _looks_like_a_file_name(given):
+        if not _is_file(path) and _looks_like_a_file_name(given):
             raise DeployError.at(
                 "",
                 f"input '{given}'",
@@ -208,7 +208,7 @@ def _predict_texts(
                 "space after it",
             )
         try:
-            text = path.read_text(encoding="utf-8") if path.is_file() else given
+            text = path.read_text(encoding="utf-8") if _is_file(path) else given
         except (OSError, UnicodeDecodeError) as error:
             raise DeployError.at(
                 "", f"input '{path}'", f"cannot be read as UTF-8 text: {error}"
@@ -225,3 +225,12 @@ def _looks_like_a_file_name(given: str) -> bool:
         return False
     path = Path(given)
     return len(path.parts) > 1 or bool(re.fullmatch(r"\.[A-Za-z0-9]{1,5}", path.suffix))
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` names a file; a text too long for a file name (a whole article given
+    on the command line) is none: is_file() raises for it (ENAMETOOLONG)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False

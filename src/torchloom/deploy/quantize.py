@@ -127,9 +127,10 @@ def quantize(
         plan = Plan()
         for model in models:
             quantizer.prepare(model, plan)
-        training_run = None
+        training_run, tuned = None, None
         if mode == "qat":
             training_run = fine_tune(run, quantizer, qat_epochs, qat_lr, resume_from)
+            tuned = _measure_in_float(run, max_eval_batches)
         calibration, calibrated = _calibrate(
             run, graph, calibration_batches, observe=mode == "static"
         )
@@ -169,7 +170,11 @@ def quantize(
             for b in LATENCY_BATCHES
         },
         "statistics": {
-            s: {"float": before["statistics"][s], "int8": after["statistics"][s]}
+            s: {
+                "float": before["statistics"][s],
+                **({} if tuned is None else {"float_fine_tuned": tuned["statistics"][s]}),
+                "int8": after["statistics"][s],
+            }
             for s in before["statistics"]
         },
         "layers": [{**vars(layer), "sqnr_db": layers.get(layer.name)} for layer in plan.layers],
@@ -222,6 +227,21 @@ def _measured_section(pipeline: Pipeline) -> str:
 def _loader(run: TrainedRun, section: str) -> SectionLoader:
     settings = section_config(run.config.data, section, run.config.where)
     return SectionLoader(section, run.pipeline.tasks[section], settings, 0, run.config.where)
+
+
+def _measure_in_float(run: TrainedRun, max_batches: int | None) -> dict[str, Any]:
+    """The fine-tuned weights measured in float (fake quantization off): the int8 model is
+    these weights quantized, so the cost of quantization is int8 against them, not against
+    the run's checkpoint, which trained for fewer epochs."""
+    from torch.ao.quantization import disable_fake_quant, enable_fake_quant
+
+    for model in run.pipeline.models:
+        model.apply(disable_fake_quant)
+    try:
+        return _measure(run, max_batches)
+    finally:
+        for model in run.pipeline.models:
+            model.apply(enable_fake_quant)
 
 
 def _measure(run: TrainedRun, max_batches: int | None) -> dict[str, Any]:
