@@ -95,6 +95,28 @@ def test_a_code_first_range_optuna_would_refuse_names_its_line_before_anything_i
     assert not runs.exists()  # before: Optuna's ValueError, a folder, a trial left running
 
 
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        # Taken for min: the worst trial was chosen as the best.
+        ({"mode": "maximize", "monitor": "validation.accuracy"}, "mode: must be min or max"),
+        # Every trial trained to its end, then failed "no finite value of validation.acc".
+        ({"monitor": "validation.acc"}, "is not a statistic of this pipeline"),
+        ({"trials": 0}, "trials: must be 1 or more"),
+        ({"timeout": -5}, "timeout: must be above 0 s"),
+    ],
+)
+def test_code_first_search_settings_are_checked_before_any_trial(
+    tmp_path: Path, mnist_folder: Path, given: dict[str, Any], expected: str
+) -> None:
+    build = _builder(load_config(tiny_config(tmp_path, mnist_folder)).data, (16, 32))
+    runs = tmp_path / "runs"
+    with pytest.raises(ConfigError) as refused:
+        torchloom.search(build, **{"trials": 2, **given}, expdir=str(runs))
+    assert expected in refused.value.format()
+    assert not runs.exists()
+
+
 def test_a_code_first_grid_enumerates_the_builders_choices(
     tmp_path: Path, mnist_folder: Path
 ) -> None:

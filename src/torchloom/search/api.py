@@ -31,13 +31,14 @@ from torchloom.api import create_run_folder, load_and_validate, pipeline_name
 from torchloom.config import dump_config
 from torchloom.config.loading import ConfigSource
 from torchloom.errors import ConfigError
-from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource
+from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource, check_trial_config
 from torchloom.search.page import write_page
 from torchloom.search.processes import run_workers
 from torchloom.search.record import SearchRecord, check_importance
 from torchloom.search.results import sampled_values, write_results
 from torchloom.search.runner import (
     SearchRequest,
+    check_budget,
     monitor_of,
     prepare_search,
     resume_search,
@@ -244,10 +245,18 @@ def _code_first(build: Builder, request: SearchRequest) -> tuple[Path, SearchRec
         raise ConfigError.at("torchloom.search", "trials", "says how many trials to run")
     # The builder's config at the first values (low ends, first choices) names the search
     # and says what the monitor is; every trial's config is checked again when it starts.
-    first = TrialParameters(None)
-    loaded, _ = load_and_validate(_config_of(build, build(first)))
-    monitor, mode = monitor_of(loaded.data, request.monitor, request.mode, set())
     where = "torchloom.search"
+    # Checked before any trial, as the YAML path checks them: a mode other than min/max was
+    # taken for min (the worst trial chosen as best), a misspelt monitor failed every trial
+    # after it trained, and 0 trials ran nothing and said nothing.
+    check_budget(request.trials, request.timeout, where, ("trials", "timeout"))
+    if request.mode is not None and request.mode not in ("min", "max"):
+        raise ConfigError.at(where, "mode", f"must be min or max, got {request.mode!r}")
+    first = TrialParameters(None)
+    config = _config_of(build, build(first))
+    loaded, _ = load_and_validate(config)
+    statistics = check_trial_config(config, [])
+    monitor, mode = monitor_of(loaded.data, request.monitor, request.mode, statistics)
     settings = SearchSettings(
         sampler=component_spec("sampler", request.sampler or "tpe", where),
         pruner=component_spec("pruner", request.pruner or "none", where),

@@ -138,13 +138,18 @@ KEPT_ON_RESUME = {
 }
 
 
-def check_budget(trials: int | None, timeout: float | None) -> None:
-    """--trials and --timeout, when given, are positive (0 trials or a past time limit would
-    run nothing and say nothing)."""
+def check_budget(
+    trials: int | None,
+    timeout: float | None,
+    where: str = "command line",
+    names: tuple[str, str] = ("--trials", "--timeout"),
+) -> None:
+    """--trials and --timeout (`names`: how the caller gave them), when given, are positive
+    (0 trials or a past time limit would run nothing and say nothing)."""
     if trials is not None and trials <= 0:
-        raise ConfigError.at("command line", "--trials", f"must be 1 or more, got {trials}")
+        raise ConfigError.at(where, names[0], f"must be 1 or more, got {trials}")
     if timeout is not None and not timeout > 0:
-        raise ConfigError.at("command line", "--timeout", f"must be above 0 s, got {timeout}")
+        raise ConfigError.at(where, names[1], f"must be above 0 s, got {timeout}")
 
 
 def resume_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
