@@ -89,3 +89,23 @@ def test_asking_for_a_trial_with_heartbeats_warns_nothing(
     create_study(url, "beating", {"monitor": "m", "direction": "maximize", "digest": "d"})
     load_study(url, "beating", None, None).ask()
     assert not [w for w in recwarn if "Heartbeat" in str(w.message)]
+
+
+def test_an_online_trial_s_value_is_its_full_pass_not_its_luckiest_partial_one() -> None:
+    """A partial pass reads a few batches: a trial whose one partial pass read 0.8 and whose
+    full pass at the end read 0.6 was worth 0.8 (its best of both). `loom runs` ranks an
+    online run by its full pass; so does the search now. Offline, the best epoch counts."""
+    _, reporter = _reporter(optuna.pruners.NopPruner())
+    run = FakeRun(online=True)
+    for episode, accuracy in ((25, 0.3), (50, 0.8)):
+        run.progress.episode = episode
+        reporter.after_eval(run, "validation", {"accuracy": accuracy}, partial=True)
+    run.progress.episode = 60
+    reporter.after_eval(run, "validation", {"accuracy": 0.6}, partial=False)
+    assert reporter.value() == 0.6
+    _, offline = _reporter(optuna.pruners.NopPruner())
+    run = FakeRun(online=False)
+    for epoch, accuracy in ((1, 0.7), (2, 0.6)):
+        run.progress.epoch = epoch
+        offline.after_eval(run, "validation", {"accuracy": accuracy}, partial=False)
+    assert offline.value() == 0.7

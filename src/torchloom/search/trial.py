@@ -78,8 +78,15 @@ class PruningReporter(Hook):
     def __init__(self, trial: optuna.trial.Trial, objective: Objective) -> None:
         self.trial, self.objective = trial, objective
         self.best: float | None = None
+        self.full: float | None = None  # an online run's full validation pass, at its end
         self.pruned_at: int | None = None
         self.reported: set[int] = set()
+
+    def value(self) -> float | None:
+        """The trial's value: its best validation; an online run's full pass at its end (on
+        the whole set, as `loom runs` ranks online runs): its partial passes, a few batches
+        each, judge pruning only, so that no trial wins on one lucky partial pass."""
+        return self.full if self.full is not None else self.best
 
     def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None:
         if self.objective.section == "training":
@@ -91,6 +98,9 @@ class PruningReporter(Hook):
         if partial and not run.online:
             return
         step = run.progress.episode if run.online else run.progress.epoch
+        value = values.get(self.objective.name)
+        if run.online and not partial and isinstance(value, int | float):
+            self.full = float(value)
         self._observe(run, values, step)
 
     def _observe(self, run: RunView, values: Mapping[str, Any], step: int) -> None:
@@ -154,7 +164,7 @@ def run_trial(
         raise KeyboardInterrupt
     if result.status == "failed":
         raise TrialFailed(str(result.summary.get("reason", "failed")), result.run_dir)
-    value = reporter.best
+    value = reporter.value()
     if value is None:
         value = _final_value(result, objective)
     if value is None or not math.isfinite(value):
