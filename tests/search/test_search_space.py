@@ -224,3 +224,19 @@ def test_the_default_mode_minimises_every_loss_the_reports_rank_as_lower_is_bett
     for monitor in ("validation.accuracy", "validation.bleu"):
         assert monitor_of(data, monitor, None, set()) == (monitor, "max")
     assert monitor_of(data, "validation.loss_a", "max", set()) == ("validation.loss_a", "max")
+
+
+def test_a_continuous_range_on_a_whole_number_key_is_refused_before_any_trial(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its ends 16.0 and 64.0 passed the schema (whole numbers), `loom check` said ok, and
+    every trial failed on a value such as 63.955."""
+    search = "search:\n  training.dataloader.batch_size: {uniform: [16, 64]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    assert main(["check", str(config)]) == 2
+    error = capsys.readouterr().err
+    assert "search parameter 'training.dataloader.batch_size'" in error
+    assert "search it with int: [16, 64]" in error
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--trials", "2", "--expdir", str(runs)]) == 2
+    assert not runs.exists()

@@ -95,12 +95,16 @@ def check_values(
                 check_trial_config(source, trial_overrides(loaded, values, base))
             except LoomError as error:
                 first = error.problems[0]
+                whole = parameter.kind != "int" and "integer" in first.message
                 problems.append(
                     Problem(
                         parameter.where,
                         f"search parameter '{parameter.path}'",
                         f"value {value!r} is refused: {first.subject}: {first.message}",
-                        first.suggestion,
+                        f"the key takes whole numbers: search it with int: [{parameter.low}, "
+                        f"{parameter.high}]"
+                        if whole
+                        else first.suggestion,
                     )
                 )
                 break  # one refused value per parameter says enough
