@@ -53,7 +53,7 @@ def read_sidecar(export_dir: Path) -> dict[str, Any]:
 
 def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
     """One image file as the graph's input [1, depth, height, width], float32, the task's way:
-    pixels / 255, resized (bilinear), standardised."""
+    resized (bilinear) as the task resized it, pixels / 255, standardised."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -64,9 +64,10 @@ def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
         raise DeployError.at(
             "", f"input '{path}'", f"cannot be read as an image: {reason}"
         ) from error
-    size = (recipe["width"], recipe["height"])
-    if image.size != size:
-        image = image.resize(size, Image.Resampling.BILINEAR)
+    # Each resize the task made, in order (a sidecar from before they were listed: the last).
+    for height, width in recipe.get("resizes") or [[recipe["height"], recipe["width"]]]:
+        if image.size != (width, height):
+            image = image.resize((width, height), Image.Resampling.BILINEAR)
     pixels = np.asarray(image, dtype=np.float32) * np.float32(recipe["scale"])
     pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
     normalize = recipe.get("normalize")

@@ -24,12 +24,18 @@ def _image_preprocessing(task: Task) -> dict[str, Any] | None:
     if transforms.normalize is not None:
         normalization = transforms.normalize
     depth = int(transformer.depth)
+    final = [int(transformer.height), int(transformer.width)]
+    # A task that resizes each file as it reads it (ImageFolder's image_size) and again in
+    # its transforms resizes twice: predicting with the last size alone fed other pixels.
+    read = getattr(task, "read_size", None)
+    steps = [list(read), final] if read is not None and list(read) != final else [final]
     return {
         "kind": "image",
         "depth": depth,
-        "height": int(transformer.height),
-        "width": int(transformer.width),
-        # Pixels are divided by 255, resized (bilinear) to height x width, then standardised.
+        "height": final[0],
+        "width": final[1],
+        "resizes": steps,  # [height, width] of each bilinear resize, in order
+        # Pixels are resized (bilinear) to each size in turn, divided by 255, standardised.
         "scale": 1.0 / 255.0,
         "normalize": None
         if normalization is None

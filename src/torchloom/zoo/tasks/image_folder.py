@@ -188,6 +188,13 @@ class ImageFolder(ImageClassificationTask, DrawnSplitTask):
         self._files = [path for path, _ in shuffled]
         return None, [target for _, target in shuffled]
 
+    @property
+    def read_size(self) -> tuple[int, int]:
+        """[height, width] every file is resized to as it is read (PIL, bilinear), before the
+        transforms: a deployment resizes the same way (deploy/sidecar.py)."""
+        height, width = self.params.image_size
+        return int(height), int(width)
+
     def _read_image(self, index: int) -> torch.Tensor:
         path = self._files[index]
         height, width = self.params.image_size
