@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -388,6 +389,23 @@ def test_an_opset_the_exporter_does_not_write_is_refused(
     assert kept == report  # the export before is intact
 
 
+def test_a_damaged_text_recipe_is_a_plain_error(
+    bbc_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A component parameter of the wrong type in sidecar.json was pydantic's traceback."""
+    run = tmp_path / "run"
+    shutil.copytree(bbc_run, run, ignore=shutil.ignore_patterns("exports", "quantized"))
+    assert main(["export", str(run), "--inputs", "bow", "--repeats", "1"]) == 0
+    sidecar = run / "exports" / "onnx" / "sidecar.json"
+    record = json.loads(sidecar.read_text("utf-8"))
+    record["before_graph"][0]["params"]["remove_punctuation"] = "maybe"
+    sidecar.write_text(json.dumps(record), "utf-8")
+    capsys.readouterr()
+    assert main(["predict", str(run), "The striker scored twice."]) == 2
+    err = capsys.readouterr().err
+    assert "its text recipe cannot be applied" in err and "Traceback" not in err, err
+
+
 TRAINED_BEFORE_THE_GRAPH = """\
 pipeline:
   tokenizer: {type: SentenceTokenizer, remove_punctuation: true}
@@ -469,6 +487,53 @@ def _export_copy(onnx_folder: Path, tmp_path: Path, kind: str | None = None) -> 
         record["outputs"][0]["kind"] = kind
         (copy / "sidecar.json").write_text(json.dumps(record), encoding="utf-8")
     return copy
+
+
+def _without_depth(record: dict) -> None:
+    del record["preprocessing"]["depth"]
+
+
+def _string_recipe(record: dict) -> None:
+    record["preprocessing"] = "image"
+
+
+def _other_input(record: dict) -> None:
+    record["inputs"][0]["name"] = "pixels"
+
+
+def _other_size(record: dict) -> None:
+    record["preprocessing"].update(height=20, width=20, resizes=[[20, 20]])
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        (_without_depth, "preprocessing.depth is None"),
+        (_string_recipe, "preprocessing is not a mapping"),
+        (_other_input, "its model refused the inputs its sidecar.json describes"),
+        (_other_size, "its model refused the inputs its sidecar.json describes"),
+        (None, "cannot be loaded by ONNX Runtime"),
+    ],
+)
+def test_a_damaged_export_is_a_plain_error(
+    onnx_folder: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: Any,
+    expected: str,
+) -> None:
+    """Each was a traceback (KeyError, AttributeError, onnxruntime's errors), exit 1."""
+    folder = _export_copy(onnx_folder, tmp_path)
+    if damage is None:
+        model = folder / "model.onnx"
+        model.write_bytes(model.read_bytes()[:500])
+    else:
+        record = json.loads((folder / "sidecar.json").read_text(encoding="utf-8"))
+        damage(record)
+        (folder / "sidecar.json").write_text(json.dumps(record), encoding="utf-8")
+    assert main(["predict", str(folder), str(_digit_png(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("kind", ["values", "probabilities", "embeddings"])

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from torchloom.data.image_modes import eight_bit
-from torchloom.errors import DeployError
+from torchloom.errors import DeployError, LoomError
 
 
 @dataclass
@@ -48,7 +48,69 @@ def read_sidecar(export_dir: Path) -> dict[str, Any]:
         raise DeployError.at("", f"'{path}'", f"cannot be read: {error}") from error
     if not isinstance(record, dict) or "preprocessing" not in record:
         raise DeployError.at("", f"'{path}'", "is not a sidecar of `loom export`")
+    recipe, inputs = record["preprocessing"], record.get("inputs")
+    damaged = (
+        "preprocessing is not a mapping"
+        if not isinstance(recipe, dict)
+        else "inputs does not name the graph's input"
+        if not (isinstance(inputs, list) and inputs and isinstance(inputs[0], dict))
+        or not isinstance(inputs[0].get("name"), str)
+        else _image_recipe_problem(recipe)
+        if recipe.get("kind") == "image"
+        else ""
+    )
+    if damaged:
+        raise DeployError.at(
+            "", f"'{path}'", f"is damaged: {damaged}", "export the run again (loom export)"
+        )
     return record
+
+
+def _image_recipe_problem(recipe: dict[str, Any]) -> str:
+    """What an image recipe lacks or holds wrongly ('' when it is whole)."""
+    for key in ("depth", "height", "width"):
+        value = recipe.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"preprocessing.{key} is {value!r}, not a positive whole number"
+    if recipe["depth"] not in (1, 3):
+        return f"preprocessing.depth is {recipe['depth']}, not 1 (grey) or 3 (RGB)"
+    scale = recipe.get("scale")
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        return f"preprocessing.scale is {scale!r}, not a number"
+    return ""
+
+
+def _loaded_session(folder: Path) -> Any:
+    """ONNX Runtime's session of the export's model.onnx; a file it cannot load (truncated,
+    not ONNX) is a DeployError naming it."""
+    import onnxruntime
+
+    try:
+        return onnxruntime.InferenceSession(
+            str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
+        )
+    except Exception as error:  # onnxruntime's own exception types, by message
+        raise DeployError.at(
+            "",
+            f"'{folder / 'model.onnx'}'",
+            f"cannot be loaded by ONNX Runtime: {str(error).splitlines()[0]}",
+            "export the run again (loom export)",
+        ) from error
+
+
+def _scores(folder: Path, session: Any, name: str, feed: dict[str, Any]) -> Any:
+    """The export's output `name` for `feed`; ONNX Runtime refusing the inputs the sidecar's
+    recipe made (another model's sidecar, a damaged one) is a DeployError."""
+    try:
+        return session.run([name], feed)
+    except Exception as error:
+        raise DeployError.at(
+            "",
+            f"export '{folder}'",
+            f"its model refused the inputs its sidecar.json describes: "
+            f"{str(error).splitlines()[0]}",
+            "model.onnx and sidecar.json must come from one `loom export`: export again",
+        ) from error
 
 
 def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
@@ -114,8 +176,6 @@ def class_output(folder: Path, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Prediction]:
-    import onnxruntime
-
     folder = export_folder(Path(export_dir).expanduser())
     record = read_sidecar(folder)
     recipe = record["preprocessing"]
@@ -130,9 +190,7 @@ def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Pre
         if not path.is_file():
             raise DeployError.at("", f"input '{path}'", "does not exist")
         tensors.append(image_tensor(path, recipe))
-    session = onnxruntime.InferenceSession(
-        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
+    session = _loaded_session(folder)
     input_name = record["inputs"][0]["name"]
     return [
         _top(folder, record, session, name, {input_name: tensor}, top)
@@ -151,7 +209,7 @@ def _top(
     output = class_output(folder, record)
     # An output's own labels (sidecar.py); "labels" of an export made before they were kept.
     labels = output["labels"] if "labels" in output else record.get("labels")
-    (values,) = session.run([output["name"]], feed)
+    (values,) = _scores(folder, session, output["name"], feed)
     values = np.asarray(values, dtype=np.float64)
     if values.ndim != 2 or values.shape[0] != 1:
         raise DeployError.at(
@@ -177,7 +235,6 @@ def _predict_texts(
     folder: Path, record: dict[str, Any], inputs: list[str], top: int
 ) -> list[Prediction]:
     """Each INPUT a text file (its whole text one input), or else a text itself."""
-    import onnxruntime
 
     from torchloom.deploy.text_inputs import text_feed
 
@@ -194,9 +251,7 @@ def _predict_texts(
             + ", tensors only the task makes",
             "feed the graph's input tensors from your own code (see sidecar.json)",
         )
-    session = onnxruntime.InferenceSession(
-        str(folder / "model.onnx"), providers=["CPUExecutionProvider"]
-    )
+    session = _loaded_session(folder)
     results = []
     for given in inputs:
         path = Path(given).expanduser()
@@ -214,7 +269,18 @@ def _predict_texts(
             raise DeployError.at(
                 "", f"input '{path}'", f"cannot be read as UTF-8 text: {error}"
             ) from error
-        feed = text_feed(folder, record, [text])
+        try:
+            feed = text_feed(folder, record, [text])
+        except LoomError:
+            raise
+        except Exception as error:  # a damaged recipe: a parameter, a vocabulary size
+            raise DeployError.at(
+                "",
+                f"'{folder / 'sidecar.json'}'",
+                f"its text recipe cannot be applied: {type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}",
+                "export the run again (loom export)",
+            ) from error
         results.append(_top(folder, record, session, given, feed, top))
     return results
 
