@@ -459,6 +459,24 @@ def long_run(tmp_path: Path, **popen: Any) -> tuple[subprocess.Popen[str], Path]
     return process, expdir
 
 
+def in_a_session_until_saved(command: list[str], expdir: Path) -> subprocess.Popen[str]:
+    """`command --expdir EXPDIR` in a process group of its own, as a terminal's job (a
+    Ctrl-C goes to the whole group), once its run has saved last.pt."""
+    process = subprocess.Popen(
+        [*command, "--expdir", str(expdir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+    )
+    while not list(expdir.glob("*/*/checkpoints/last.pt")):
+        if process.poll() is not None:
+            raise AssertionError(process.communicate()[1][-2000:])
+        time.sleep(0.1)
+    return process
+
+
 def test_ctrl_c_stops_every_process_and_the_run_resumes_exactly(tmp_path: Path) -> None:
     """As with one process: every worker stops once at the end of its step, saves, and the
     command exits 130 within seconds; `--resume` with as many processes then ends with the
@@ -471,19 +489,8 @@ def test_ctrl_c_stops_every_process_and_the_run_resumes_exactly(tmp_path: Path) 
     whole = loom("train", str(config), "--expdir", str(tmp_path / "whole"), *flags)
     assert whole.returncode == 0, whole.stderr[-2000:]
     expdir = tmp_path / "stopped"
-    # In a process group of its own, as a terminal's job: Ctrl-C goes to the whole group.
-    process = subprocess.Popen(
-        [*LOOM, "train", str(config), "--expdir", str(expdir), *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-        start_new_session=True,
-    )
+    process = in_a_session_until_saved([*LOOM, "train", str(config), *flags], expdir)
     try:
-        while not list(expdir.glob("*/*/checkpoints/last.pt")):
-            assert process.poll() is None, process.communicate()[1][-2000:]
-            time.sleep(0.1)
         stopped = time.monotonic()
         os.killpg(process.pid, signal.SIGINT)  # mid-epoch: 6 steps an epoch, saved at each
         out, err = process.communicate(timeout=90)
@@ -516,20 +523,10 @@ def test_a_second_ctrl_c_stops_workers_that_cannot_take_a_signal(tmp_path: Path)
     before = spawned_workers()
     deaf = {"type": "trust_components:DeafAfterStep", "at": 2}
     config = toy_config(tmp_path, epochs=2000, training={"checkpoint_interval": 1}, deaf=deaf)
-    expdir = tmp_path / "runs"
-    process = subprocess.Popen(
-        [*LOOM, "train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-        start_new_session=True,
-    )
+    command = [*LOOM, "train", str(config), "--quiet", "--nproc", "2"]
+    process = in_a_session_until_saved(command, tmp_path / "runs")
     try:
-        while not list(expdir.glob("*/*/checkpoints/last.pt")):
-            assert process.poll() is None, process.communicate()[1][-2000:]
-            time.sleep(0.1)
-        time.sleep(2.0)  # rank 1 deaf by now
+        time.sleep(2.0)  # both deaf by now
         asked = time.monotonic()
         os.killpg(process.pid, signal.SIGINT)
         time.sleep(1.0)
