@@ -136,6 +136,10 @@ def test_trial_values_become_overrides_the_config_reader_reads_back() -> None:
             "  sampler: grid\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
             "is a continuous range, which the grid sampler",
         ),
+        (  # ran 2 trials without a word
+            "  trials: 2.5\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'trials': must be whole, got 2.5",
+        ),
     ],
 )
 def test_a_bad_space_names_the_parameter_and_its_line(

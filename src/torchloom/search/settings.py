@@ -112,6 +112,10 @@ def read_settings(space: SearchSpace, command_line: Mapping[str, Any]) -> Search
                 problems.append(
                     Problem(where[key], f"search setting '{key}'", "must be a positive number")
                 )
+            elif key == "trials" and value != int(value):  # 2.5 ran 2, without a word
+                problems.append(
+                    Problem(where[key], "search setting 'trials'", f"must be whole, got {value}")
+                )
             setattr(settings, key, int(value) if key == "trials" else float(value))
     if not problems and settings.sampler["type"] == "grid":
         problems += _grid_problems(space, where.get("sampler", space.source))
