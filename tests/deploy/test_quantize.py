@@ -301,6 +301,12 @@ def test_quantization_aware_training_fine_tunes_through_the_engine(
     written = Path(capsys.readouterr().out.split("written to: ")[1].strip())
     processed = json.loads((written / "test_summary.json").read_text(encoding="utf-8"))
     assert processed["statistics"]["accuracy"] == test["int8"]["accuracy"]
+    # The fine-tuning's own folder is not a run to export: it was refused with a suggestion
+    # of --checkpoint-strict false, which loom export does not have.
+    assert main(["export", str(training)]) == 2
+    err = capsys.readouterr().err
+    assert "is a run `loom quantize --mode qat` started" in err
+    assert f"its result is in {run.resolve()}/quantized/" in err
 
 
 def test_dynamic_quantization_of_a_text_pipeline_times_the_graph_after_its_tokenizer(
