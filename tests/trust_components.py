@@ -19,45 +19,13 @@ from torchloom.errors import ConfigError
 from toy_components import ToyLinear, ToyTask
 
 
-class FailsAtStep(Component):
-    """Reads `inputs` and raises RuntimeError on its `at`-th training call: a component bug
-    (`user_error`: a ConfigError instead). With `rank`, only in the worker of that global
-    rank of several processes."""
+class AtStep(Component):
+    """Reads `inputs`; `act(step)` at each training call (numbered from 1) in the worker of
+    global rank `rank` of several processes (every worker: None)."""
 
     class Params(ComponentParams):
         at: int = Field(3, gt=0)
         rank: int | None = None
-        user_error: bool = False
-
-    def __init__(self, params: Any, context: BuildContext) -> None:
-        super().__init__(params, context)
-        self.calls = 0
-
-    def input_specs(self) -> dict[str, StreamSpec]:
-        return {"inputs": StreamSpec(None, None, "anything")}
-
-    def forward(self, inputs: Batch) -> Batch:
-        if self.training:
-            self.calls += 1
-            mine = self.params.rank is None or os.environ.get("RANK") == str(self.params.rank)
-            if self.calls == self.params.at and mine:
-                if self.params.user_error:
-                    raise ConfigError.at(
-                        "toy component", "pipeline.fails", f"refuses step {self.calls}"
-                    )
-                raise RuntimeError(f"boom at step {self.calls}\nsecond line of the message")
-        return {}
-
-
-class DeafAfterStep(Component):
-    """From its `at`-th training call on, the worker of global rank `rank` (every worker:
-    None) ignores SIGINT, SIGTERM and SIGHUP and sleeps `seconds` a step: a process that
-    never sees a signal, as one waiting inside a collective does not."""
-
-    class Params(ComponentParams):
-        at: int = Field(2, gt=0)
-        rank: int | None = None
-        seconds: float = 0.5
 
     def __init__(self, params: Any, context: BuildContext) -> None:
         super().__init__(params, context)
@@ -70,11 +38,42 @@ class DeafAfterStep(Component):
         mine = self.params.rank is None or os.environ.get("RANK") == str(self.params.rank)
         if self.training and mine:
             self.calls += 1
-            if self.calls >= self.params.at:
-                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                    signal.signal(signum, signal.SIG_IGN)
-                time.sleep(self.params.seconds)
+            self.act(self.calls)
         return {}
+
+    def act(self, step: int) -> None:
+        raise NotImplementedError
+
+
+class FailsAtStep(AtStep):
+    """Raises RuntimeError on its `at`-th training call: a component bug (`user_error`: a
+    ConfigError instead)."""
+
+    class Params(AtStep.Params):
+        user_error: bool = False
+
+    def act(self, step: int) -> None:
+        if step != self.params.at:
+            return
+        if self.params.user_error:
+            raise ConfigError.at("toy component", "pipeline.fails", f"refuses step {step}")
+        raise RuntimeError(f"boom at step {step}\nsecond line of the message")
+
+
+class DeafAfterStep(AtStep):
+    """From its `at`-th training call on, ignores SIGINT, SIGTERM and SIGHUP and sleeps
+    `seconds` a step: a process that never sees a signal, as one waiting inside a
+    collective does not."""
+
+    class Params(AtStep.Params):
+        at: int = Field(2, gt=0)
+        seconds: float = 0.5
+
+    def act(self, step: int) -> None:
+        if step >= self.params.at:
+            for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(signum, signal.SIG_IGN)
+            time.sleep(self.params.seconds)
 
 
 class SlowInEvaluation(Component):

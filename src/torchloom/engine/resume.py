@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from torchloom.config.dumping import MISSING, config_changes, dump_config, override_text
-from torchloom.config.loading import load_config
+from torchloom.config.loading import LoadedConfig, load_config
 from torchloom.config.overrides import parse_override
 from torchloom.config.schema import TrainingConfig
 from torchloom.config.yaml_reader import parse_config_text
@@ -124,8 +124,7 @@ def written_with_overrides(written_text: str, overrides: Sequence[str], subject:
     --resume, after checking what they change once it is resolved again: config.yaml holds
     resolved values, where a scheduler's `T_max: ${...epoch_limit}` is a plain number that
     raising epoch_limit would leave behind (the new epochs at the end of the schedule)."""
-    written = parse_config_text(written_text, "the run's config as written").data
-    before, after = load_config(written), load_config(written, overrides)
+    written, before, after = _resolved_again(written_text, overrides)
     unsafe = _unsafe_changes(before.data, after.data)
     if unsafe:
         given = " ".join(overrides)
@@ -150,17 +149,23 @@ def following_overrides(written_text: str, overrides: Sequence[str]) -> list[str
     beyond the keys they set: each key that follows one of them through an interpolation (a
     scheduler's `T_max: ${training.terminal_conditions.epoch_limit}`), as an override of its
     new value, for a run started from config.yaml, which holds resolved values."""
-    written = parse_config_text(written_text, "the run's config as written").data
     given = {parse_override(text).dotted_key: text for text in overrides}
     # Added where missing: the overrides are made for config.yaml, whose keys may differ.
-    before = load_config(written)
     added = [f"++{key}={text.partition('=')[2]}" for key, text in given.items()]
-    after = load_config(written, added)
+    _, before, after = _resolved_again(written_text, added)
     return [
         override_text(key, new)
         for key, _, new in config_changes(before.data, after.data)
         if key not in given and new is not MISSING
     ]
+
+
+def _resolved_again(
+    written_text: str, overrides: Sequence[str]
+) -> tuple[dict[str, Any], LoadedConfig, LoadedConfig]:
+    """The run's config as written (its data), resolved without and with `overrides`."""
+    written = parse_config_text(written_text, "the run's config as written").data
+    return written, load_config(written), load_config(written, overrides)
 
 
 def _unsafe_changes(

@@ -87,11 +87,13 @@ class WeightedLoss:
         weighted by this process's count over the global count. One all-reduce."""
         counts = [self.losses[stream].elements(batch) for stream, _ in self.terms]
         device = batch[self.terms[0][0]].device
+        # The samples by a fill, not a copy from the host: a copy to a GPU from pageable
+        # memory would wait for its queue at every step.
         own = torch.stack(
             [
-                torch.as_tensor(samples if count is None else count, device=device)
-                .to(torch.float64)
-                .reshape(())
+                torch.full((), samples, dtype=torch.float64, device=device)
+                if count is None
+                else count.to(device, torch.float64).reshape(())
                 for count in counts
             ]
         )
