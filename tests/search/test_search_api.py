@@ -76,6 +76,13 @@ def _builder(base: dict[str, Any], batch: tuple[int, int]) -> Any:
             lambda hp: hp.choice("optimizer", []),
             "parameter 'optimizer': choice must be a non-empty list",
         ),
+        # trials.csv's own columns: the parameter's value overwrote the trial's number.
+        (lambda hp: hp.int("number", 1, 4), "parameter 'number': is a column of trials.csv"),
+        (lambda hp: hp.choice("state", ["a", "b"]), "parameter 'state': is a column of"),
+        (
+            lambda hp: hp.float("validation.accuracy", 0.1, 0.2),
+            "parameter 'validation.accuracy': has the monitor's name",
+        ),
     ],
 )
 def test_a_code_first_range_optuna_would_refuse_names_its_line_before_anything_is_written(

@@ -35,7 +35,7 @@ from torchloom.search.checking import TRIAL_OVERRIDES, SpaceSource, check_trial_
 from torchloom.search.page import write_page
 from torchloom.search.processes import run_workers
 from torchloom.search.record import SearchRecord, check_importance
-from torchloom.search.results import sampled_values, write_results
+from torchloom.search.results import TRIAL_COLUMNS, sampled_values, write_results
 from torchloom.search.runner import (
     SearchRequest,
     check_budget,
@@ -77,6 +77,7 @@ class TrialParameters:
     def __init__(self, trial: optuna.trial.BaseTrial | None) -> None:
         self._trial = trial
         self.values: dict[str, Any] = {}
+        self.lines: dict[str, str] = {}  # name -> the builder's line that sampled it
         # name -> every value (what the grid sampler enumerates), or None for a float range
         self.grid: dict[str, list[Any] | None] = {}
 
@@ -95,7 +96,16 @@ class TrialParameters:
         return self._sample(name, {"choice": list(options)})
 
     def _sample(self, name: str, spec: dict[str, Any]) -> Any:
-        parameter = parse_parameter(name, spec, _builder_line())
+        where = _builder_line()
+        if name in TRIAL_COLUMNS:
+            raise ConfigError.at(
+                where,
+                f"search parameter '{name}'",
+                "is a column of trials.csv: its values would overwrite the trial's",
+                "give the parameter another name",
+            )
+        parameter = parse_parameter(name, spec, where)
+        self.lines[name] = where
         if self._trial is None:
             value = parameter.corners()[0]
             self.grid[name] = parameter.grid()
@@ -257,6 +267,13 @@ def _code_first(build: Builder, request: SearchRequest) -> tuple[Path, SearchRec
     loaded, _ = load_and_validate(config)
     statistics = check_trial_config(config, [])
     monitor, mode = monitor_of(loaded.data, request.monitor, request.mode, statistics)
+    if monitor in first.values:
+        raise ConfigError.at(
+            first.lines[monitor],
+            f"search parameter '{monitor}'",
+            "has the monitor's name: trials.csv would show its values as the trials'",
+            "give the parameter another name",
+        )
     settings = SearchSettings(
         sampler=component_spec("sampler", request.sampler or "tpe", where),
         pruner=component_spec("pruner", request.pruner or "none", where),

@@ -26,6 +26,11 @@ if TYPE_CHECKING:
 PED_ANOVA_QUANTILE = 0.2
 
 
+# trials.csv's columns besides the monitor's and the parameters': a parameter of one of these
+# names (code-first builders name their own) would overwrite the column.
+TRIAL_COLUMNS = ("number", "state", "reason", "retry_of", "duration_s", "run_dir")
+
+
 # The user attribute of a trial with its values as sampled (a list choice a list, not the JSON
 # text Optuna's params keep of it).
 VALUES = "values"
