@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -15,9 +16,10 @@ from search_helpers import tiny_config
 from torchloom.analysis.plotting import png_data
 from torchloom.cli.main import main
 from torchloom.search.evolution_sampler import ORIGIN, RegularizedEvolutionSampler
-from torchloom.search.pareto import PARAMETERS, front
+from torchloom.search.pareto import PARAMETERS, ParameterCount, front, section
 from torchloom.search.record import read_record
 from torchloom.search.results import open_study
+from torchloom.zoo.nas.search_network import DartsNetwork
 
 CHROMIUM = Path("/usr/bin/chromium")
 OPERATIONS = ["sep_conv_3x3", "max_pool_3x3", "skip_connect", "dil_conv_3x3"]
@@ -151,6 +153,23 @@ def test_front_keeps_the_best_at_each_size() -> None:
         (0.95, 9000),
     ]
     assert [t.user_attrs[PARAMETERS] for t in front(study.trials, "min")] == [1000]
+
+
+def test_a_trial_that_searches_an_architecture_records_no_size(tmp_path: Path) -> None:
+    """Its trainable weights are the supernet's (every candidate operation on every edge),
+    not the derived network's: a Pareto "size" of the same few hundred thousand for every
+    trial, whatever it derives. No size is recorded and the page says why."""
+    shape = {"input_depth": 1, "input_height": 8, "input_width": 8, "prediction_size": 3}
+    darts = DartsNetwork.create(cells=3, channels=4, steps=2, multiplier=2, globals=shape)
+    run = SimpleNamespace(pipeline=SimpleNamespace(components={"net": darts}, models=[darts]))
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    ParameterCount(trial).before_train(run)  # type: ignore[arg-type]
+    study.tell(trial, 0.5)
+    assert PARAMETERS not in study.trials[0].user_attrs
+    shown = "".join(section(tmp_path, study, "validation.accuracy", "max"))
+    assert "Not drawn: 1 trial(s) recorded no size" in shown and "searches an architecture" in shown
+    assert not (tmp_path / "plots").exists()
 
 
 FFN_SEARCH = """\

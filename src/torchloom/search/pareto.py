@@ -15,12 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from torchloom.api import Hook, RunView
+from torchloom.engine.architecture_search import searchable_components
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
 PARAMETERS = "parameters"  # the user attribute of a trial: its trainable parameters
+# The user attribute of a trial whose size means nothing (why, one line): a trial that searches
+# an architecture trains a supernet of every candidate operation, not the network it derives.
+UNSIZED = "size_not_counted"
 PLOT = "pareto.png"
 
 
@@ -49,6 +53,10 @@ class ParameterCount(Hook):
         self.trial = trial
 
     def before_train(self, run: RunView) -> None:
+        if searchable_components(run.pipeline):
+            why = "it searches an architecture: its supernet is not the network derived.yml trains"
+            self.trial.set_user_attr(UNSIZED, why)
+            return
         count = sum(
             p.numel()
             for model in run.pipeline.models
@@ -114,6 +122,13 @@ def section(search_dir: Path, study: optuna.Study, monitor: str, mode: str) -> l
     from torchloom.analysis.html_parts import escape, png_file_figure, table
 
     trials = measured(study)
+    unsized = [t for t in study.get_trials(deepcopy=False) if UNSIZED in t.user_attrs]
+    if unsized:
+        reason = escape(unsized[0].user_attrs[UNSIZED])
+        return [
+            "<h2>Pareto front</h2>",
+            f"<p>Not drawn: {len(unsized)} trial(s) recorded no size ({reason}).</p>",
+        ]
     if not trials:
         return []
     kept = front(trials, mode)
