@@ -319,3 +319,27 @@ def test_sorting_runs_without_statistics_says_so(
     (tmp_path / "mlp" / "20240101_090000" / "summary.json").write_text("{", encoding="utf-8")
     with pytest.raises(ConfigError, match="no run here has statistics yet"):
         sort_runs(list_runs(tmp_path), "validation.accuracy")
+
+
+def test_runs_ranked_on_different_numbers_of_samples_show_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """0.9 over 8 validation samples ranked above 0.8 over 128 without a word: the table
+    shows the samples each value was measured on when they differ."""
+    expdir = tmp_path / "runs"
+    for stamp, accuracy, samples in (("20240101_090000", 0.8, 128), ("20240102_090000", 0.9, 8)):
+        folder = fake_run(expdir, "mlp", stamp, accuracy, 0.3)
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        summary["best"]["validation.samples"] = samples
+        summary["final"]["validation"]["samples"] = samples
+        (folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    assert runs_command.run(
+        Namespace(expdir=str(expdir), sort="validation.accuracy", limit=None, descending=None)
+    ) == 0
+    header, _, first, second = capsys.readouterr().out.splitlines()
+    assert header.split()[-2:] == ["validation.samples", "folder"]
+    assert first.split()[-2] == "8" and second.split()[-2] == "128"
+    fake_run(tmp_path / "same", "mlp", "20240101_090000", 0.8, 0.3)
+    sort = Namespace(expdir=str(tmp_path / "same"), sort="validation.accuracy", limit=None)
+    assert runs_command.run(Namespace(**vars(sort), descending=None)) == 0
+    assert "samples" not in capsys.readouterr().out  # one count (here none): no column

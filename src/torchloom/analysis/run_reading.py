@@ -109,13 +109,19 @@ class Run:
         best.pt), else its final value (test statistics are measured with best.pt). An
         online run's best is a partial pass's (a few batches): its section's full pass at
         the end, on the whole set as every other run's, is the one compared."""
+        return self.statistic_and_samples(key)[0]
+
+    def statistic_and_samples(self, key: str) -> tuple[float | None, float | None]:
+        """`statistic(key)` and the samples of the pass it was measured on (None if unknown)."""
         best, final = self.summary.get("best") or {}, self.final()
         samples = f"{key.split('.', 1)[0]}.samples"
         partial, whole = as_number(best.get(samples)), final.get(samples)
         if partial is not None and whole is not None and partial < whole:
-            return final.get(key)
+            return final.get(key), whole
         value = as_number(best.get(key))
-        return value if value is not None else final.get(key)
+        if value is not None:
+            return value, partial if partial is not None else whole
+        return final.get(key), whole
 
     def monitor(self) -> tuple[str, float | None, int | None]:
         """(name, best value, best epoch) of the monitored statistic; ('', None, None) if none."""

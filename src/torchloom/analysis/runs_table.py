@@ -79,7 +79,8 @@ def table_cells(
     """Headers, cells and right-aligned columns of the table `loom runs` prints (a column
     for the sort statistic unless it is test accuracy, which has its own)."""
     extra = [statistic] if statistic is not None and statistic != "test.accuracy" else []
-    headers = [*HEADERS, *extra, "folder"]
+    counted = _samples_column(rows, statistic)
+    headers = [*HEADERS, *extra, *counted, "folder"]
     lines = []
     for row in rows:
         run = row.run
@@ -95,5 +96,20 @@ def table_cells(
             format_number(run.final().get("test.accuracy")),
         ]
         cells += [format_number(run.statistic(name)) for name in extra]
+        if counted:
+            assert statistic is not None
+            samples = run.statistic_and_samples(statistic)[1]
+            cells.append("" if samples is None else f"{samples:.0f}")
         lines.append([*cells, row.folder])
-    return headers, lines, ({3, 5, 6} if extra else {3, 5})
+    right = {3, 5} | set(range(len(HEADERS), len(headers) - 1))
+    return headers, lines, right
+
+
+def _samples_column(rows: Sequence[RunRow], statistic: str | None) -> list[str]:
+    """A column of the samples each run measured `statistic` on, when they differ: a run
+    validated on 8 samples and one on 128 are ranked together, and the table says so."""
+    if statistic is None:
+        return []
+    counts = {row.run.statistic_and_samples(statistic)[1] for row in rows}
+    counts.discard(None)
+    return [f"{statistic.split('.', 1)[0]}.samples"] if len(counts) > 1 else []
