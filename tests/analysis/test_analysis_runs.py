@@ -333,9 +333,12 @@ def test_runs_ranked_on_different_numbers_of_samples_show_them(
         summary["best"]["validation.samples"] = samples
         summary["final"]["validation"]["samples"] = samples
         (folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
-    assert runs_command.run(
-        Namespace(expdir=str(expdir), sort="validation.accuracy", limit=None, descending=None)
-    ) == 0
+    assert (
+        runs_command.run(
+            Namespace(expdir=str(expdir), sort="validation.accuracy", limit=None, descending=None)
+        )
+        == 0
+    )
     header, _, first, second = capsys.readouterr().out.splitlines()
     assert header.split()[-2:] == ["validation.samples", "folder"]
     assert first.split()[-2] == "8" and second.split()[-2] == "128"
