@@ -143,3 +143,31 @@ def test_nproc_is_checked_against_the_cpus_this_process_may_use(
     with pytest.raises(ConfigError, match="more than the 1 CPU cores this process may use"):
         check_launch(LaunchOptions(nproc=2))
     check_launch(LaunchOptions(nproc=1))
+
+
+class TwinProcesses(distributed.Distributed):
+    """Two processes holding the same batch: the all-reduced sum is twice this one's."""
+
+    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.mul_(2)
+
+
+def test_a_batch_whose_every_target_is_ignored_adds_nothing_under_ddp() -> None:
+    """With one process the loss of a batch with no counted target is 0 (its mean clamps the
+    count); with two, the global mean divided 0 by 0: a NaN loss and NaN gradients, the run
+    ended 'diverged' where one process trains on."""
+    from types import SimpleNamespace
+
+    from torchloom.engine.step import WeightedLoss
+    from torchloom.zoo.losses import CrossEntropyLoss
+
+    loss = CrossEntropyLoss.create(name="loss", ignore_index=-100)
+    weighted = WeightedLoss(SimpleNamespace(losses=[loss]), {}, lambda *keys: "config.yml")  # type: ignore[arg-type]
+    logits = torch.randn(4, 3, requires_grad=True)
+    batch = {"predictions": logits, "targets": torch.full((4,), -100)}
+    batch.update(loss(batch))
+    assert batch["loss"].item() == 0.0  # one process
+    mean, scaled = weighted.across_processes(batch, 4, TwinProcesses(rank=0, world=2))
+    assert mean.item() == 0.0 and scaled.item() == 0.0
+    scaled.backward()
+    assert logits.grad is not None and torch.equal(logits.grad, torch.zeros(4, 3))

@@ -102,6 +102,9 @@ class WeightedLoss:
         shares = torch.cat([torch.where(own > 0, values * own, 0.0), own])
         distributed.sum(shares)
         summed, counted = shares.split(len(self.terms))
+        # A loss that counts nothing in the whole global batch is 0, as one process's mean
+        # makes it (`_MeanOverTargets` clamps its count): not 0 / 0.
+        counted = counted.clamp(min=1)
         factors = (own * distributed.world / counted).to(torch.float32)
         mean: torch.Tensor | None = None
         scaled: torch.Tensor | None = None
