@@ -89,8 +89,15 @@ class WeightsMatch:
         lists = (*self.missing.values(), *self.unexpected.values(), *self.mismatched.values())
         return not any(lists) and not self.extra_components
 
-    def add(self, name: str, own: Mapping[str, Any], given: Mapping[str, Any]) -> None:
-        """Match one component's state dict (`own`) against the source's entry (`given`)."""
+    def add(
+        self,
+        name: str,
+        own: Mapping[str, Any],
+        given: Mapping[str, Any],
+        optional: frozenset[str] = frozenset(),
+    ) -> None:
+        """Match one component's state dict (`own`) against the source's entry (`given`);
+        `optional` keys are loaded when given and not missed when not (OPTIONAL_STATE)."""
         loaded, mismatched = [], []
         for key, value in given.items():
             if key not in own:
@@ -101,7 +108,7 @@ class WeightsMatch:
                 continue
             loaded.append(key)
         self.loaded[name] = loaded
-        self.missing[name] = sorted(set(own) - set(given))
+        self.missing[name] = sorted(set(own) - set(given) - optional)
         self.unexpected[name] = sorted(set(given) - set(own))
         self.mismatched[name] = mismatched
 
@@ -191,7 +198,10 @@ def match_pipeline_weights(
     match = WeightsMatch()
     for name, own in expected.items():
         given = source.get(name)
-        match.add(name, own, given if isinstance(given, Mapping) else {})
+        # State a component began to keep later (a class's OPTIONAL_STATE): a checkpoint
+        # from before it lacks it, and the component loads it without (its own pre-hook).
+        optional = getattr(components[name], "OPTIONAL_STATE", frozenset())
+        match.add(name, own, given if isinstance(given, Mapping) else {}, optional)
     match.extra_components = sorted(
         str(name)
         for name, state in source.items()

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from torchloom.core.weights import load_pipeline_weights
 from torchloom.data.sources import packaged_copy
 from torchloom.errors import ComponentError
 from torchloom.zoo.text.pretrained_encoder import FROZEN_DIGEST, PretrainedSentenceEncoder
@@ -55,6 +57,25 @@ def test_frozen_by_default_and_out_of_checkpoints(encoder: PretrainedSentenceEnc
     encoder.load_state_dict({})
     encoder.load_state_dict(state)
     assert torch.equal(encoder({"inputs": SENTENCES[:1]})["embeddings"], before)
+
+
+def test_a_pipeline_checkpoint_from_before_the_digest_loads(
+    encoder: PretrainedSentenceEncoder,
+) -> None:
+    """The pipeline's weight check compared keys before the encoder's own loading: a
+    checkpoint written before the digest was kept (the frozen encoder's state empty) was
+    refused as lacking '_extra_state', and old runs could not be resumed or processed."""
+    classifier = torch.nn.Linear(384, 2)
+    classifier.label = "classifier 'classifier'"  # what the check names a component by
+    components: dict[str, Any] = {"encoder": encoder, "classifier": classifier}
+    for old in ({"encoder": {}}, {}):
+        old["classifier"] = classifier.state_dict()
+        match = load_pipeline_weights(components, old, "checkpoint 'last.pt'")
+        assert match.complete
+    digest = {"encoder": encoder.state_dict(), "classifier": classifier.state_dict()}
+    assert load_pipeline_weights(components, digest, "last.pt").loaded["encoder"] == [
+        "_extra_state"
+    ]
 
 
 def test_a_checkpoint_is_not_used_with_other_frozen_weights(

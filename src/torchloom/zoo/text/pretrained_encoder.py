@@ -127,6 +127,9 @@ class PretrainedSentenceEncoder(Model):
         if not params.trainable:
             self.freeze()
 
+    # Checkpoints from before the digest was kept have none (core/weights.py reads this).
+    OPTIONAL_STATE = frozenset({"_extra_state"})
+
     def get_extra_state(self) -> dict[str, str]:
         """A frozen encoder's checkpoint records a digest of the weights it ran with (its
         folder's, which the checkpoint leaves out), so that the checkpoint is never used
