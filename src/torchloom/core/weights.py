@@ -200,7 +200,7 @@ def match_pipeline_weights(
         given = source.get(name)
         # State a component began to keep later (a class's OPTIONAL_STATE): a checkpoint
         # from before it lacks it, and the component loads it without (its own pre-hook).
-        optional = getattr(components[name], "OPTIONAL_STATE", frozenset())
+        optional: frozenset[str] = getattr(components[name], "OPTIONAL_STATE", frozenset())
         match.add(name, own, given if isinstance(given, Mapping) else {}, optional)
     match.extra_components = sorted(
         str(name)
