@@ -3,12 +3,15 @@ schema, so `loom check` reports them (naming the key) before any data is read.""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from torchloom import process
 from torchloom.config.schema import validate_sections
 from torchloom.errors import ConfigError
+from toy_runs import toy_config, train, write
 
 
 def where(*keys: str) -> str:
@@ -91,3 +94,21 @@ def test_a_reservoir_outside_training_is_refused_by_loom_check(section: str) -> 
     message = refused(data)
     assert f"cfg.yml:{section}.dataloader.reservoir: {section}.dataloader.reservoir" in message
     assert "training only" in message
+
+
+def test_a_trained_run_s_loader_settings_do_not_stop_its_evaluation(tmp_path: Path) -> None:
+    """A run trained before these keys were refused (num_workers inherited from a default
+    config, and ignored) could no longer be processed or exported: what concerns training's
+    loading only is left out when a trained run is read."""
+    data = {"training": training(dataloader={"num_workers": 2})}
+    assert "num_workers" in refused(data)
+    validate_sections(data, where, for_training=False)
+    config = toy_config(epochs=1, dataloader={"batch_size": 8, "reservoir": {"size": 16}})
+    run = train(write(tmp_path, config), tmp_path / "runs").run_dir
+    written = run / "config.yaml"
+    written.write_text(
+        written.read_text().replace("batch_size: 8\n", "batch_size: 8\n    num_workers: 2\n", 1)
+    )
+    assert "num_workers: 2" in written.read_text()
+    processed = process(run, section="validation", expdir=str(tmp_path / "processed"))
+    assert processed.statistics["samples"] == 16

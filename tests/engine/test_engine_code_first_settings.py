@@ -14,9 +14,9 @@ from torch import nn
 
 import code_first_models as models
 import torchloom
+from torchloom import outputs
 from torchloom.engine.checkpoint import DIGEST_KEY, content_digest, seed_everything
 from torchloom.engine.code_first_sources import seed_for_section
-from torchloom import outputs
 from torchloom.errors import ConfigError
 
 

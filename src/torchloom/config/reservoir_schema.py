@@ -71,9 +71,10 @@ def reservoir_problems(sections: Mapping[str, BaseModel], where: Where) -> list[
             f"training.dataloader.{name}",
             "configures the loader's workers, and with a reservoir the reservoir's workers "
             "make the training's batches (it would be ignored)",
-            f"remove {name}; {shown}.workers sets how many workers make samples",
+            f"set training.dataloader.{name}={off} (an override does, when a default config "
+            f"sets it); {shown}.workers sets how many workers make samples",
         )
-        for name, used in loader_keys.items()
+        for (name, used), off in zip(loader_keys.items(), ("0", "false"), strict=True)
         if used
     ]
     sampler = getattr(training.sampler, "type", None)

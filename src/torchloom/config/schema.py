@@ -241,8 +241,12 @@ def schema_fields(path: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(name for model in models for name in model.model_fields))
 
 
-def validate_sections(data: Mapping[str, Any], where: Where) -> dict[str, BaseModel]:
-    """Check the top-level keys and every section; return the typed sections by name."""
+def validate_sections(
+    data: Mapping[str, Any], where: Where, for_training: bool = True
+) -> dict[str, BaseModel]:
+    """Check the top-level keys and every section; return the typed sections by name.
+    `for_training=False` (a trained run read to evaluate or deploy) leaves out what concerns
+    training's loading only: a run trained before such a check was added stays usable."""
     if CODE_FIRST_KEY in data:
         # A Trainer.fit run's record: its pipeline is Python code, not a config to train or
         # check, and "unknown top-level section" would not say so.
@@ -304,7 +308,8 @@ def validate_sections(data: Mapping[str, Any], where: Where) -> dict[str, BaseMo
                 "add a validation section, or use mode: offline",
             )
         )
-    problems += reservoir_problems(sections, where)
+    if for_training:
+        problems += reservoir_problems(sections, where)
     if "pipeline" in data and not isinstance(data["pipeline"], Mapping):
         problems.append(
             Problem(

@@ -78,7 +78,7 @@ def load_trained_run(
             "is a run of torchloom.Trainer(...).fit (a Python module, not components)",
             "export the module yourself with torch.onnx.export",
         )
-    validate_sections(loaded.data, loaded.where)
+    validate_sections(loaded.data, loaded.where, for_training=False)
     seed_everything(int((loaded.data.get("training") or {}).get("seed") or 0))
     pipeline = build_checked(loaded)
     state = load_checkpoint(weights)

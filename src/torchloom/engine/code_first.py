@@ -38,8 +38,8 @@ from torchloom.engine.code_first_pipeline import (
 from torchloom.engine.code_first_pipeline import fit_where as _where
 from torchloom.engine.code_first_sources import (
     FIT_ARGUMENT,
-    describe_module,
     SEEDING,
+    describe_module,
     open_dataset,
     seed_for_section,
     seeded_by_section,

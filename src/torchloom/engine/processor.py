@@ -92,7 +92,7 @@ def process(
         record = loaded.data.get(CODE_FIRST)
         pipeline = rebuild_pipeline(record, section, seed, loaded.where, module, data)
     else:
-        validate_sections(loaded.data, loaded.where)
+        validate_sections(loaded.data, loaded.where, for_training=False)
         seed_everything(int(training.get("seed") or 0))
         pipeline = build_checked(loaded, disable)
     if section not in pipeline.tasks:
