@@ -136,6 +136,8 @@ def test_predict_refuses_what_it_cannot_read(
     assert "Traceback" not in err
     assert main(["predict", str(onnx_folder), str(tmp_path / "missing.png")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert main(["predict", str(onnx_folder), str(tmp_path)]) == 2  # said "does not exist"
+    assert "is a folder, not an image (name its images:" in capsys.readouterr().err
     assert main(["predict", str(tmp_path), str(fake)]) == 2
     assert "is not an ONNX export" in capsys.readouterr().err
 

@@ -187,6 +187,10 @@ def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Pre
     tensors = []
     for name in inputs:
         path = Path(name).expanduser()
+        if path.is_dir():
+            raise DeployError.at(
+                "", f"input '{path}'", "is a folder, not an image", f"name its images: {path}/*"
+            )
         if not path.is_file():
             raise DeployError.at("", f"input '{path}'", "does not exist")
         tensors.append(image_tensor(path, recipe))
