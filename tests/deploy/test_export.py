@@ -38,6 +38,10 @@ def test_onnx_export_matches_torch_in_onnx_runtime(onnx_folder: Path) -> None:
     assert check["tolerance"] == 1e-4
     assert check["max_abs_difference"] <= 1e-4
     assert check["samples"] == 128
+    assert check["section"] == "test"  # the split the check batches came from
+    assert (
+        "real batches of the test split: max abs" in (onnx_folder / "export_report.md").read_text()
+    )
     assert list(report["graph"]["inputs"]) == ["inputs"] and report["graph"]["outputs"] == [
         "predictions"
     ]
@@ -148,7 +152,7 @@ def test_pt2_export_reloads_with_torch_export_and_as_an_aoti_package(lenet_run: 
     folder = lenet_run / "exports" / "pt2"
     report = report_of(folder)
     assert report["check"]["max_abs_difference"] <= 1e-6
-    assert report["check"]["tolerance"] == 1e-4
+    assert report["check"]["tolerance"] == 1e-4 and report["check"]["section"] == "test"
     module = torch.export.load(str(folder / "model.pt2")).module()
     assert module(torch.zeros(3, 1, 28, 28))[0].shape == (3, 10)
     assert report["aoti"]["max_abs_difference"] <= 1e-4

@@ -144,12 +144,14 @@ def export(
     with staged_folder(target, force, "loom export") as folder:
         if format == "onnx":
             report.update(_onnx(graph, example, batches, folder, opset, dynamic_batch, repeats))
+            report["check"]["section"] = section  # the split its batches came from
             if int8:
                 calibrated, calibration = _calibration_batches(pipeline, graph)
                 report["int8"] = _onnx_int8(graph, batches, calibration, folder, repeats)
                 report["int8"]["calibration_section"] = calibrated
         elif format == "pt2":
             report.update(_pt2(graph, example, batches, folder, dynamic_batch, aoti, repeats))
+            report["check"]["section"] = section
         else:
             report.update(_safetensors(pipeline.components, folder))
         record = sidecar(pipeline, section, graph)

@@ -169,8 +169,9 @@ def export_markdown(report: dict[str, Any]) -> str:
     if check:
         tolerance = check.get("tolerance")
         lines.append(
-            f"- check against eager torch on {check['batches']} real batches: max abs "
-            f"difference {check['max_abs_difference']:.3g}"
+            f"- check against eager torch on {check['batches']} real batches"
+            + (f" of the {check['section']} split" if "section" in check else "")
+            + f": max abs difference {check['max_abs_difference']:.3g}"
             + (f" (tolerance {tolerance:g})" if tolerance is not None else "")
         )
     if "load" in report:
