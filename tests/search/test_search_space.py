@@ -244,3 +244,26 @@ def test_a_continuous_range_on_a_whole_number_key_is_refused_before_any_trial(
     runs = tmp_path / "runs"
     assert main(["search", str(config), "--trials", "2", "--expdir", str(runs)]) == 2
     assert not runs.exists()
+
+
+def test_progress_lines_name_each_parameter_by_an_ending_that_tells_it_apart() -> None:
+    """The last key part alone printed a DARTS edge's `normal.0.1` as `1=...` and two
+    `lr`s alike."""
+    from torchloom.search.worker import short_names
+
+    keys = [
+        "pipeline.net.genotype.normal.0.0",
+        "pipeline.net.genotype.normal.0.1",
+        "pipeline.net.genotype.reduce.0.0",
+        "pipeline.net.channels",
+        "training.optimizer.lr",
+        "pipeline.head.lr",
+    ]
+    assert list(short_names(keys).values()) == [
+        "normal.0.0",
+        "normal.0.1",
+        "reduce.0.0",
+        "channels",
+        "optimizer.lr",
+        "head.lr",
+    ]

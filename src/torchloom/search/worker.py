@@ -214,7 +214,8 @@ def _run_one(
             raise TrialFailed(f"its values could not be drawn: {failure_reason(error)}") from error
         # As sampled: Optuna's params hold a list or mapping choice as its JSON text.
         trial.set_user_attr(VALUES, values)
-        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={_short(v)}" for k, v in values.items())
+        names = short_names(list(values))
+        shown = ", ".join(f"{names[k]}={_short(v)}" for k, v in values.items())
         value, _ = run_trial(trial, source, overrides, objective, options, on_run_dir)
         # Recorded inside the try: a stop landing here, before the value is stored, fails and
         # queues the trial as one stopped mid-run (after, the complete trial stands), rather
@@ -314,6 +315,21 @@ def worker_device(requested: str | None, worker: int) -> str | None:
         # trial.gpu_answers): else GPU 0, and a context there for nothing.
         torch.cuda.set_device(device)
     return device
+
+
+def short_names(keys: list[str]) -> dict[str, str]:
+    """Each dotted key's shortest ending that tells it from the others and names a key, not
+    only list positions: `lr`, `normal.0.1` (a DARTS edge's, where `1` said nothing)."""
+    names = {}
+    for key in keys:
+        parts = key.split(".")
+        for size in range(1, len(parts) + 1):
+            name = ".".join(parts[-size:])
+            named = not parts[-size].isdigit()
+            if named and not any(o != key and (o == name or o.endswith("." + name)) for o in keys):
+                break
+        names[key] = name
+    return names
 
 
 def _short(value: Any) -> str:
