@@ -124,6 +124,40 @@ def test_online_mode_validates_part_of_the_validation_set_and_needs_one(tmp_path
     assert not (tmp_path / "none").exists()
 
 
+def test_an_online_trainer_sets_its_partial_validations(tmp_path: Path) -> None:
+    """Online mode validated 10 batches every logging interval, and the Trainer had no way to
+    say otherwise (a config says it under `validation:`)."""
+    trainer = torchloom.Trainer(
+        epochs=1,
+        batch_size=16,
+        mode="online",
+        partial_validation_interval=3,
+        partial_validation_batches=1,
+        eval_batch_size=8,
+        seed=0,
+        expdir=tmp_path,
+        analysis=False,
+    )
+    result = trainer.fit(
+        models.Clusters(),
+        train=models.train_set,
+        validation=models.validation_set,
+        test=models.test_set,
+    )
+    config = recorded(result)
+    assert config["validation"]["partial_validation_interval"] == 3
+    assert config["validation"]["partial_validation_batches"] == 1
+    assert config["validation"]["dataloader"]["batch_size"] == 8
+    assert config["test"]["dataloader"]["batch_size"] == 8
+    rows = (result.run_dir / "validation_statistics.csv").read_text().splitlines()
+    assert [row.split(",")[1] for row in rows[1:]] == ["3", "6", "9", "12"]  # episodes
+    assert {row.split(",")[-1] for row in rows[1:]} == {"8"}  # one batch of 8 samples
+    with pytest.raises(ConfigError, match="add mode='online'"):
+        torchloom.Trainer(partial_validation_batches=2, expdir=tmp_path)
+    with pytest.raises(ConfigError, match=r"Trainer\(eval_batch_size=...\): must be a whole"):
+        torchloom.Trainer(eval_batch_size=0, expdir=tmp_path)
+
+
 @pytest.mark.parametrize("test", [None, models.test_set])
 def test_the_module_holds_best_pt_after_a_test_pass_and_the_last_weights_without(
     tmp_path: Path, test: Any

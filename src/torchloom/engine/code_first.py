@@ -95,6 +95,43 @@ def _training_settings(
     return {"task": {"type": "python"}, **training}
 
 
+# Settings of the evaluation sections, given to the Trainer beside the training section's
+# keys: online mode's partial validations (a config's `validation:` keys), and the batch size
+# of the validation and test passes (by default 64, a config section's default).
+EVALUATION_KEYS = ("partial_validation_interval", "partial_validation_batches", "eval_batch_size")
+
+
+def _evaluation_sections(given: Mapping[str, Any], training: Mapping[str, Any]) -> dict[str, Any]:
+    """{section: its keys besides `task`} from the Trainer's evaluation settings, checked: a
+    partial validation setting of an offline Trainer would be one the run does not use."""
+    partial = {k: v for k, v in given.items() if k.startswith("partial_")}
+    if partial and training.get("mode") != "online":
+        raise ConfigError.at(
+            "Trainer(...)",
+            f"Trainer({next(iter(partial))}=...)",
+            "sets online mode's partial validations, and this Trainer trains offline (a "
+            "full validation after every epoch)",
+            "add mode='online', or leave it out",
+        )
+    size = given.get("eval_batch_size")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        message = f"must be a whole number of samples above 0, got {size!r}"
+        raise ConfigError.at("Trainer(...)", "Trainer(eval_batch_size=...)", message)
+    loader = {"batch_size": size} if size is not None else {}
+    sections = {
+        "validation": {**partial, **({"dataloader": loader} if loader else {})},
+        "test": {"dataloader": loader} if loader else {},
+    }
+    for section, keys in sections.items():
+        schema = ValidationConfig if section == "validation" else SectionConfig
+        try:
+            schema.model_validate({"task": {"type": "python"}, **keys})
+        except ValidationError as error:
+            where = lambda *_: "Trainer(...)"  # noqa: E731
+            raise ConfigError(validation_problems(error, where, (), schema)) from error
+    return sections
+
+
 def _validated(settings: Mapping[str, Any]) -> TrainingConfig:
     """Trainer(...)'s keyword arguments, which are the training section's keys, validated."""
     try:
@@ -129,8 +166,10 @@ class CodeFirstTrainer:
         analysis: str | Mapping[str, Any] | bool | None = None,
         **training: Any,
     ) -> None:
+        evaluation = {k: training.pop(k) for k in EVALUATION_KEYS if k in training}
         self.training = _training_settings(epochs, batch_size, training)
         _validated(self.training)  # a misspelt setting is an error here, not at fit()
+        self.evaluation = _evaluation_sections(evaluation, self.training)
         self.name = name
         self.analysis = copy.deepcopy(analysis)  # the caller's mapping stays the caller's
         self.options = TrainOptions(
@@ -217,9 +256,14 @@ class CodeFirstTrainer:
             "validation": ValidationConfig if online else SectionConfig,
             "test": SectionConfig,
         }
+        # Only the keys given: a run recorded without them stays resumable.
         sections: dict[str, BaseModel] = {
             "training": config,
-            **{s: m(task=python_task) for s, m in schemas.items() if s in pipeline.tasks},
+            **{
+                s: m(task=python_task, **self.evaluation[s])
+                for s, m in schemas.items()
+                if s in pipeline.tasks
+            },
         }
         analysis = self._analysis_section(declared)
         options = self.options
