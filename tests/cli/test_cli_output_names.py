@@ -38,6 +38,29 @@ def test_check_refuses_an_exporter_file_name_that_is_not_plain(
     )
 
 
+@pytest.mark.parametrize(
+    "filename",
+    ["config.yaml", "summary.json", "run.log", "training_statistics.csv", "test_summary.json"],
+)
+def test_check_refuses_an_exporter_file_name_the_folder_already_has(
+    filename: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`filename: config.yaml` replaced the run's config with CSV rows (the run could not be
+    resumed or processed); `training_statistics.csv`, its statistics."""
+    exporter = (
+        "  exporter:\n    type: StreamFileExporter\n    input_streams: [targets]\n"
+        f"    filename: {filename}\n"
+    )
+    bad = write_config(tmp_path, GOOD_CONFIG + exporter)
+    assert_user_error(
+        run_loom(capsys, "check", str(bad)),
+        f"bad.yml:{GOOD_CONFIG.count(chr(10)) + 4}",
+        "component 'exporter' (StreamFileExporter)",
+        "parameter 'filename'",
+        f"'{filename}' is a file the run or pass folder already has",
+    )
+
+
 def test_process_never_writes_an_exporter_file_outside_its_folder(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -46,3 +46,40 @@ def _plain(name: str) -> str:
 
 
 PlainFileName = Annotated[str, AfterValidator(_plain)]
+
+
+# What the workers write at the top of a run or pass folder (config.yaml, the statistics CSVs,
+# the summaries, the log, the lock): a component's file there may not take one of these names
+# (a StreamFileExporter named config.yaml replaced the run's, and the run could not resume).
+WORKER_FILES = frozenset(
+    {
+        "config.yaml",
+        "summary.json",
+        "run.log",
+        "started_by.json",
+        "skipped.json",
+        "report.html",
+        "genotype.yml",
+        "derived.yml",
+        "lr_find.csv",
+        "lr_find.png",
+        "lr_find.json",
+        ".lock",
+    }
+)
+WORKER_SUFFIXES = ("_statistics.csv", "_summary.json")
+
+
+def _not_a_worker_file(name: str) -> str:
+    if name in WORKER_FILES or name.endswith(WORKER_SUFFIXES):
+        raise PydanticCustomError(
+            "worker_file_name",
+            "'{name}' is a file the run or pass folder already has (config.yaml, summary.json, "
+            "run.log, *_statistics.csv, *_summary.json, ...): it would be replaced",
+            {"name": name},
+        )
+    return name
+
+
+# A plain file name for a file a component writes beside the worker's own files.
+OwnFileName = Annotated[str, AfterValidator(_plain), AfterValidator(_not_a_worker_file)]

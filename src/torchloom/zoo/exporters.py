@@ -10,7 +10,7 @@ import torch
 from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
-from torchloom.core.file_names import PlainFileName
+from torchloom.core.file_names import OwnFileName
 from torchloom.core.streams import StreamSpec
 from torchloom.data.csv_cells import safe_cells
 
@@ -19,8 +19,10 @@ class StreamFileExporterParams(ComponentParams):
     input_streams: list[str] = Field(
         min_length=1, description="streams to write, one column each (pipeline-wide names)"
     )
-    filename: PlainFileName = Field(
-        "exported_streams.csv", description="file name inside the pass folder (no path)"
+    filename: OwnFileName = Field(
+        "exported_streams.csv",
+        description="file name inside the pass folder (no path; not one of the folder's own "
+        "files: config.yaml, summary.json, run.log, *_statistics.csv, *_summary.json, ...)",
     )
     separator: str = Field(",", min_length=1, max_length=1, description="CSV field separator")
     sections: list[str] = Field(
