@@ -152,6 +152,14 @@ def test_bad_input_writes_nothing(two_runs: list[Path], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="is a folder"):
         write_comparison(two_runs, tmp_path)
     assert not output.exists()
+    # -o RUN/summary.json --force made the run's summary an HTML page.
+    summary = two_runs[0] / "summary.json"
+    kept = summary.read_bytes()
+    with pytest.raises(ConfigError, match=r"is not an \.html file"):
+        write_comparison(two_runs, summary, force=True)
+    assert summary.read_bytes() == kept
+    with pytest.raises(ConfigError, match="cannot be a file name: it is longer than 255"):
+        write_comparison(two_runs, tmp_path / ("x" * 300 + ".html"))
 
 
 def _copy_with_summary(run: Path, folder: Path, best: float, final: float) -> Path:

@@ -28,6 +28,7 @@ from torchloom.analysis.run_reading import (
 )
 from torchloom.config.dumping import flatten_config
 from torchloom.config.yaml_reader import parse_config_text
+from torchloom.core.file_names import file_name_problem
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError
 
@@ -163,8 +164,20 @@ def write_comparison(
     """Write the comparison page of `run_dirs` to `output` and return its path."""
     target = Path(output).expanduser()
     subject = f"output '{output}'"
+    problem = file_name_problem(target.name)
+    if problem and target.name:  # a name too long for the file system was a traceback
+        raise ConfigError.at("", subject, f"cannot be a file name: {problem}")
     if target.is_dir():
         raise ConfigError.at("", subject, "is a folder", "name an .html file")
+    # Only a page is replaced, even with --force: `-o RUN/summary.json --force` made a run's
+    # summary (or a checkpoint) an HTML page.
+    if target.suffix.lower() not in (".html", ".htm"):
+        raise ConfigError.at(
+            "",
+            subject,
+            "is not an .html file (the page replaces the file it names)",
+            "name an .html file, e.g. -o compare.html",
+        )
     if target.exists() and not force:
         raise ConfigError.at("", subject, "exists already", "pass --force to overwrite it")
     if not target.parent.is_dir():
