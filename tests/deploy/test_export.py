@@ -20,6 +20,7 @@ from PIL import Image
 from torchloom.cli.main import main
 from torchloom.deploy.graph import InferenceGraph, task_batch
 from torchloom.deploy.run_model import load_trained_run
+from torchloom.engine.run_lock import RunLock
 
 
 def report_of(folder: Path) -> dict:
@@ -597,3 +598,27 @@ def test_predict_gives_exp_of_log_probabilities_and_softmax_of_logits(
         (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines()]
         found = {int(entry["label"]): entry["probability"] for entry in line["top"]}
         assert np.allclose([found[i] for i in range(10)], expected, rtol=1e-6, atol=1e-9)
+
+
+def test_a_run_still_training_is_not_exported_nor_quantized(
+    lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both took a run in its first epoch: its best.pt then moved on, and the export and the
+    report (naming best.pt) were of weights the run no longer had, silently."""
+    lock = RunLock(lenet_run).acquire()  # as `loom train` holds it while it trains
+    try:
+        for command in (["export", str(lenet_run)], ["quantize", str(lenet_run)]):
+            assert main(command) == 2
+            err = capsys.readouterr().err
+            assert "is still training (held by process" in err and "--checkpoint PATH" in err
+        copy = tmp_path / "best.pt"
+        shutil.copy(lenet_run / "checkpoints" / "best.pt", copy)
+        args = ["export", str(lenet_run), "--checkpoint", str(copy), "--format", "safetensors"]
+        assert main([*args, "--force"]) == 0  # a copy does not move
+    finally:
+        lock.release()
+    report = report_of(lenet_run / "exports" / "safetensors")
+    assert report["checkpoint_progress"] == {"epoch": 1, "episode": 24}
+    assert "saved at epoch 1, episode 24" in (
+        lenet_run / "exports" / "safetensors" / "export_report.md"
+    ).read_text()

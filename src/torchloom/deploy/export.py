@@ -133,6 +133,7 @@ def export(
     report: dict[str, Any] = {
         "run_dir": str(run.run_dir),
         "checkpoint": str(run.checkpoint),
+        "checkpoint_progress": run.progress,  # its epoch and episode: best.pt moves on
         "format": format,
         "graph": graph.describe(),
         "dynamic_batch": dynamic_batch,

@@ -147,6 +147,7 @@ def quantize(
     report = {
         "run_dir": str(run.run_dir),
         "checkpoint": str(run.checkpoint),
+        "checkpoint_progress": run.progress,  # its epoch and episode: best.pt moves on
         "mode": mode,
         "route": quantizer.route,
         "options": options.record(),

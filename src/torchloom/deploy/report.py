@@ -66,7 +66,7 @@ def quantization_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Quantization report: {report['mode']}",
         "",
-        f"- run: `{report['run_dir']}` (checkpoint `{report['checkpoint']}`)",
+        f"- run: `{report['run_dir']}` (checkpoint `{report['checkpoint']}`{_at(report)})",
         f"- route: {report['route']}",
         f"- backend: {report['options']['backend']}, "
         f"{'per-channel' if report['options']['per_channel'] else 'per-tensor'} weights, "
@@ -157,7 +157,7 @@ def export_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Export report: {report['format']}",
         "",
-        f"- run: `{report['run_dir']}` (checkpoint `{report['checkpoint']}`)",
+        f"- run: `{report['run_dir']}` (checkpoint `{report['checkpoint']}`{_at(report)})",
         f"- file: `{report['file']}` ({report['bytes']:,} bytes)",
         f"- inputs: {', '.join(graph['inputs'])}; outputs: {', '.join(graph['outputs'])}",
         f"- components in the graph: {', '.join(graph['components'])}",
@@ -221,3 +221,10 @@ def export_markdown(report: dict[str, Any]) -> str:
             int8["latency_ms"], ("ONNX Runtime float", "float"), ("ONNX Runtime int8", "int8")
         )
     return "\n".join(lines) + "\n"
+
+
+def _at(report: dict[str, Any]) -> str:
+    """Where the checkpoint's weights stood, when the report knows (best.pt moves on)."""
+    progress = report.get("checkpoint_progress") or {}
+    parts = [f"{k} {progress[k]}" for k in ("epoch", "episode") if k in progress]
+    return f", saved at {', '.join(parts)}" if parts else ""

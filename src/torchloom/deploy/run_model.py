@@ -15,6 +15,7 @@ from torchloom.engine.assemble import build_checked, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything
 from torchloom.engine.processor import checkpoint_path
 from torchloom.engine.run_folder import read_started_by
+from torchloom.engine.run_lock import run_liveness
 from torchloom.errors import DeployError
 
 
@@ -26,6 +27,8 @@ class TrainedRun:
     checkpoint: Path
     # The run's config with its `${...}` unresolved, kept in checkpoints since 2026-11-28.
     config_written: str | None = None
+    # Where the checkpoint's weights stand ({epoch, episode}): a report says which it was.
+    progress: dict[str, int] | None = None
 
     @property
     def name(self) -> str:
@@ -61,6 +64,17 @@ def load_trained_run(
             if source
             else "use the run it was made from",
         )
+    own = checkpoint in (None, "best", "last")
+    liveness = run_liveness(folder)
+    if own and liveness.alive:
+        raise DeployError.at(
+            "",
+            f"run folder '{folder}'",
+            f"is still training ({liveness.reason}): its checkpoints change as it trains, and "
+            "the result would not be the run's",
+            "wait for it to end (loom runs shows it), or copy a checkpoint and give the copy "
+            "with --checkpoint PATH",
+        )
     weights = checkpoint_path(folder, checkpoint)
     if weights is None or not weights.is_file():
         raise DeployError.at(
@@ -84,4 +98,6 @@ def load_trained_run(
     state = load_checkpoint(weights)
     load_pipeline_weights(pipeline.components, state["components"], f"checkpoint '{weights}'")
     pipeline.eval()
-    return TrainedRun(folder, loaded, pipeline, weights, state.get("config_written"))
+    progress = state.get("progress") if isinstance(state.get("progress"), dict) else {}
+    at = {k: v for k, v in progress.items() if k in ("epoch", "episode") and isinstance(v, int)}
+    return TrainedRun(folder, loaded, pipeline, weights, state.get("config_written"), at or None)
