@@ -98,6 +98,7 @@ def load_trained_run(
     state = load_checkpoint(weights)
     load_pipeline_weights(pipeline.components, state["components"], f"checkpoint '{weights}'")
     pipeline.eval()
-    progress = state.get("progress") if isinstance(state.get("progress"), dict) else {}
+    progress = state.get("progress")
+    progress = progress if isinstance(progress, dict) else {}
     at = {k: v for k, v in progress.items() if k in ("epoch", "episode") and isinstance(v, int)}
     return TrainedRun(folder, loaded, pipeline, weights, state.get("config_written"), at or None)
