@@ -24,6 +24,7 @@ from typing import Any
 # (torchloom.search), re-exported (see check_training below).
 from torchloom.analysis.build import build_hooks
 from torchloom.config.loading import ConfigSource
+from torchloom.engine.architecture_search import searchable_components as searchable_components
 from torchloom.engine.assemble import load_and_validate as load_and_validate
 from torchloom.engine.assemble import pipeline_name as pipeline_name
 from torchloom.engine.checkpoint import (
@@ -166,6 +167,7 @@ def export(run_dir: str | os.PathLike[str], format: str = "onnx", **options: Any
 #   load_and_validate(config), pipeline_name(...)  a config read and checked; its run name
 #   create_run_folder(parent, name)                a dated run folder
 #   check_training(config, overrides)              what `loom train` checks before any data
+#   searchable_components(pipeline)                its components that search an architecture
 
 
 def check_training(config: ConfigSource, overrides: Sequence[str] = ()) -> set[str]:

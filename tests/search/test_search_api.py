@@ -110,7 +110,7 @@ def test_a_code_first_range_optuna_would_refuse_names_its_line_before_anything_i
         # Every trial trained to its end, then failed "no finite value of validation.acc".
         ({"monitor": "validation.acc"}, "is not a statistic of this pipeline"),
         ({"trials": 0}, "trials: must be 1 or more"),
-        ({"timeout": -5}, "timeout: must be above 0 s"),
+        ({"timeout": -5}, "timeout: must be a number of seconds above 0"),
     ],
 )
 def test_code_first_search_settings_are_checked_before_any_trial(

@@ -69,8 +69,9 @@ def _components(p: argparse.ArgumentParser) -> None:
 def _train(p: argparse.ArgumentParser) -> None:
     _config_arguments(p, optional=True)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last.pt")
-    p.add_argument("--expdir", default="runs", help="parent folder of run folders")
-    p.add_argument("--tag", default="", help="suffix of the run folder's name")
+    # None when not given: --resume continues the run's own folder, and refuses them.
+    p.add_argument("--expdir", default=None, help="parent folder of run folders (runs)")
+    p.add_argument("--tag", default=None, help="suffix of the run folder's name")
     p.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)"
     )
@@ -260,7 +261,7 @@ def _search(p: argparse.ArgumentParser) -> None:
         "keeps; `loom report` ranks with it too)",
     )
     p.add_argument("--resume", metavar="SEARCH_DIR", help="continue a search folder's study")
-    p.add_argument("--expdir", default="runs", help="parent of searches/<name>/<date>")
+    p.add_argument("--expdir", default=None, help="parent of searches/<name>/<date> (runs)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
     # A worker process `loom search --workers K` starts; it reads its search on stdin.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -282,7 +283,11 @@ def _quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default="static", help="dynamic, static or qat (default: static)")
     p.add_argument("--backend", default="x86", help="x86, onednn or qnnpack (default: x86)")
     p.add_argument(
-        "--calibration-batches", type=int, default=16, metavar="N", help="static: training batches"
+        "--calibration-batches",
+        type=int,
+        default=None,
+        metavar="N",
+        help="static: training batches (default: 16)",
     )
     weights = p.add_mutually_exclusive_group()
     weights.add_argument(
@@ -299,7 +304,9 @@ def _quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None, metavar="best|last|PATH")
     p.add_argument("--force", action="store_true", help="replace an earlier result of the mode")
     p.add_argument("--repeats", type=int, default=30, help="timed runs per latency figure")
-    p.add_argument("--qat-epochs", type=int, default=1, metavar="E", help="qat: fine-tuning epochs")
+    p.add_argument(
+        "--qat-epochs", type=int, default=None, metavar="E", help="qat: fine-tuning epochs (1)"
+    )
     p.add_argument(
         "--qat-lr",
         type=float,

@@ -38,7 +38,12 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     from torchloom.search.processes import run_workers
     from torchloom.search.record import check_importance, read_record
     from torchloom.search.results import sampled_values, write_results
-    from torchloom.search.runner import SearchRequest, prepare_search, resume_search
+    from torchloom.search.runner import (
+        SearchRequest,
+        check_kept_on_resume,
+        prepare_search,
+        resume_search,
+    )
     from torchloom.search.trial import DeviceUnusable
 
     check_importance(args.importance, "command line --importance")
@@ -61,6 +66,7 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
         resume=args.resume,
     )
     if args.resume:
+        check_kept_on_resume(request)
         if not read_record(Path(args.resume).expanduser()).config:  # a code-first search's
             from torchloom.errors import ConfigError
 

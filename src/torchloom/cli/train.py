@@ -36,6 +36,17 @@ from torchloom.errors import ConfigError, LoomError
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume:
+        given = [f"--{k}" for k in ("expdir", "tag") if getattr(args, k) is not None]
+        if given:  # ignored before: the run continues in its own folder
+            raise ConfigError.at(
+                "command line",
+                f"{given[0]} with --resume",
+                "names a new run folder, and a resumed run continues in its own",
+                f"leave out {' and '.join(given)}",
+            )
+    args.expdir = args.expdir if args.expdir is not None else "runs"
+    args.tag = args.tag or ""
     check_run_tag(args.tag)  # before any data is read (create_run_folder checks it again)
     if args.resume and args.config and ("=" in args.config or args.config.startswith("~")):
         # argparse fills `config` positionally: with --resume, that is the first override (a

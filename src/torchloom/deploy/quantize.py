@@ -80,7 +80,7 @@ def quantize(
     mode: str = "static",
     *,
     backend: str = "x86",
-    calibration_batches: int = 16,
+    calibration_batches: int | None = None,
     per_channel: bool = True,
     skip: Sequence[str] = (),
     checkpoint: str | None = None,
@@ -88,7 +88,7 @@ def quantize(
     repeats: int = 30,
     max_eval_batches: int | None = None,
     sensitivity: bool = True,
-    qat_epochs: int = 1,
+    qat_epochs: int | None = None,
     qat_lr: float | None = None,
     resume: bool | str | Path = False,
 ) -> QuantizeResult:
@@ -97,6 +97,24 @@ def quantize(
     the one at that path) instead of starting one; see qat.py."""
     options = QuantizeOptions(mode, backend, per_channel, tuple(skip))
     quantizer = choose_quantizer(options)  # a wrong mode or backend, before anything is read
+    # Options of another mode were taken without a word (--mode dynamic --qat-epochs 5).
+    for option, value, used_by in (
+        ("--calibration-batches", calibration_batches, "static"),
+        ("--qat-epochs", qat_epochs, "qat"),
+        ("--qat-lr", qat_lr, "qat"),
+    ):
+        if value is not None and mode != used_by:
+            raise DeployError.at(
+                "command line",
+                option,
+                f"applies to --mode {used_by}; --mode {mode} would not use it",
+                f"leave it out, or use --mode {used_by}",
+            )
+    if qat_lr is not None and not (math.isfinite(qat_lr) and qat_lr > 0):
+        # Was reported as training.optimizer.lr, a key the user never wrote.
+        raise DeployError.at("command line", "--qat-lr", f"must be a rate above 0, got {qat_lr}")
+    calibration_batches = 16 if calibration_batches is None else calibration_batches
+    qat_epochs = 1 if qat_epochs is None else qat_epochs
     if qat_epochs < 1:
         raise DeployError.at("command line", "--qat-epochs", "must be at least 1")
     if calibration_batches < 1:

@@ -39,6 +39,7 @@ from torchloom.search.results import TRIAL_COLUMNS, sampled_values, write_result
 from torchloom.search.runner import (
     SearchRequest,
     check_budget,
+    check_seed_and_study,
     monitor_of,
     prepare_search,
     resume_search,
@@ -149,7 +150,7 @@ def search(
     study: str | None = None,
     timeout: float | None = None,
     seed: int | None = None,
-    expdir: str = "runs",
+    expdir: str | None = None,
     device: str | None = None,
     workers: int = 1,
     resume: str | os.PathLike[str] | None = None,
@@ -260,6 +261,7 @@ def _code_first(build: Builder, request: SearchRequest) -> tuple[Path, SearchRec
     # taken for min (the worst trial chosen as best), a misspelt monitor failed every trial
     # after it trained, and 0 trials ran nothing and said nothing.
     check_budget(request.trials, request.timeout, where, ("trials", "timeout"))
+    check_seed_and_study(request.seed, request.study, where, ("seed", "study"))
     if request.mode is not None and request.mode not in ("min", "max"):
         raise ConfigError.at(where, "mode", f"must be min or max, got {request.mode!r}")
     first = TrialParameters(None)
@@ -302,7 +304,7 @@ def _code_first(build: Builder, request: SearchRequest) -> tuple[Path, SearchRec
     assert identity is not None
     if not record.storage_in_folder():  # checked before any folder (runner.prepare_search)
         create_study(record.storage, record.study, identity)
-    search_dir = create_run_folder(Path(request.expdir).expanduser() / "searches", name)
+    search_dir = create_run_folder(Path(request.expdir or "runs").expanduser() / "searches", name)
     record.save(search_dir)
     if record.storage_in_folder():
         create_study(record.storage_url(search_dir), record.study, identity)

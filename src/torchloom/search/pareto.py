@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from torchloom.api import Hook, RunView
-from torchloom.engine.architecture_search import searchable_components
+from torchloom.api import Hook, RunView, searchable_components
 
 if TYPE_CHECKING:
     import optuna

@@ -10,6 +10,7 @@ again to resume (the workers that run the trials: processes.py; the results: res
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +51,7 @@ class SearchRequest:
     workers: int = 1
     timeout: float | None = None
     seed: int | None = None
-    expdir: str = "runs"
+    expdir: str | None = None  # runs/ when not given (a resumed search keeps its folder)
     device: str | None = None
     resume: str | os.PathLike[str] | None = None
 
@@ -60,6 +61,7 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
     refused space or config leaves nothing behind."""
     if request.config is None:
         raise ConfigError.at("command line", "config", "give a config file or --resume DIR")
+    check_seed_and_study(request.seed, request.study)
     loaded = load_config(request.config, request.overrides)
     space = read_space(loaded, request.space)
     command_line = {
@@ -108,7 +110,7 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
         # A shared storage: its study is created, or checked to be this search's, before any
         # folder; an unreachable database or another search's study leaves nothing behind.
         create_study(record.storage, record.study, _identity(record))
-    search_dir = create_run_folder(Path(request.expdir).expanduser() / "searches", name)
+    search_dir = create_run_folder(Path(request.expdir or "runs").expanduser() / "searches", name)
     (search_dir / "config.yaml").write_text(config_text, encoding="utf-8")
     if request.space is not None:
         (search_dir / "space.yml").write_text(space_text, encoding="utf-8")
@@ -135,7 +137,20 @@ KEPT_ON_RESUME = {
     "mode": "--mode",
     "space": "--space",
     "device": "--device",
+    "expdir": "--expdir",  # it continues in its own folder
 }
+
+
+def check_kept_on_resume(request: SearchRequest) -> None:
+    """What a resumed search keeps from its start is not given again."""
+    for key, option in KEPT_ON_RESUME.items():
+        if getattr(request, key) is not None:
+            raise ConfigError.at(
+                "command line",
+                option,
+                "cannot change a resumed search: it keeps what it started with",
+                f"drop {option}, or start a new search",
+            )
 
 
 def check_budget(
@@ -148,8 +163,22 @@ def check_budget(
     (0 trials or a past time limit would run nothing and say nothing)."""
     if trials is not None and trials <= 0:
         raise ConfigError.at(where, names[0], f"must be 1 or more, got {trials}")
-    if timeout is not None and not timeout > 0:
-        raise ConfigError.at(where, names[1], f"must be above 0 s, got {timeout}")
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise ConfigError.at(where, names[1], f"must be a number of seconds above 0, got {timeout}")
+
+
+def check_seed_and_study(
+    seed: int | None,
+    study: str | None,
+    where: str = "command line",
+    names: tuple[str, str] = ("--seed", "--study"),
+) -> None:
+    """A search's seed seeds NumPy's generators (0 to 2**32 - 1: -1 failed in a traceback
+    after the folder was made); a study name given empty was replaced without a word."""
+    if seed is not None and not 0 <= seed < 2**32:
+        raise ConfigError.at(where, names[0], f"must be from 0 to 2**32 - 1, got {seed}")
+    if study is not None and not study.strip():
+        raise ConfigError.at(where, names[1], "is empty", "name the study, or leave it out")
 
 
 def resume_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
@@ -163,14 +192,7 @@ def resume_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
             "continues a search as it started: no config or overrides",
             "drop them, or start a new search",
         )
-    for key, option in KEPT_ON_RESUME.items():
-        if getattr(request, key) is not None:
-            raise ConfigError.at(
-                "command line",
-                option,
-                "cannot change a resumed search: it keeps what it started with",
-                f"drop {option}, or start a new search",
-            )
+    check_kept_on_resume(request)
     check_budget(request.trials, request.timeout)
     search_dir = Path(request.resume).expanduser()
     record = read_record(search_dir)

@@ -30,7 +30,9 @@ def serve(url: str, host: str, port: int) -> int:
 
     # Optuna's cached storage in front of the database, as its proxy server recommends; on
     # SQLite, which locks no row, its trials' state changes one at a time (served_storage.py).
-    storage = served_storage(open_storage(url))
+    if not 0 < port < 65536:  # -1 or 0 "served" on an address no worker could reach
+        raise ConfigError.at("command line", "--port", f"must be from 1 to 65535, got {port}")
+    storage = served_storage(open_storage(url, "DATABASE_URL"))
     try:
         server = make_server(storage, host, port)
         server.start()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,7 +109,8 @@ def read_settings(space: SearchSpace, command_line: Mapping[str, Any]) -> Search
     for key in ("trials", "timeout"):
         if key in raw:
             value = raw[key]
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value <= 0:  # .nan, .inf: tracebacks
                 problems.append(
                     Problem(where[key], f"search setting '{key}'", "must be a positive number")
                 )
@@ -116,7 +118,8 @@ def read_settings(space: SearchSpace, command_line: Mapping[str, Any]) -> Search
                 problems.append(
                     Problem(where[key], "search setting 'trials'", f"must be whole, got {value}")
                 )
-            setattr(settings, key, int(value) if key == "trials" else float(value))
+            else:
+                setattr(settings, key, int(value) if key == "trials" else float(value))
     if not problems and settings.sampler["type"] == "grid":
         problems += _grid_problems(space, where.get("sampler", space.source))
     if problems:

@@ -68,9 +68,9 @@ def with_installed_driver(url: str) -> str:
     return url
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
+def open_storage(url: str, given_as: str = "--storage") -> optuna.storages.BaseStorage:
     """`journal:PATH` or an SQLAlchemy URL; an unreachable database is a StorageUnreachable
-    naming the host, not a SQLAlchemy traceback."""
+    naming the host, not a SQLAlchemy traceback; `given_as`: how the user gave the URL."""
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     quiet_optuna()
@@ -79,7 +79,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             return JournalStorage(JournalFileBackend(url[len("journal:") :]))
         except OSError as error:
             raise StorageUnreachable.at(
-                "--storage",
+                given_as,
                 url,
                 f"cannot open the journal file: {error.strerror or error}",
                 "check that its folder exists and this user may write there",
@@ -101,7 +101,7 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
             )
         except ImportError as error:
             raise StorageUnreachable.at(
-                "--storage",
+                given_as,
                 _hide_password(url),
                 f"needs a driver: {error}",
                 "pip install 'torchloom[search]' (psycopg2-binary for PostgreSQL)",
@@ -116,13 +116,13 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     message = str(last).strip().splitlines()[0] if last else "?"
     if parts.scheme.startswith("sqlite"):
         raise StorageUnreachable.at(
-            "--storage",
+            given_as,
             url,
             f"cannot open the SQLite database: {message}",
             "check that its folder exists and this user may write there",
         ) from last
     raise StorageUnreachable.at(
-        "--storage",
+        given_as,
         _hide_password(url),
         f"cannot open the database on {where}: {message}",
         "check that the server runs and accepts this user from this machine",
