@@ -149,6 +149,10 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
         "--quiet",
         "--nproc",
         "2",
+        # Loader workers in the launched processes: they died at the first batch (spawned,
+        # they had to pickle the task, which holds a lambda).
+        "training.dataloader.num_workers=1",
+        "validation.dataloader.num_workers=1",
     )
     assert done.returncode == 0, done.stderr
     assert "status: epoch_limit" in done.stdout and "Traceback" not in done.stderr

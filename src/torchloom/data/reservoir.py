@@ -26,7 +26,6 @@ kills them; it runs at garbage collection and interpreter exit too.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import queue
@@ -37,6 +36,7 @@ from typing import Any
 
 import torch
 
+from torchloom.data.process_start import worker_context
 from torchloom.data.reservoir_workers import POLL, derived_seed, stop_workers, work
 from torchloom.errors import ConfigError
 from torchloom.host_memory import available_memory
@@ -103,8 +103,7 @@ class AsyncReservoir:
     def start(self) -> None:
         if self.processes:
             return
-        methods = multiprocessing.get_all_start_methods()
-        context: Any = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        context = worker_context()
         self.jobs, self.results = context.Queue(), context.Queue()
         for number in range(self.workers):
             process = context.Process(

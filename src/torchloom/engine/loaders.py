@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from torchloom.config.schema import SectionConfig
 from torchloom.core.component import Batch, Task
+from torchloom.data.process_start import worker_context
 from torchloom.data.rank_shard import RankShard
 from torchloom.data.reservoir import AsyncReservoir
 from torchloom.data.samplers import ResumableSampler, build_sampler
@@ -266,6 +267,7 @@ class SectionLoader:
                 drop_last=self.config.drop_last and self.world == 1,  # else the shard drops
                 persistent_workers=self.config.persistent_workers and self.config.num_workers > 0,
                 worker_init_fn=worker_init if self.config.num_workers else None,
+                multiprocessing_context=worker_context() if self.config.num_workers else None,
                 generator=generator,
             )
         return self._loader
