@@ -139,6 +139,51 @@ def test_a_run_stopped_mid_epoch_resumes_bit_identical(tmp_path: Path) -> None:
     )
 
 
+def _online_config() -> dict[str, Any]:
+    config: dict[str, Any] = toy_config(epochs=2, mode="online")
+    config["validation"].update(partial_validation_interval=2, partial_validation_batches=1)
+    return config
+
+
+def _limit_config() -> dict[str, Any]:
+    config = toy_config(epochs=None)  # 5 batches an epoch: the limit falls 2 into the second
+    config["training"]["terminal_conditions"] = {"episode_limit": 7}
+    return config
+
+
+@pytest.mark.parametrize(
+    ("config", "stop_at"),
+    [(_online_config, 4), (_limit_config, 7)],
+    ids=["partial-validation-due", "episode-limit-step"],
+)
+def test_a_stop_between_a_step_and_its_due_work_resumes_to_the_same_run(
+    tmp_path: Path, config: Any, stop_at: int
+) -> None:
+    """A stop signal during a step skipped the work due after it (a partial validation, the
+    episode limit's end of epoch), and last.pt counted the step as done: the resumed run
+    never did that work (its validations at 2, 6, 8; the limit's epoch row, validation and
+    best.pt missing)."""
+    reference = train(config(), tmp_path / "reference")
+    stopped = train(config(), tmp_path / "runs", StopAt(stop_at))
+    assert stopped.status == "interrupted"
+    resumed = train(None, tmp_path / "runs", resume=stopped.run_dir)
+    assert resumed.status == reference.status
+    for name in ("validation_statistics.csv", "validation_epoch_statistics.csv"):
+        if (reference.run_dir / name).exists():
+            for key in ("episode", "loss"):
+                assert column(resumed.run_dir, name, key) == column(reference.run_dir, name, key)
+    assert column(resumed.run_dir, "training_epoch_statistics.csv", "epoch") == column(
+        reference.run_dir, "training_epoch_statistics.csv", "epoch"
+    )
+    for checkpoint in ("last.pt", "best.pt"):
+        want, got = (
+            model_weights(reference.run_dir, checkpoint),
+            model_weights(resumed.run_dir, checkpoint),
+        )
+        assert all(torch.equal(tensor, got[key]) for key, tensor in want.items()), checkpoint
+    assert summary(resumed.run_dir)["final"]["test"] == summary(reference.run_dir)["final"]["test"]
+
+
 class StopAfterValidation(Hook):
     """Asks the run to stop, with a reason, after the validation of epoch `epoch` (as a
     search's pruner does)."""

@@ -131,6 +131,9 @@ class Progress:
     episode: int = 0  # batches trained on
     batch_in_epoch: int = 0
     wall_time: float = 0.0  # seconds spent in earlier sessions of this run (resumed ones)
+    # False when a stop came between a step and its after-step work (a partial validation, a
+    # save, the episode limit): a resumed run does that work first (TrainingLoop.after_step).
+    step_settled: bool = True
 
     @property
     def row_epoch(self) -> int:

@@ -89,8 +89,8 @@ class TrainingLoop:
         if self.check_first_batch:
             setup.pipeline.check_next_batch("training")
             self.check_first_batch = False
-        status = None
-        for batch in loader:
+        status = None if progress.step_settled else self.after_step()  # a stop put it off
+        for batch in loader if status is None else ():
             batch = to_device(batch, setup.device)
             loss = self.train_step(batch)
             self.record_step(batch, loss, bar)
@@ -179,7 +179,9 @@ class TrainingLoop:
     def after_step(self) -> Status | None:
         setup, progress = self.setup, self.progress
         if setup.distributed.agree(setup.signals.requested):  # one process alone: no sync
+            progress.step_settled = False  # what follows is done when the run resumes
             return setup.signals.status
+        progress.step_settled = True
         status = None
         if setup.online and progress.episode % setup.partial_interval == 0:
             status = self.validate(partial=True)
@@ -344,6 +346,8 @@ class TrainingLoop:
             setup.hooks.before_train(self.view)
             conditions = setup.config.terminal_conditions
             status = limit_reached(conditions, self.progress.epoch, self.progress.episode)
+            if not self.progress.step_settled:  # the limit's step did not end its epoch yet
+                status = None
             diverged: Diverged | None = None
             try:
                 while status is None:
