@@ -238,3 +238,11 @@ test:
     assert held_0 != held_1
     assert not held_0 & train_0 and not held_1 & train_1
     assert held_0 | train_0 == held_1 | train_1 == set(range(1024))
+    # `loom process` of last.pt visits the fold its own validation did (epoch 2's), not
+    # epoch 0's, which last.pt trained on (it reported 0.725 there against 0.85 held out).
+    processed = torchloom.process(result.run_dir, section="validation", checkpoint="last")
+    assert seen["validation"][-1] == held_1
+    final = result.summary["final"]["validation"]
+    assert processed.statistics["samples"] == 205
+    assert processed.statistics["accuracy"] == final["accuracy"]
+    assert processed.statistics["loss"] == pytest.approx(final["loss"], rel=1e-6)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from torchloom.engine.checkpoint import DIGEST_KEY, content_digest
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.processor import section_config
+from torchloom.engine.state import evaluated_epoch
 from torchloom.engine.step import Precision, WeightedLoss
 from torchloom.errors import DeployError
 
@@ -243,9 +244,13 @@ def _measured_section(pipeline: Pipeline) -> str:
     raise DeployError.at("", "pipeline", "has no section with a task to measure on")
 
 
-def _loader(run: TrainedRun, section: str) -> SectionLoader:
+def _batches(run: TrainedRun, section: str) -> Iterable[Any]:
+    """The section's batches as the run's own evaluation at the checkpoint visited them: its
+    seed, its epoch (a k-fold run's held-out fold of that epoch, not fold 0)."""
     settings = section_config(run.config.data, section, run.config.where)
-    return SectionLoader(section, run.pipeline.tasks[section], settings, 0, run.config.where)
+    seed = int((run.config.data.get("training") or {}).get("seed") or 0)
+    loader = SectionLoader(section, run.pipeline.tasks[section], settings, seed, run.config.where)
+    return loader.epoch(evaluated_epoch(run.progress))
 
 
 def _measure_in_float(run: TrainedRun, max_batches: int | None) -> dict[str, Any]:
@@ -278,7 +283,7 @@ def _measure(run: TrainedRun, max_batches: int | None) -> dict[str, Any]:
             continue
         values[section] = evaluate(
             pipeline,
-            _loader(run, section).epoch(0),
+            _batches(run, section),
             statistics_copy(pipeline, cpu),
             loss,
             Precision("fp32", cpu),
@@ -331,7 +336,7 @@ def _calibrate(
     section = "training" if "training" in pipeline.tasks else _measured_section(pipeline)
     kept, ran = [], 0
     with torch.no_grad():
-        for index, batch in enumerate(_loader(run, section).epoch(0)):
+        for index, batch in enumerate(_batches(run, section)):
             if index >= (batches if observe else 4):
                 break
             if observe or any(name not in batch for name in graph.input_names):

@@ -27,7 +27,8 @@ class TrainedRun:
     checkpoint: Path
     # The run's config with its `${...}` unresolved, kept in checkpoints since 2026-11-28.
     config_written: str | None = None
-    # Where the checkpoint's weights stand ({epoch, episode}): a report says which it was.
+    # Where the checkpoint's weights stand (epoch, episode, batch_in_epoch): a report says
+    # which it was, and measures on the data its evaluation visited (state.evaluated_epoch).
     progress: dict[str, int] | None = None
 
     @property
@@ -100,5 +101,6 @@ def load_trained_run(
     pipeline.eval()
     progress = state.get("progress")
     progress = progress if isinstance(progress, dict) else {}
-    at = {k: v for k, v in progress.items() if k in ("epoch", "episode") and isinstance(v, int)}
+    kept = ("epoch", "episode", "batch_in_epoch")
+    at = {k: v for k, v in progress.items() if k in kept and isinstance(v, int)}
     return TrainedRun(folder, loaded, pipeline, weights, state.get("config_written"), at or None)

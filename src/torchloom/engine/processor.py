@@ -27,6 +27,7 @@ from torchloom.engine.code_first_sources import KEY as CODE_FIRST
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
 from torchloom.engine.run_folder import create_run_folder, write_artifacts
+from torchloom.engine.state import evaluated_epoch
 from torchloom.engine.step import Precision, WeightedLoss
 from torchloom.errors import ConfigError, did_you_mean
 from torchloom.statistics.csv_log import CsvLog
@@ -104,9 +105,10 @@ def process(
             or f"sections: {', '.join(pipeline.tasks) or 'none'}",
         )
     weights = checkpoint_path(run_dir, checkpoint) if prebuilt is None else None
-    loaded_weights = None
+    loaded_weights, progress = None, None
     if weights is not None:
         state = load_checkpoint(weights)
+        progress = state.get("progress")
         match = load_pipeline_weights(
             pipeline.components, state["components"], f"checkpoint '{weights}'", checkpoint_strict
         )
@@ -120,11 +122,14 @@ def process(
     if precision == "fp16" and torch_device.type != "cuda":
         precision = "fp32"
     settings: Any = section_config(loaded.data, section, loaded.where)
+    # The run's seed and the checkpoint's epoch: the data its own evaluation visited (a
+    # k-fold run's held-out fold of that epoch, not fold 0, which it trained on).
+    data_epoch = evaluated_epoch(progress)
     loader = SectionLoader(
         section,
         pipeline.tasks[section],
         settings,
-        0,
+        int(training.get("seed") or 0),
         loaded.where,
         pin_memory=torch_device.type == "cuda",
         device=torch_device,
@@ -149,7 +154,7 @@ def process(
         pipeline.check_next_batch(section)
         values = evaluate(
             pipeline,
-            loader.epoch(0),
+            loader.epoch(data_epoch),
             statistics_copy(pipeline, torch_device),
             loss,
             Precision(precision, torch_device),
@@ -166,6 +171,7 @@ def process(
         "weights": loaded_weights,
         "precision": precision,
         "samples": values.get("samples"),
+        "data_epoch": data_epoch,  # the epoch its sampler visited, from 0
         "wall_time_seconds": round(time.perf_counter() - started, 3),
         "statistics": values,
     }

@@ -150,6 +150,16 @@ class Progress:
             setattr(self, key, value)
 
 
+def evaluated_epoch(progress: Mapping[str, Any] | None) -> int:
+    """The epoch whose data an evaluation at a checkpoint's point visited (its sampler's epoch:
+    k-fold's held-out fold rotates with it): the epoch in progress for a save mid-epoch (an
+    online partial validation), else the one just completed; 0 without a checkpoint."""
+    if not progress:
+        return 0
+    epoch, inside = int(progress.get("epoch", 0)), int(progress.get("batch_in_epoch", 0))
+    return epoch if inside else max(epoch - 1, 0)
+
+
 @dataclass
 class RunSetup:
     """Everything set-up built for one run (engine/setup.py); fixed while it trains."""
