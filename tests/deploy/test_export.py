@@ -618,7 +618,7 @@ def test_a_run_still_training_is_not_exported_nor_quantized(
     finally:
         lock.release()
     report = report_of(lenet_run / "exports" / "safetensors")
-    assert report["checkpoint_progress"] == {"epoch": 1, "episode": 24}
+    assert report["checkpoint_progress"] == {"epoch": 1, "episode": 24, "batch_in_epoch": 0}
     assert (
         "saved at epoch 1, episode 24"
         in (lenet_run / "exports" / "safetensors" / "export_report.md").read_text()
