@@ -143,6 +143,23 @@ def test_bad_input_is_a_plain_error_and_writes_nothing(
     assert not (run / "quantized").exists()
 
 
+def test_quantization_aware_training_of_a_frozen_component_is_a_plain_error(
+    lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torch's prepare_qat asserted on the frozen component, kept in eval mode: a traceback."""
+    run = tmp_path / "run"
+    shutil.copytree(lenet_run, run, ignore=shutil.ignore_patterns("quantized", "exports"))
+    config = run / "config.yaml"
+    config.chmod(0o644)
+    text = config.read_text(encoding="utf-8")
+    config.write_text(text.replace("\npipeline:\n", "\npipeline:\n  freeze: true\n", 1))
+    assert "freeze: true" in config.read_text(encoding="utf-8")
+    assert quantize(run, "--mode", "qat") == 2
+    err = capsys.readouterr().err
+    assert "image_classifier" in err and "is frozen" in err and "--mode static" in err
+    assert "Traceback" not in err and not (run / "quantized").exists()
+
+
 def test_an_explicit_best_checkpoint_is_that_or_an_error(
     lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
