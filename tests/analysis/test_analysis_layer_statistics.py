@@ -22,6 +22,7 @@ from torch import nn
 from torchloom.analysis.layer_statistics import LayerStatistics, combine, find_layers
 from torchloom.analysis.model_summary import ModelSummary
 from torchloom.analysis.schema import AnalysisConfig, LayerStatisticsConfig
+from torchloom.engine.distributed import SINGLE
 from torchloom.engine.reporting import close_logger, make_logger
 
 
@@ -59,6 +60,9 @@ def fake_run(folder: Path, net: Net, interval: int, scaler: Any = None) -> Any:
         precision=SimpleNamespace(scaler=scaler),
         tensorboard=None,
         log=make_logger(folder, quiet=True),
+        distributed=SINGLE,
+        sharded_models=False,
+        device=torch.device("cpu"),
     )
 
 

@@ -99,7 +99,11 @@ def toy_config(
 
 
 # The default preset, and the projector's points: the first 15 of the 21 validation samples.
-PER_SAMPLE = {"embeddings": {"streams": ["predictions"], "max_samples": 15}}
+# Layer statistics too: under DDP they are the global batch's, as one process measures them.
+PER_SAMPLE = {
+    "embeddings": {"streams": ["predictions"], "max_samples": 15},
+    "layer_statistics": True,
+}
 
 
 def loom(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
@@ -190,6 +194,15 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
     assert mine == theirs and len(mine.split()) == 15
     vectors = [numpy.loadtxt(p / "tensors.tsv", delimiter="\t") for p in points]
     assert vectors[0].shape == (15, 3) and numpy.allclose(*vectors, atol=1e-5)
+    # Layer statistics were rank 0's share: its gradient (0.127 against 0.081 at episode 1)
+    # and its half of the batch's activations.
+    layers = [
+        numpy.genfromtxt(f / "reports" / "layer_statistics.csv", delimiter=",", names=True)
+        for f in (run, one_process)
+    ]
+    assert len(layers[0]) == len(layers[1]) > 4
+    for column in ("episode", "gradient_norm", "activation_mean", "activation_std"):
+        assert numpy.allclose(layers[0][column], layers[1][column], atol=1e-5, equal_nan=True)
 
 
 def test_two_processes_train_what_one_trains_with_a_loss_that_counts_some_targets(

@@ -21,6 +21,11 @@ clipping, unscaled here when fp16 loss scaling is on. Forward hooks ignore evalu
 (the pipeline is then in eval mode), which may run while they are registered. With
 `training.compile` the measured step runs the models eagerly (`needs_eager_step`): a compiled
 model would not call the forward hooks, and the activation columns would stay empty.
+
+With several processes (DDP) each holds its share of the global batch, and its tensor hooks
+see its own share's gradient, before DDP averages them: the figures are the global batch's,
+as one process computes them. The gradients kept on a measured step are averaged over the
+processes (one all-reduce, every interval), the activations' per-call figures gathered.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ class Layer:
     # Per call of the module in the step: (elements, [mean, variance, min, max]).
     calls: list[tuple[int, torch.Tensor]] = field(default_factory=list)
     squared_gradients: torch.Tensor | None = None  # sum of squares over its parameters
+    # Under DDP, each parameter's local gradient (by index), averaged over processes later.
+    gradients: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def find_layers(pipeline: Pipeline) -> list[Layer]:
@@ -101,6 +108,9 @@ class LayerStatistics(Hook):
     episodes."""
 
     name = "layer_statistics"
+    # Under DDP each process measures its share of the batch, averaged and gathered at each
+    # measured step (every process takes part; rank 0 writes).
+    every_rank = True
 
     def __init__(self, config: AnalysisConfig) -> None:
         settings = config.settings("layer_statistics")
@@ -113,6 +123,7 @@ class LayerStatistics(Hook):
         self.pipeline: Pipeline | None = None
         self.csv: CsvLog | None = None
         self.gradient_scale = 1.0
+        self.shared = False  # processes each hold a share of the batch (DDP)
 
     # ---- events ----------------------------------------------------------------------------
     def before_train(self, run: RunView) -> None:
@@ -121,10 +132,13 @@ class LayerStatistics(Hook):
         self.interval = self.settings.interval or run.logging_interval
         self.pipeline = run.pipeline
         self.layers = find_layers(run.pipeline)
-        folder = run.run_dir / "reports"
-        folder.mkdir(parents=True, exist_ok=True)
-        # A resumed run drops the rows past its checkpoint, as the engine's CSVs do.
-        self.csv = CsvLog(folder / "layer_statistics.csv", run.progress.episode)
+        # FSDP's gradients are shards of one tensor, not shares of a batch: left as they are.
+        self.shared = run.distributed.active and not run.sharded_models
+        if run.distributed.main:
+            folder = run.run_dir / "reports"
+            folder.mkdir(parents=True, exist_ok=True)
+            # A resumed run drops the rows past its checkpoint, as the engine's CSVs do.
+            self.csv = CsvLog(folder / "layer_statistics.csv", run.progress.episode)
         if not self.layers:
             why = "the pipeline has no model component with layers to measure"
             say_skipped(run, ["layer_statistics"], why)
@@ -155,13 +169,14 @@ class LayerStatistics(Hook):
         # The scale the next backward multiplies the loss by (one host read per measurement).
         self.gradient_scale = float(scaler.get_scale()) if scaler is not None else 1.0
         for layer in self.layers:
-            layer.calls, layer.squared_gradients = [], None
+            layer.calls, layer.squared_gradients, layer.gradients = [], None, {}
             if layer.leaf:
                 self.handles.append(
                     layer.module.register_forward_hook(partial(self._on_output, layer))
                 )
-            for parameter in layer.parameters:
-                self.handles.append(parameter.register_hook(partial(self._on_gradient, layer)))
+            for index, parameter in enumerate(layer.parameters):
+                hook = partial(self._on_gradient, layer, index)
+                self.handles.append(parameter.register_hook(hook))
 
     def release(self) -> None:
         self._remove()  # a run that ended by an exception left them on the modules
@@ -185,26 +200,59 @@ class LayerStatistics(Hook):
                 (values.numel(), torch.stack([mean, variance, values.amin(), values.amax()]))
             )
 
-    def _on_gradient(self, layer: Layer, gradient: torch.Tensor) -> None:
+    def _on_gradient(self, layer: Layer, index: int, gradient: torch.Tensor) -> None:
         with torch.no_grad():
+            if self.shared:  # a copy: DDP's reduction writes into the gradient's bucket
+                layer.gradients[index] = gradient.detach().float().reshape(-1).clone()
+                return
             squares = gradient.detach().float().square().sum()
             current = layer.squared_gradients
             layer.squared_gradients = squares if current is None else current + squares
 
     # ---- reporting -------------------------------------------------------------------------
+    def _average_gradients(self, run: RunView) -> None:
+        """Each layer's squared gradient norm of the processes' mean gradient (what DDP
+        steps with), from one all-reduce; a parameter without a gradient here adds zeros,
+        and a layer none of the processes gave a gradient to stays without one."""
+        pieces = []
+        for layer in self.layers:
+            for index, parameter in enumerate(layer.parameters):
+                given = layer.gradients.get(index)
+                zeros = torch.zeros(parameter.numel(), device=run.device)
+                pieces.append(given if given is not None else zeros)
+            pieces.append(torch.full((1,), float(bool(layer.gradients)), device=run.device))
+        flat = run.distributed.sum(torch.cat(pieces))
+        sizes = [sum(p.numel() for p in layer.parameters) for layer in self.layers]
+        ends = torch.tensor(sizes).add(1).cumsum(0)
+        had = (flat[ends.to(flat.device) - 1] > 0).tolist()  # one read, every interval
+        for layer, size, end, given in zip(self.layers, sizes, ends.tolist(), had, strict=True):
+            mean = flat[end - 1 - size : end - 1] / run.distributed.world
+            layer.squared_gradients = mean.square().sum() if given else None
+            layer.gradients = {}
+
     def _report(self, run: RunView) -> None:
         episode, epoch = run.progress.episode, run.progress.epoch + 1  # numbered as logged
+        if self.shared:
+            self._average_gradients(run)
         # Everything the step left on the device, read back in one copy.
         device_values = [s for layer in self.layers for _, s in layer.calls] + [
             layer.squared_gradients for layer in self.layers if layer.squared_gradients is not None
         ]
-        if not device_values:
+        if not device_values and not self.shared:  # every process gathers, if any did
             return
-        host = iter(torch.cat([v.reshape(-1) for v in device_values]).cpu().tolist())
+        values = [v.reshape(-1) for v in device_values]
+        host = iter(torch.cat(values).cpu().tolist() if values else [])
         calls = {
             layer.name: [(n, [next(host) for _ in range(4)]) for n, _ in layer.calls]
             for layer in self.layers
         }
+        if self.shared:  # every process's calls on its share of the batch
+            shares = run.distributed.gather(calls)
+            calls = {name: [c for share in shares for c in share[name]] for name in calls}
+        if not run.distributed.main:  # rank 0 writes the figures
+            for layer in self.layers:
+                layer.calls, layer.squared_gradients = [], None
+            return
         # Under fp16 a non-finite gradient is an overflow, which the scaler's routine handles
         # (it skips the step and lowers its scale, at the end of an accumulation window when
         # there is one): not exploding gradients.
