@@ -184,6 +184,21 @@ def test_a_stop_between_a_step_and_its_due_work_resumes_to_the_same_run(
     assert summary(resumed.run_dir)["final"]["test"] == summary(reference.run_dir)["final"]["test"]
 
 
+def test_a_run_resumed_at_an_epoch_s_end_does_not_warn_of_a_schedule_step_order(
+    tmp_path: Path,
+) -> None:
+    """torch's flag that the optimizer stepped is not in its state: the resumed epoch-end
+    schedule step printed "lr_scheduler.step() before optimizer.step()" (wrongly)."""
+    import warnings
+
+    scheduler = {"type": "StepLR", "step_size": 1, "gamma": 0.5}
+    stopped = train(toy_config(scheduler=scheduler), tmp_path, StopAt(5))  # the epoch's last
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(None, tmp_path, resume=stopped.run_dir)
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+
+
 class StopAfterValidation(Hook):
     """Asks the run to stop, with a reason, after the validation of epoch `epoch` (as a
     search's pruner does)."""

@@ -163,6 +163,10 @@ def restore_state(
         setup.scheduler.load_state_dict(checkpoint["scheduler"])
     setup.precision.scaler.load_state_dict(checkpoint["precision"])
     progress.load_state_dict(checkpoint["progress"])
+    if progress.episode >= setup.accumulation:
+        # The optimizer stepped before the save; torch's flag for it is not in its state, and
+        # a resumed epoch-end schedule step warned "lr_scheduler.step() before optimizer.step()".
+        setup.optimizer._opt_called = True  # type: ignore[attr-defined]
     setup.monitor.load_state_dict(checkpoint["monitor"])
     meters.best_statistics = checkpoint["best_statistics"]
     running = checkpoint["running"]
