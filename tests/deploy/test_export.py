@@ -391,7 +391,12 @@ def test_an_opset_the_exporter_does_not_write_is_refused(
     capsys.readouterr()
     asked = ["export", str(run), "--format", "onnx", "--repeats", "1", "--force", "--opset", "5"]
     assert main(asked) == 2
-    assert re.search(r"--opset 5: the exporter wrote opset \d+, not 5", capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert re.search(r"--opset 5: the exporter wrote opset \d+, not 5", err)
+    assert "Traceback" not in err, "onnxscript's converter logged its traceback before"
+    for impossible in ("0", "99999"):  # checked before any export
+        assert main([*asked[:-1], impossible]) == 2
+        assert f"--opset {impossible}: is not an ONNX opset" in capsys.readouterr().err
     kept = json.loads((run / "exports" / "onnx" / "export_report.json").read_text("utf-8"))
     assert kept == report  # the export before is intact
 

@@ -42,6 +42,7 @@ from torchloom.deploy.onnx_export import (
     FLOAT_TOLERANCE,
     agreement,
     batch_dimensions,
+    check_opset,
     export_onnx,
     exporter_reason,
     max_difference,
@@ -111,6 +112,7 @@ def export(
             "export without --static-batch",
         )
     check_repeats(repeats)
+    check_opset(opset)
     run = load_trained_run(run_dir, checkpoint)
     target = run.run_dir / "exports" / format
     refuse_existing(target, force, "loom export")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -52,9 +53,17 @@ def exporter_reason(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """The exporter prints its progress ('[torch.onnx] Obtain model graph ...') to stdout."""
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
+    """The exporter prints its progress ('[torch.onnx] Obtain model graph ...') to stdout, and
+    onnxscript's version converter logs its traceback when it cannot convert down to an opset
+    (the opset written is checked after, and refused with a message of ours)."""
+    converter = logging.getLogger("onnxscript.version_converter")
+    level = converter.level
+    converter.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        converter.setLevel(level)
 
 
 def export_onnx(
@@ -106,6 +115,17 @@ def export_onnx(
             "leave out --opset (the exporter's default), or ask for an opset it writes",
         )
     return written
+
+
+def check_opset(opset: int | None) -> None:
+    """An --opset that names no ONNX opset, refused before anything is exported."""
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    if opset is not None and not 1 <= opset <= newest:
+        raise DeployError.at(
+            "command line", f"--opset {opset}", f"is not an ONNX opset (1 to {newest} here)"
+        )
 
 
 def written_opset(path: Path) -> int:
