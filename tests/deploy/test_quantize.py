@@ -324,6 +324,11 @@ def test_quantization_aware_training_fine_tunes_through_the_engine(
     err = capsys.readouterr().err
     assert "is a run `loom quantize --mode qat` started" in err
     assert f"its result is in {run.resolve()}/quantized/" in err
+    # Nor one to evaluate: process suggested --checkpoint-strict false, which then measured
+    # a pipeline whose fake-quantized weights were left at their initial values.
+    assert main(["process", str(training)]) == 2
+    err = capsys.readouterr().err
+    assert "is a run `loom quantize --mode qat` started" in err and "Traceback" not in err
 
 
 def test_dynamic_quantization_of_a_text_pipeline_times_the_graph_after_its_tokenizer(

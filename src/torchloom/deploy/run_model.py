@@ -14,7 +14,7 @@ from torchloom.core.weights import load_pipeline_weights
 from torchloom.engine.assemble import build_checked, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything
 from torchloom.engine.processor import checkpoint_path
-from torchloom.engine.run_folder import read_started_by
+from torchloom.engine.run_folder import started_by_another
 from torchloom.engine.run_lock import run_liveness
 from torchloom.errors import DeployError
 
@@ -53,18 +53,9 @@ def load_trained_run(
             "has no config.yaml: it is not a run folder of `loom train`",
             "give the folder `loom train` printed (<expdir>/<pipeline>/<date>)",
         )
-    started_by = read_started_by(folder)
-    if started_by is not None:  # a QAT fine-tuning: fake-quantized modules config.yaml lacks
-        source = started_by.get("source_run")
-        raise DeployError.at(
-            "",
-            f"run folder '{folder}'",
-            f"is a run `{started_by.get('by') or 'another command'}` started: "
-            f"{started_by.get('reason') or 'its config.yaml alone does not rebuild it'}",
-            f"its result is in {source}/quantized/ (loom process, loom predict of that run)"
-            if source
-            else "use the run it was made from",
-        )
+    another = started_by_another(folder)  # a QAT fine-tuning: modules config.yaml lacks
+    if another is not None:
+        raise DeployError.at("", f"run folder '{folder}'", *another)
     own = checkpoint in (None, "best", "last")
     liveness = run_liveness(folder)
     if own and liveness.alive:

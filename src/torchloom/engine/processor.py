@@ -26,7 +26,7 @@ from torchloom.engine.code_first_pipeline import BUILT_IN_PYTHON, rebuild_pipeli
 from torchloom.engine.code_first_sources import KEY as CODE_FIRST
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
-from torchloom.engine.run_folder import create_run_folder, write_artifacts
+from torchloom.engine.run_folder import create_run_folder, started_by_another, write_artifacts
 from torchloom.engine.state import evaluated_epoch
 from torchloom.engine.step import Precision, WeightedLoss
 from torchloom.errors import ConfigError, did_you_mean
@@ -83,6 +83,9 @@ def process(
         source = Path(source).expanduser()
         run_dir = source if source.is_dir() else None
         config = source / "config.yaml" if run_dir is not None else source
+        another = started_by_another(run_dir) if run_dir is not None else None
+        if another is not None and prebuilt is None:  # evaluated with weights left out
+            raise ConfigError.at("", f"run folder '{run_dir}'", *another)
     loaded = load_config(config, overrides)
     training = loaded.data.get("training") or {}
     if prebuilt is not None:

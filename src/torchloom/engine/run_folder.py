@@ -111,6 +111,22 @@ def read_started_by(run_dir: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else {}
 
 
+def started_by_another(run_dir: Path) -> tuple[str, str] | None:
+    """(why, suggestion) when the folder is a run another command started (a QAT
+    fine-tuning, whose fake-quantized modules its config.yaml does not rebuild): it cannot be
+    evaluated, exported or quantized as a run of `loom train`; None otherwise."""
+    started_by = read_started_by(run_dir)
+    if started_by is None:
+        return None
+    source = started_by.get("source_run")
+    why = (
+        f"is a run `{started_by.get('by') or 'another command'}` started: "
+        f"{started_by.get('reason') or 'its config.yaml alone does not rebuild it'}"
+    )
+    where = f"its result is in {source}/quantized/ (loom process, loom predict of that run)"
+    return why, where if source else "use the run it was made from"
+
+
 def write_started_by(run_dir: Path, record: Mapping[str, Any]) -> None:
     write_text_atomic(run_dir / STARTED_BY_FILE, json.dumps(record, indent=2) + "\n")
 
