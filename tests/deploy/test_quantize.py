@@ -184,6 +184,26 @@ def test_a_folder_that_is_not_a_trained_run(
     assert "has no checkpoint" in capsys.readouterr().err
 
 
+def test_folders_of_other_commands_are_named_for_what_they_are(
+    static_folder: Path, lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A quantize result or a search folder was "no checkpoint last.pt: train it first"; a
+    checkpoint that is a folder "does not exist"; `loom runs SEARCH_DIR` "no runs"."""
+    assert main(["export", str(static_folder)]) == 2
+    assert "is a result of `loom quantize`, not a run folder" in capsys.readouterr().err
+    search = tmp_path / "search"
+    search.mkdir()
+    for name in ("config.yaml", "search.json"):
+        (search / name).write_text("{}\n", encoding="utf-8")
+    assert quantize(search) == 2
+    assert "is a search folder of `loom search`" in capsys.readouterr().err
+    assert main(["runs", str(search)]) == 0
+    assert f"its trials' runs are under {search / 'trials'}" in capsys.readouterr().out
+    checkpoints = lenet_run / "checkpoints"
+    assert main(["process", str(lenet_run), "--checkpoint", str(checkpoints)]) == 2
+    assert f"checkpoint '{checkpoints}': is a folder" in capsys.readouterr().err
+
+
 def test_loom_process_runs_a_quantized_folder_like_any_run(
     static_folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

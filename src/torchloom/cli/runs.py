@@ -4,6 +4,7 @@ one of the searches (`loom search`) under EXPDIR/searches."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from torchloom.analysis.runs_table import list_runs, sort_runs, table_cells
 from torchloom.cli.table import format_table
@@ -22,7 +23,11 @@ def run(args: argparse.Namespace) -> int:
         if rows:
             print()
     if not rows:
-        if not searches:
+        if (Path(args.expdir) / "search.json").is_file():
+            trials = Path(args.expdir) / "trials"
+            print(f"{args.expdir} is a search folder: its trials' runs are under {trials}")
+            print(f"(loom runs {trials}; loom report {args.expdir} for the search's page)")
+        elif not searches:
             print(f"no runs under {args.expdir} (a run is <expdir>/<pipeline>/<date>/summary.json)")
         return 0
     if args.sort:

@@ -53,6 +53,17 @@ def load_trained_run(
             "has no config.yaml: it is not a run folder of `loom train`",
             "give the folder `loom train` printed (<expdir>/<pipeline>/<date>)",
         )
+    # Folders of other commands, which have no checkpoint ("train it first" said nothing).
+    for marker, kind, use in (
+        ("search.json", "a search folder of `loom search`", "give a trial's run folder (trials/)"),
+        (
+            "quantization_report.json",
+            "a result of `loom quantize`",
+            "loom process or loom predict it; export the run it was made from",
+        ),
+    ):
+        if (folder / marker).is_file():
+            raise DeployError.at("", f"folder '{folder}'", f"is {kind}, not a run folder", use)
     another = started_by_another(folder)  # a QAT fine-tuning: modules config.yaml lacks
     if another is not None:
         raise DeployError.at("", f"run folder '{folder}'", *another)

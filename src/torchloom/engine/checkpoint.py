@@ -140,6 +140,10 @@ def load_checkpoint(path: Path, whole: bool = True) -> dict[str, Any]:
     A sharded one's shard files are checked against their digests too, and its `components`
     are read from the shards (engine/sharded.py): whole weights, or with `whole=False` meta
     tensors giving only their shapes (resume reads the shards itself, each process its own)."""
+    if path.is_dir():
+        raise DataError.at(
+            "", f"checkpoint '{path}'", "is a folder", "name a .pt file in it, e.g. best.pt"
+        )
     if not path.is_file():
         raise DataError.at(
             "",
