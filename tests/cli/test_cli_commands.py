@@ -161,6 +161,10 @@ def test_config_reports_user_errors_like_check(
     result = run_loom(capsys, "config", str(LENET5), "training.optimizer.lrr=1")
     assert_user_error(result, "'training.optimizer.lrr=1'", "did you mean 'lr'?")
     assert result.out == ""
+    # A key added with `+` that no schema has: printed as a config, which check refused.
+    result = run_loom(capsys, "config", str(LENET5), "+training.bogus=1")
+    assert_user_error(result, "training.bogus")
+    assert result.out == ""
 
 
 # ---- loom components ------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def _train(p: argparse.ArgumentParser) -> None:
     _config_arguments(p, optional=True)
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last.pt")
     # None when not given: --resume continues the run's own folder, and refuses them.
-    p.add_argument("--expdir", default=None, help="parent folder of run folders (runs)")
+    p.add_argument("--expdir", default=None, help="parent folder of run folders (default: runs)")
     p.add_argument("--tag", default=None, help="suffix of the run folder's name")
     p.add_argument(
         "--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)"
@@ -261,7 +261,9 @@ def _search(p: argparse.ArgumentParser) -> None:
         "keeps; `loom report` ranks with it too)",
     )
     p.add_argument("--resume", metavar="SEARCH_DIR", help="continue a search folder's study")
-    p.add_argument("--expdir", default=None, help="parent of searches/<name>/<date> (runs)")
+    p.add_argument(
+        "--expdir", default=None, help="parent of searches/<name>/<date> (default: runs)"
+    )
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
     # A worker process `loom search --workers K` starts; it reads its search on stdin.
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -305,7 +307,11 @@ def _quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an earlier result of the mode")
     p.add_argument("--repeats", type=int, default=30, help="timed runs per latency figure")
     p.add_argument(
-        "--qat-epochs", type=int, default=None, metavar="E", help="qat: fine-tuning epochs (1)"
+        "--qat-epochs",
+        type=int,
+        default=None,
+        metavar="E",
+        help="qat: fine-tuning epochs (default: 1)",
     )
     p.add_argument(
         "--qat-lr",
