@@ -124,20 +124,23 @@ def _evaluation_sections(given: Mapping[str, Any], training: Mapping[str, Any]) 
     }
     for section, keys in sections.items():
         schema = ValidationConfig if section == "validation" else SectionConfig
-        try:
-            schema.model_validate({"task": {"type": "python"}, **keys})
-        except ValidationError as error:
-            where = lambda *_: "Trainer(...)"  # noqa: E731
-            raise ConfigError(validation_problems(error, where, (), schema)) from error
+        _checked(schema, {"task": {"type": "python"}, **keys})
     return sections
 
 
 def _validated(settings: Mapping[str, Any]) -> TrainingConfig:
     """Trainer(...)'s keyword arguments, which are the training section's keys, validated."""
+    validated = _checked(TrainingConfig, settings)
+    assert isinstance(validated, TrainingConfig)
+    return validated
+
+
+def _checked(schema: type[BaseModel], settings: Mapping[str, Any]) -> BaseModel:
+    """A section of Trainer(...)'s settings, validated; its errors name the Trainer."""
     try:
-        return TrainingConfig.model_validate(dict(settings))
+        return schema.model_validate(dict(settings))
     except ValidationError as error:
-        problems = validation_problems(error, lambda *_: "Trainer(...)", (), TrainingConfig)
+        problems = validation_problems(error, lambda *_: "Trainer(...)", (), schema)
         raise ConfigError(problems) from error
 
 
