@@ -63,7 +63,6 @@ def test_fit_records_how_to_build_the_module_and_data_again(run: torchloom.RunRe
             "validation": {"factory": "code_first_models:validation_set"},
             "test": {"factory": "code_first_models:test_set"},
         },
-        "seeding": "by section",
     }
 
 

@@ -15,8 +15,6 @@ from torch import nn
 import code_first_models as models
 import torchloom
 from torchloom import outputs
-from torchloom.engine.checkpoint import DIGEST_KEY, content_digest, seed_everything
-from torchloom.engine.code_first_sources import seed_for_section
 from torchloom.errors import ConfigError
 
 
@@ -178,49 +176,3 @@ def test_the_module_holds_best_pt_after_a_test_pass_and_the_last_weights_without
     weights = saved["components"]["model"]
     state = module.state_dict()
     assert all(torch.equal(state[k.removeprefix("module.")].cpu(), v) for k, v in weights.items())
-
-
-def test_a_run_that_drew_its_factories_from_one_stream_resumes_and_processes_so(
-    tmp_path: Path,
-) -> None:
-    """Runs started before each factory was seeded by its section called them one after
-    another after one seed. Resumed or processed with the per-section seeds, a factory that
-    draws from the global generator gave other samples, silently: such a run (its record
-    without `seeding`) is resumed and processed as it started."""
-    first = torchloom.Trainer(epochs=1, seed=3, expdir=tmp_path, analysis=False).fit(
-        models.Clusters(),
-        train=models.drawn_train_set,
-        validation=models.drawn_validation_set,
-    )
-    assert recorded(first)["code_first"]["seeding"] == "by section"
-    last = first.run_dir / "checkpoints" / "last.pt"
-    checkpoint = torch.load(last, weights_only=False)
-    checkpoint["config"] = checkpoint["config"].replace("  seeding: by section\n", "")
-    checkpoint[DIGEST_KEY] = content_digest(checkpoint)
-    torch.save(checkpoint, last)  # as a run recorded before the seeding was noted
-    config = first.run_dir / "config.yaml"
-    config.write_text(config.read_text().replace("  seeding: by section\n", ""))
-    resumed = torchloom.Trainer(epochs=2, seed=3, expdir=tmp_path, analysis=False).fit(
-        models.Clusters(),
-        train=models.drawn_train_set,
-        validation=models.drawn_validation_set,
-        resume=first.run_dir,
-    )
-    assert "seeding" not in recorded(resumed)["code_first"]
-    seed_everything(3)
-    models.drawn_train_set()
-    one_stream = models.drawn_validation_set()
-    seed_for_section(3, "validation")
-    by_section = models.drawn_validation_set()
-    validated = resumed.statistics["validation"]["loss"]  # epoch 2, with last.pt's weights
-
-    def loss(**given: Any) -> float:
-        kept = tmp_path / "processed"
-        result = torchloom.process(
-            first.run_dir, section="validation", checkpoint="last", expdir=str(kept), **given
-        )
-        return result.statistics["loss"]
-
-    assert loss(data=one_stream) == pytest.approx(validated, rel=1e-6)
-    assert loss(data=by_section) != pytest.approx(validated, rel=1e-3)
-    assert loss() == pytest.approx(validated, rel=1e-6)  # rebuilt from the record

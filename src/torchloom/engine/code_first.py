@@ -38,11 +38,9 @@ from torchloom.engine.code_first_pipeline import (
 from torchloom.engine.code_first_pipeline import fit_where as _where
 from torchloom.engine.code_first_sources import (
     FIT_ARGUMENT,
-    SEEDING,
     describe_module,
     open_dataset,
     seed_for_section,
-    seeded_by_section,
 )
 from torchloom.engine.code_first_sources import KEY as SOURCES
 from torchloom.engine.resume import check_resumed_config, finished_result
@@ -221,18 +219,11 @@ class CodeFirstTrainer:
         if seed is None and point is not None:
             seed = _run_seed(point)
         seed = seed if seed is not None else secrets.randbelow(2**31)
-        started = point.checkpoint.get("config") if point is not None else None
-        by_section = seeded_by_section(
-            parse_config_text(started, "").data.get(SOURCES) if started else None
-        )
-        if not by_section:  # resumed as it started: its factories drew from one stream
-            seed_everything(seed)
         datasets, sources = {}, {}
         for section, value in given.items():
             if value is not None or section == "training":  # train=None: an error
                 where, argument = _where(FIT_ARGUMENT[section]), f"fit({FIT_ARGUMENT[section]}=...)"
-                if by_section:
-                    seed_for_section(seed, section)  # as `loom process` opens it alone
+                seed_for_section(seed, section)  # as `loom process` opens it alone
                 opened = open_dataset(value, section, where, argument)
                 datasets[section], sources[section] = opened
         seed_everything(seed)  # before the dry run, which initialises Lazy layers
@@ -277,12 +268,7 @@ class CodeFirstTrainer:
             "name": self.name,
             **{s: c.model_dump() for s, c in sections.items()},
             **({"analysis": analysis} if analysis is not None else {}),
-            SOURCES: {
-                "module": describe_module(module),
-                "data": sources,
-                # A run recorded without it keeps its record: an added key is a change.
-                **({SEEDING: "by section"} if by_section else {}),
-            },
+            SOURCES: {"module": describe_module(module), "data": sources},
             "pipeline": f"{BUILT_IN_PYTHON} {type(module).__name__}",
         }
         config_text = (
@@ -290,7 +276,8 @@ class CodeFirstTrainer:
             f"from `{SOURCES}`\n" + dump_config(record)
         )
         if point is not None:
-            if started:
+            if point.checkpoint.get("config"):
+                started = point.checkpoint["config"]
                 check_resumed_config(started, config_text, _where(), "Trainer settings")
             has_validation = "validation" in sections
             finished = finished_result(point.run_dir, point.checkpoint, config, has_validation)

@@ -30,7 +30,6 @@ from torchloom.engine.code_first_sources import (
     rebuild_dataset,
     rebuild_module,
     seed_for_section,
-    seeded_by_section,
 )
 from torchloom.engine.loaders import to_device
 from torchloom.errors import ConfigError, Where
@@ -286,12 +285,6 @@ def rebuild_pipeline(
     if module is None:
         module = rebuild_module(record, where)
     seed_for_section(seed, section)
-    recorded = list(record.get("data") or {}) if isinstance(record, Mapping) else []
-    if data is None and not seeded_by_section(record) and section in recorded:
-        # Started by an earlier torchloom: fit called the factories in turn after one seed.
-        seed_everything(seed)
-        for earlier in recorded[: recorded.index(section)]:
-            rebuild_dataset(record, earlier, where)
     if data is None:
         dataset = rebuild_dataset(record, section, where)
     else:

@@ -114,18 +114,6 @@ def describe_module(module: nn.Module) -> dict[str, Any]:
     return {"class": path, "unavailable": why}
 
 
-# The record's note that each factory is called under seed_for_section. A run recorded
-# without it (started by an earlier torchloom) called its factories one after another after
-# one seed: it is resumed and processed so, to get its samples again.
-SEEDING = "seeding"
-
-
-def seeded_by_section(record: Any) -> bool:
-    """Whether a run's code-first record (None for a new run) seeds each factory by its
-    section."""
-    return not isinstance(record, Mapping) or SEEDING in record
-
-
 def seed_for_section(seed: int, section: str) -> None:
     """Seed every generator from the run's seed and a section's name, just before that
     section's dataset is opened: a factory drawing from the global generator then returns the
