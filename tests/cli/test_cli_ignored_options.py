@@ -31,6 +31,7 @@ CONFIG = "default_configs: [loom://mnist/lenet5.yml]\n"
         (["quantize", "RUN", "--mode", "dynamic", "--calibration-batches", "4"], "--calibration"),
         # Named training.optimizer.lr, a key the user never wrote.
         (["quantize", "RUN", "--mode", "qat", "--qat-lr", "nan"], "--qat-lr"),
+        (["export", "RUN", "--format", "pt2", "--opset", "17"], "--opset"),
         # A traceback after the search folder was made; the default name, silently.
         (["search", "CONFIG", "--seed", "-1"], "--seed"),
         (["search", "CONFIG", "--seed", str(2**32)], "--seed"),

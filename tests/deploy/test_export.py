@@ -632,3 +632,14 @@ def test_a_run_still_training_is_not_exported_nor_quantized(
         "saved at epoch 1, episode 24"
         in (lenet_run / "exports" / "safetensors" / "export_report.md").read_text()
     )
+
+
+def test_a_safetensors_export_needs_no_onnx(
+    lenet_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The opset check imported onnx (the deploy extra's) for every format."""
+    import torchloom
+
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as where it is not installed
+    result = torchloom.export(lenet_run, "safetensors", force=True)
+    assert (result.folder / "model.safetensors").is_file()

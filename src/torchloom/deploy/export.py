@@ -99,6 +99,10 @@ def export(
             f"applies to --format onnx only, not {format}",
             "`loom quantize` makes int8 torch models",
         )
+    if opset is not None and format != "onnx":  # taken without a word
+        raise DeployError.at(
+            "command line", "--opset", f"applies to --format onnx only, not {format}"
+        )
     if aoti and format != "pt2":
         raise DeployError.at(
             "command line", "--aoti", f"applies to --format pt2 only, not {format}"
