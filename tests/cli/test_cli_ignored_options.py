@@ -73,6 +73,7 @@ def test_a_search_budget_that_is_no_finite_number_is_refused(
     with pytest.raises(ConfigError) as refused:
         read_settings(space, given)
     assert message in refused.value.format()
+    assert read_settings(space, {"trials": 10**400}).trials == 10**400  # no OverflowError
 
 
 def test_search_server_errors_name_what_the_user_gave(

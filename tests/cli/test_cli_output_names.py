@@ -59,6 +59,8 @@ def test_check_refuses_an_exporter_file_name_the_folder_already_has(
         "parameter 'filename'",
         f"'{filename}' is a file the run or pass folder already has",
     )
+    named = GOOD_CONFIG + exporter.replace(filename, "my_statistics.csv")  # no worker's file
+    assert run_loom(capsys, "check", str(write_config(tmp_path, named, "ok.yml"))).status == 0
 
 
 def test_process_never_writes_an_exporter_file_outside_its_folder(

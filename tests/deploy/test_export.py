@@ -20,7 +20,6 @@ from PIL import Image
 from torchloom.cli.main import main
 from torchloom.deploy.graph import InferenceGraph, task_batch
 from torchloom.deploy.run_model import load_trained_run
-from torchloom.engine.run_lock import RunLock
 
 
 def report_of(folder: Path) -> dict:
@@ -609,13 +608,28 @@ def test_predict_gives_exp_of_log_probabilities_and_softmax_of_logits(
         assert np.allclose([found[i] for i in range(10)], expected, rtol=1e-6, atol=1e-9)
 
 
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from torchloom.engine.run_lock import RunLock
+RunLock(Path(sys.argv[1])).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
 def test_a_run_still_training_is_not_exported_nor_quantized(
     lenet_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Both took a run in its first epoch: its best.pt then moved on, and the export and the
     report (naming best.pt) were of weights the run no longer had, silently."""
-    lock = RunLock(lenet_run).acquire()  # as `loom train` holds it while it trains
+    # Held by another process, as `loom train` holds it while it trains (a hook of the run
+    # itself, in the process that holds it, may export).
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(lenet_run)], stdout=subprocess.PIPE, text=True
+    )
     try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         for command in (["export", str(lenet_run)], ["quantize", str(lenet_run)]):
             assert main(command) == 2
             err = capsys.readouterr().err
@@ -625,7 +639,8 @@ def test_a_run_still_training_is_not_exported_nor_quantized(
         args = ["export", str(lenet_run), "--checkpoint", str(copy), "--format", "safetensors"]
         assert main([*args, "--force"]) == 0  # a copy does not move
     finally:
-        lock.release()
+        holder.kill()
+        holder.wait()
     report = report_of(lenet_run / "exports" / "safetensors")
     assert report["checkpoint_progress"] == {"epoch": 1, "episode": 24, "batch_in_epoch": 0}
     assert (

@@ -154,6 +154,8 @@ def test_an_online_trainer_sets_its_partial_validations(tmp_path: Path) -> None:
         torchloom.Trainer(partial_validation_batches=2, expdir=tmp_path)
     with pytest.raises(ConfigError, match=r"Trainer\(eval_batch_size=...\): must be a whole"):
         torchloom.Trainer(eval_batch_size=0, expdir=tmp_path)
+    taken = torchloom.Trainer(eval_batch_size=np.int64(8), expdir=tmp_path)  # as batch_size
+    assert taken.evaluation["test"] == {"dataloader": {"batch_size": 8}}
 
 
 @pytest.mark.parametrize("test", [None, models.test_set])

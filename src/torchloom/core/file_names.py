@@ -67,11 +67,15 @@ WORKER_FILES = frozenset(
         ".lock",
     }
 )
-WORKER_SUFFIXES = ("_statistics.csv", "_summary.json")
+WORKER_FILES |= {
+    f"{section}{suffix}"
+    for section in ("training", "validation", "test")
+    for suffix in ("_statistics.csv", "_epoch_statistics.csv", "_summary.json")
+}
 
 
 def _not_a_worker_file(name: str) -> str:
-    if name in WORKER_FILES or name.endswith(WORKER_SUFFIXES):
+    if name in WORKER_FILES:
         raise PydanticCustomError(
             "worker_file_name",
             "'{name}' is a file the run or pass folder already has (config.yaml, summary.json, "

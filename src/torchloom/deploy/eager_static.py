@@ -39,6 +39,7 @@ from torchloom.deploy.quantizer import (
     Quantizer,
     accepted_deprecations,
 )
+from torchloom.errors import DeployError
 
 # Layers that run on int8 tensors in eager mode; the first four carry weights.
 WEIGHTED_SUPPORTED = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -108,6 +109,15 @@ class EagerStaticQuantizer(Quantizer):
             plan.layers += sorted(outcomes.values(), key=lambda o: o.name)
             if not any(outcome.quantized for outcome in outcomes.values()):
                 return  # nothing to observe: the component stays as it is
+            if self.qat and component.frozen:  # prepare_qat asserted on its eval mode
+                raise DeployError.at(
+                    "",
+                    component.label,
+                    "is frozen (its weights and BatchNorm statistics do not train), and "
+                    "quantization-aware training fine-tunes every layer it quantizes",
+                    "use --mode static (calibrated, nothing trained), --skip its layers, or "
+                    "unfreeze it",
+                )
             component.eval()  # traced as it runs once converted
             join_adjacent_chains(component, self._ends, self._starts)
             self._prepared.add(id(component))

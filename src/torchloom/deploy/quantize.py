@@ -137,15 +137,6 @@ def quantize(
     pipeline = run.pipeline
     models = pipeline.models
     check_skip(options, models)
-    frozen = [m.label for m in models if m.frozen] if mode == "qat" else []
-    if frozen:  # torch's prepare_qat asserted on a module kept in eval mode
-        raise DeployError.at(
-            str(run.run_dir / "config.yaml"),
-            frozen[0],
-            "is frozen (its weights and BatchNorm statistics do not train), and "
-            "quantization-aware training fine-tunes every model it quantizes",
-            "use --mode static (calibrated, nothing trained), or unfreeze it",
-        )
     section = _measured_section(pipeline)
     graph = model_graph(pipeline, section)
     samples = graph.example_inputs(graph_batch(pipeline, section, graph, SENSITIVITY_SAMPLES))

@@ -3,6 +3,7 @@ what `loom quantize` and `loom export` start from. Nothing is written here."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,7 +70,7 @@ def load_trained_run(
         raise DeployError.at("", f"run folder '{folder}'", *another)
     own = checkpoint in (None, "best", "last")
     liveness = run_liveness(folder)
-    if own and liveness.alive:
+    if own and liveness.alive and liveness.pid != os.getpid():  # not a hook of the run
         raise DeployError.at(
             "",
             f"run folder '{folder}'",

@@ -11,6 +11,7 @@ the same loop, checkpoints and run folder as a config's.
 from __future__ import annotations
 
 import copy
+import numbers
 import os
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -112,9 +113,11 @@ def _evaluation_sections(given: Mapping[str, Any], training: Mapping[str, Any]) 
             "add mode='online', or leave it out",
         )
     size = given.get("eval_batch_size")
-    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+    whole = isinstance(size, numbers.Integral) and not isinstance(size, bool)
+    if size is not None and (not whole or size < 1):
         message = f"must be a whole number of samples above 0, got {size!r}"
         raise ConfigError.at("Trainer(...)", "Trainer(eval_batch_size=...)", message)
+    size = int(size) if size is not None else None  # a numpy integer, as batch_size takes
     loader = {"batch_size": size} if size is not None else {}
     sections = {
         "validation": {**partial, **({"dataloader": loader} if loader else {})},

@@ -110,7 +110,8 @@ def read_settings(space: SearchSpace, command_line: Mapping[str, Any]) -> Search
         if key in raw:
             value = raw[key]
             number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not number or not math.isfinite(value) or value <= 0:  # .nan, .inf: tracebacks
+            infinite = isinstance(value, float) and not math.isfinite(value)  # .nan, .inf
+            if not number or infinite or value <= 0:
                 problems.append(
                     Problem(where[key], f"search setting '{key}'", "must be a positive number")
                 )
