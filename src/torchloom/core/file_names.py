@@ -79,7 +79,8 @@ def _not_a_worker_file(name: str) -> str:
         raise PydanticCustomError(
             "worker_file_name",
             "'{name}' is a file the run or pass folder already has (config.yaml, summary.json, "
-            "run.log, *_statistics.csv, *_summary.json, ...): it would be replaced",
+            "run.log, <section>_statistics.csv, <section>_summary.json, ...): it would be "
+            "replaced",
             {"name": name},
         )
     return name

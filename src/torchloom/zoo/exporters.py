@@ -22,7 +22,7 @@ class StreamFileExporterParams(ComponentParams):
     filename: OwnFileName = Field(
         "exported_streams.csv",
         description="file name inside the pass folder (no path; not one of the folder's own "
-        "files: config.yaml, summary.json, run.log, *_statistics.csv, *_summary.json, ...)",
+        "files: config.yaml, summary.json, run.log, test_statistics.csv, test_summary.json, ...)",
     )
     separator: str = Field(",", min_length=1, max_length=1, description="CSV field separator")
     sections: list[str] = Field(
