@@ -251,6 +251,28 @@ def test_a_process_with_nothing_to_evaluate_adds_nothing(tmp_path: Path) -> None
     only_run(expdir)  # the refused run wrote no folder
 
 
+def test_accumulation_under_two_processes_trains_what_one_trains_across_a_resume(
+    tmp_path: Path,
+) -> None:
+    """Windows of 4 over 6 batches an epoch (4 + 2): inside a window each process keeps its
+    gradients (DDP's no_sync); a stop inside one (the episode limit at 7) saves their mean,
+    and the run resumed with both processes ends with the weights of one process."""
+    training = {"gradient_accumulation": 4}
+    config = str(toy_config(tmp_path, training=training))
+    one = loom("train", config, "--expdir", str(tmp_path / "one"), "--quiet")
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = ["--expdir", str(tmp_path / "two"), "--quiet", "--nproc", "2"]
+    first = loom("train", config, *two, "+training.terminal_conditions.episode_limit=7")
+    assert first.returncode == 0, first.stderr[-2000:]
+    run = only_run(tmp_path / "two")
+    assert summary(run)["episodes"] == 7
+    args = ["--quiet", "--nproc", "2", "training.terminal_conditions.episode_limit=12"]
+    resumed = loom("train", "--resume", str(run), *args)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert summary(run)["episodes"] == 12
+    assert_close(weights(only_run(tmp_path / "one")), weights(run))
+
+
 def test_a_run_continues_with_another_number_of_processes(
     tmp_path: Path, one_process: Path
 ) -> None:

@@ -171,3 +171,25 @@ def test_a_batch_whose_every_target_is_ignored_adds_nothing_under_ddp() -> None:
     assert mean.item() == 0.0 and scaled.item() == 0.0
     scaled.backward()
     assert logits.grad is not None and torch.equal(logits.grad, torch.zeros(4, 3))
+
+
+def test_a_step_inside_an_accumulation_window_skips_ddp_s_all_reduce() -> None:
+    """Every batch's backward all-reduced the gradients, k per optimizer step with an
+    accumulation of k: inside a window DDP's no_sync keeps them local, and the window's
+    last backward all-reduces their sum (as Lightning accumulates)."""
+    from types import SimpleNamespace
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", rank=0, world_size=1, store=store)
+    try:
+        wrapped = DistributedDataParallel(torch.nn.Linear(3, 2))
+        pipeline = SimpleNamespace(wrappers=lambda: [wrapped, torch.nn.Identity()])
+        with distributed.gradient_sync(pipeline, sync=False):
+            assert not wrapped.require_backward_grad_sync
+        assert wrapped.require_backward_grad_sync
+        with distributed.gradient_sync(pipeline, sync=True):
+            assert wrapped.require_backward_grad_sync
+    finally:
+        torch.distributed.destroy_process_group()

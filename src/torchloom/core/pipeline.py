@@ -108,6 +108,10 @@ class Pipeline(nn.Module):
                 wrapped.append(component.name)
         return wrapped
 
+    def wrappers(self) -> list[Any]:
+        """What `wrap_models` put around the models (DistributedDataParallel), in order."""
+        return [r.call for r in self._routes if r.call is not r.component]
+
     def _forward_checked(self, batch: Batch, section: str) -> Batch:
         task = self.tasks.get(section)
         sizes = {} if task is None else task.dimension_sizes()

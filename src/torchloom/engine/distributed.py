@@ -15,6 +15,7 @@ the single-process loop pays nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -257,6 +258,36 @@ def wrap_models(pipeline: Any, device: torch.device, strategy: str = "ddp") -> l
 
     ids = [device.index] if device.type == "cuda" else None
     return list(pipeline.wrap_models(lambda model: DistributedDataParallel(model, device_ids=ids)))
+
+
+def gradient_sync(pipeline: Any, sync: bool) -> contextlib.ExitStack:
+    """For a step whose backward does not end an accumulation window (`sync` False), DDP's
+    `no_sync` of every wrapped model: its gradients stay in each process, added to the
+    window's last backward, whose all-reduce takes them (one all-reduce per optimizer step,
+    as Lightning does, not one per batch). Nothing to enter when `sync`."""
+    stack = contextlib.ExitStack()
+    if not sync:
+        from torch.nn.parallel import DistributedDataParallel
+
+        for call in pipeline.wrappers():
+            if isinstance(call, DistributedDataParallel):
+                stack.enter_context(call.no_sync())
+    return stack
+
+
+def average_gradients(parameters: list[torch.nn.Parameter], distributed: Distributed) -> None:
+    """The processes' mean of gradients kept by `no_sync` (a save inside an accumulation
+    window), in place, in one all-reduce: every process then holds what one process's
+    checkpoint keeps, and the window's last all-reduce adds the rest to it."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return
+    flat = distributed.sum(torch.cat([g.reshape(-1) for g in grads]))
+    flat /= distributed.world
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
 
 
 def whole(tensor: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from torchloom.engine.checkpoint import (
     save_checkpoint,
     seed_everything,
 )
+from torchloom.engine.distributed import average_gradients
 from torchloom.engine.evaluation import TrainingStatistics
 from torchloom.engine.run_folder import Status
 from torchloom.engine.state import Progress, RunSetup
@@ -89,6 +90,8 @@ def checkpoint_state(
     is still pending (on a GPU) is read first: no checkpoint holds weights a bad loss made."""
     setup.guard.settle()
     mid_window = progress.batch_in_epoch % setup.accumulation
+    if mid_window and setup.distributed.active and not setup.sharded:
+        average_gradients(setup.parameters, setup.distributed)  # no_sync kept them apart
     search = setup.architecture_search
     return {
         "components": None if setup.sharded else setup.pipeline.component_states(),

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchloom.engine.checkpoint import seed_everything
+from torchloom.engine.distributed import gradient_sync
 from torchloom.engine.evaluation import (
     PassInterrupted,
     TrainingStatistics,
@@ -116,18 +117,17 @@ class TrainingLoop:
         eager = bool(setup.compiled_models) and setup.hooks.needs_eager_step(self.view)
         if setup.architecture_search is not None:  # DARTS: the architecture's step first
             setup.architecture_search.step(batch, setup.device)
-        with running_eagerly(eager), setup.precision.autocast():
-            setup.pipeline(batch)
-            loss = setup.loss(batch)
-        if setup.distributed.active:
-            loss, scaled = self.global_loss(batch)
-        else:
-            scaled = loss
-        setup.guard.check(loss, batch, progress.episode + 1)
-        accumulation = setup.accumulation
-        setup.precision.scaler.scale(
-            scaled / accumulation if accumulation > 1 else scaled
-        ).backward()
+        accumulation, batches = setup.accumulation, setup.train_data.batches_per_epoch()
+        ends_window = (progress.batch_in_epoch + 1) % accumulation == 0
+        with gradient_sync(setup.pipeline, ends_window or progress.batch_in_epoch + 1 >= batches):
+            with running_eagerly(eager), setup.precision.autocast():
+                setup.pipeline(batch)
+                loss = setup.loss(batch)
+            loss, scaled = self.global_loss(batch) if setup.distributed.active else (loss, loss)
+            setup.guard.check(loss, batch, progress.episode + 1)
+            setup.precision.scaler.scale(
+                scaled / accumulation if accumulation > 1 else scaled
+            ).backward()
         progress.episode += 1
         progress.batch_in_epoch += 1
         if progress.batch_in_epoch % accumulation == 0:
