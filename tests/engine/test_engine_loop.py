@@ -199,6 +199,57 @@ def test_a_run_resumed_at_an_epoch_s_end_does_not_warn_of_a_schedule_step_order(
     assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
 
 
+class StopInTestPass(Hook):
+    """Asks the run to stop as a signal does, at the first batch of its final test pass."""
+
+    name = "stop_in_test_pass"
+
+    def eval_batch(self, run: RunView, section: str, batch: Any) -> None:
+        if section == "test":
+            run.request_stop()
+
+
+@pytest.mark.parametrize(
+    "conditions",
+    [
+        {"epoch_limit": 3, "early_stopping": {"monitor": "validation.seen", "patience": 0}},
+        {"epoch_limit": 3, "loss_stop_threshold": 100.0},
+    ],
+    ids=["early-stopped", "converged"],
+)
+def test_a_run_stopped_in_the_test_pass_its_judge_began_resumes_to_that_end(
+    tmp_path: Path, conditions: dict[str, Any]
+) -> None:
+    """The resumed run looked at the limits alone: it trained the epochs early stopping (or
+    convergence) had ended, then tested other weights (episode 15 against 10)."""
+    config = toy_config(epochs=3, terminal_conditions=conditions)
+    config["test"]["dataloader"] = {"batch_size": 4}  # a pass of 4 batches, stopped in the first
+    reference = train(config, tmp_path / "reference")
+    assert reference.status in ("early_stopped", "converged")
+    stopped = train(config, tmp_path / "runs", StopInTestPass())
+    assert stopped.status == "interrupted"
+    resumed = train(None, tmp_path / "runs", resume=stopped.run_dir)
+    assert resumed.status == reference.status
+    ended, expected = summary(resumed.run_dir), summary(reference.run_dir)
+    assert (ended["epochs"], ended["episodes"]) == (expected["epochs"], expected["episodes"])
+    assert ended["final"]["test"] == expected["final"]["test"]
+    for key, tensor in model_weights(reference.run_dir).items():
+        assert torch.equal(tensor, model_weights(resumed.run_dir)[key]), key
+
+
+def test_an_fp16_run_stopped_before_its_short_last_window_s_step_resumes(tmp_path: Path) -> None:
+    """5 batches an epoch in windows of 2: a stop on the 5th left the leftover window's step
+    to the resumed run, whose scaler had no scale yet (torch's `unscale_` asserted), and
+    every resume failed the same way."""
+    config = toy_config(gradient_accumulation=2, precision="fp16")
+    reference = train(config, tmp_path / "reference")
+    stopped = train(config, tmp_path / "runs", StopAt(5))
+    resumed = train(None, tmp_path / "runs", resume=stopped.run_dir)
+    assert resumed.status == reference.status == "epoch_limit"
+    for key, tensor in model_weights(reference.run_dir).items():
+        assert torch.equal(tensor, model_weights(resumed.run_dir)[key]), key
+
+
 class StopAfterValidation(Hook):
     """Asks the run to stop, with a reason, after the validation of epoch `epoch` (as a
     search's pruner does)."""

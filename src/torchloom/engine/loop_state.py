@@ -164,7 +164,12 @@ def restore_state(
         setup.optimizer.load_state_dict(checkpoint["optimizer"])
     if setup.scheduler is not None and checkpoint["scheduler"] is not None:
         setup.scheduler.load_state_dict(checkpoint["scheduler"])
-    setup.precision.scaler.load_state_dict(checkpoint["precision"])
+    scaler = setup.precision.scaler
+    scaler.load_state_dict(checkpoint["precision"])
+    if scaler.is_enabled():
+        # load_state_dict keeps the scale for later: a resumed run whose first act is the
+        # epoch's leftover window step (a stop on its last batch) unscaled with none.
+        scaler.scale(torch.zeros((), device=setup.device))
     progress.load_state_dict(checkpoint["progress"])
     if progress.episode >= setup.accumulation:
         # The optimizer stepped before the save; torch's flag for it is not in its state, and

@@ -134,6 +134,9 @@ class Progress:
     # False when a stop came between a step and its after-step work (a partial validation, a
     # save, the episode limit): a resumed run does that work first (TrainingLoop.after_step).
     step_settled: bool = True
+    # The end the last judged evaluation gave ("converged", "early_stopped"; "" to go on): a
+    # run stopped after it, in its final test pass, resumes to that end (terminal.resumed_end).
+    judged: str = ""
 
     @property
     def row_epoch(self) -> int:

@@ -115,6 +115,30 @@ def limit_reached(conditions: TerminalConditions, epoch: int, episode: int) -> S
     return None
 
 
+def judged_end(
+    conditions: TerminalConditions, statistics: dict[str, float], validated: bool, monitor: Monitor
+) -> Status | None:
+    """The end an evaluation's statistics give (after the monitor took them): convergence,
+    then early stopping; None to go on."""
+    if converged(conditions, statistics, validated):
+        return Status.CONVERGED
+    return Status.EARLY_STOPPED if monitor.exhausted else None
+
+
+def resumed_end(conditions: TerminalConditions, progress: Any, monitor: Monitor) -> Status | None:
+    """How the loop starts from where a run stands (a resumed run's checkpoint): nothing to
+    end when its last step's after-step work is still to do (`Progress.step_settled`); the end
+    a judged evaluation gave (a run stopped in its final test pass: early stopping's only if
+    the patience it has now runs out too); else a limit reached."""
+    if not progress.step_settled:
+        return None
+    if progress.judged == Status.CONVERGED.value:
+        return Status.CONVERGED
+    if progress.judged == Status.EARLY_STOPPED.value and monitor.exhausted:
+        return Status.EARLY_STOPPED
+    return limit_reached(conditions, progress.epoch, progress.episode)
+
+
 def converged(
     conditions: TerminalConditions, statistics: dict[str, float], has_validation: bool
 ) -> bool:

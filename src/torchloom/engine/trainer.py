@@ -42,7 +42,7 @@ from torchloom.engine.run_folder import (
 )
 from torchloom.engine.state import Progress, RunSetup, RunView
 from torchloom.engine.step import Diverged, batch_size_of, clip_gradients, running_eagerly
-from torchloom.engine.terminal import converged, limit_inside_a_window, limit_reached
+from torchloom.engine.terminal import judged_end, limit_inside_a_window, limit_reached, resumed_end
 
 
 class TrainingLoop:
@@ -265,12 +265,10 @@ class TrainingLoop:
                 k: v for k, v in statistics.items() if not k.endswith((".epoch", ".episode", ".lr"))
             }
             self.save("best.pt")
-        conditions = setup.config.terminal_conditions
-        if converged(conditions, statistics, setup.validation_data is not None):
-            return Status.CONVERGED
-        if setup.monitor.exhausted:
-            return Status.EARLY_STOPPED
-        return None
+        validated = setup.validation_data is not None
+        status = judged_end(setup.config.terminal_conditions, statistics, validated, setup.monitor)
+        self.progress.judged = status.value if status is not None else ""  # kept in last.pt
+        return status
 
     def _observer(self, section: str) -> Any:
         hooks = self.setup.hooks
@@ -345,9 +343,7 @@ class TrainingLoop:
             started = time.perf_counter()
             setup.hooks.before_train(self.view)
             conditions = setup.config.terminal_conditions
-            status = limit_reached(conditions, self.progress.epoch, self.progress.episode)
-            if not self.progress.step_settled:  # the limit's step did not end its epoch yet
-                status = None
+            status = resumed_end(conditions, self.progress, setup.monitor)
             diverged: Diverged | None = None
             try:
                 while status is None:
