@@ -284,13 +284,8 @@ def _quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `loom train`")
     p.add_argument("--mode", default="static", help="dynamic, static or qat (default: static)")
     p.add_argument("--backend", default="x86", help="x86, onednn or qnnpack (default: x86)")
-    p.add_argument(
-        "--calibration-batches",
-        type=int,
-        default=None,
-        metavar="N",
-        help="static: training batches (default: 16)",
-    )
+    batches = "static: training batches (default: 16)"
+    p.add_argument("--calibration-batches", type=int, metavar="N", help=batches)
     weights = p.add_mutually_exclusive_group()
     weights.add_argument(
         "--per-channel",
@@ -306,13 +301,8 @@ def _quantize(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None, metavar="best|last|PATH")
     p.add_argument("--force", action="store_true", help="replace an earlier result of the mode")
     p.add_argument("--repeats", type=int, default=30, help="timed runs per latency figure")
-    p.add_argument(
-        "--qat-epochs",
-        type=int,
-        default=None,
-        metavar="E",
-        help="qat: fine-tuning epochs (default: 1)",
-    )
+    epochs = "qat: fine-tuning epochs (default: 1)"
+    p.add_argument("--qat-epochs", type=int, metavar="E", help=epochs)
     p.add_argument(
         "--qat-lr",
         type=float,
