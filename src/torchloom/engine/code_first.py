@@ -149,8 +149,9 @@ class CodeFirstTrainer:
     """Code-first training: `Trainer(**settings).fit(module, train=..., validation=...)`.
 
     Settings are the keys of a config's `training:` section (optimizer, scheduler, precision,
-    gradient_clipping, ...), with `epochs` and `batch_size` as shortcuts; the run folder is
-    `<expdir>/<name>/<timestamp>/` as for `loom train`. `analysis` is what a config's
+    gradient_clipping, ...), with `epochs` and `batch_size` as shortcuts, and the evaluation
+    sections' `partial_validation_interval`, `partial_validation_batches` (online mode) and
+    `eval_batch_size`; the run folder is `<expdir>/<name>/<timestamp>/` as for `loom train`. `analysis` is what a config's
     `analysis:` section holds (a preset name or a mapping; None: the default preset; False:
     none); its hooks come from `hook_factory`, which `torchloom.Trainer` sets (the engine
     never imports the analysis package)."""
