@@ -153,8 +153,8 @@ class CodeFirstTrainer:
     sections' `partial_validation_interval`, `partial_validation_batches` (online mode) and
     `eval_batch_size`; the run folder is `<expdir>/<name>/<timestamp>/` as for `loom train`.
     `analysis` is what a config's `analysis:` section holds (a preset name or a mapping; None:
-    the default preset; False: none); its hooks come from `hook_factory`, which `torchloom.Trainer` sets (the engine
-    never imports the analysis package)."""
+    the default preset; False: none); its hooks come from `hook_factory`, which
+    `torchloom.Trainer` sets (the engine never imports the analysis package)."""
 
     hook_factory: HookFactory | None = None
 
