@@ -365,3 +365,18 @@ def test_workers_on_a_machine_with_several_gpus_take_one_each(
     assert current == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:1"]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert worker_device(None, 1) is None
+
+
+def test_a_stop_an_earlier_search_of_this_process_took_does_not_stop_the_next(
+    tmp_path: Path, mnist_folder: Path
+) -> None:
+    """The record of stop signals outlived a code-first search stopped by Ctrl-C: its resume,
+    and any later search in the same process (a notebook), stopped at once, every time."""
+    import signal
+
+    from torchloom.signals import record_stop
+
+    record_stop(signal.SIGINT)  # the Ctrl-C that stopped an earlier search here
+    build = _builder(load_config(tiny_config(tmp_path, mnist_folder)).data, (16, 32))
+    found = torchloom.search(build, trials=1, expdir=str(tmp_path / "runs"))
+    assert [row["state"] for row in found.trials] == ["complete"]

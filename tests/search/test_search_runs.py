@@ -267,3 +267,24 @@ def test_loom_search_whose_trial_breaks_its_gpu_writes_what_finished_and_exits_2
     assert "search worker stopped: trial 0: left this process's GPU unusable" in err
     assert "illegal memory access" in err and "loom search --resume" in err
     assert [row["state"] for row in _rows(_search_dir(runs))] == ["fail"]
+
+
+def test_a_stopped_trial_run_again_takes_no_place_among_the_draws() -> None:
+    """Each trial's draw was seeded by its number, and the re-run of a stopped trial takes a
+    number: every trial after it drew what the search left alone drew one place later, and
+    the draw of the first place after the stop was never tried (another best.yml)."""
+    import optuna
+
+    from torchloom.search.study import draw_number
+
+    study = optuna.create_study()
+    study.tell(study.ask(), 0.5)  # trial 0
+    stopped = study.ask()  # trial 1, stopped: failed, queued again
+    study.tell(stopped, state=optuna.trial.TrialState.FAIL)
+    study.enqueue_trial({"lr": 0.1}, user_attrs={"retry_of": 1})
+    retried = study.ask()  # trial 2 takes the queued values
+    assert retried.number == 2 and retried.user_attrs["retry_of"] == 1
+    study.tell(retried, 0.4)
+    trials = study.get_trials(deepcopy=False)
+    assert draw_number(trials) == 2  # trial 3 draws the left-alone search's trial 2 values
+    assert draw_number(trials, 2) == 2 and draw_number(trials, 1) == 1

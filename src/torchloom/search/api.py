@@ -49,6 +49,7 @@ from torchloom.search.space import parse_parameter
 from torchloom.search.study import config_digest, create_study, journal_url
 from torchloom.search.trial import DeviceUnusable
 from torchloom.search.worker import Proposal, work
+from torchloom.signals import stopping_on_signals
 
 if TYPE_CHECKING:
     import optuna
@@ -191,7 +192,10 @@ def search(
         search_dir, record = _code_first(config, replace(request, config=None))
         propose = _proposer(config)
         try:
-            work(search_dir, record, build_hooks, say, _deadline(record), propose)
+            # As run_workers does for a YAML search: it clears the stops an earlier search in
+            # this process recorded (a Ctrl-C ended every later one and its resume at once).
+            with stopping_on_signals():
+                work(search_dir, record, build_hooks, say, _deadline(record), propose)
         except KeyboardInterrupt:
             interrupted = True
         except DeviceUnusable as error:

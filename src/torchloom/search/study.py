@@ -15,7 +15,7 @@ import hashlib
 import importlib.util
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -186,13 +186,14 @@ def make_sampler(
     settings: SearchSettings,
     space: SearchSpace | None,
     seed: int | None,
-    trial_number: int | None = None,
+    draw: int | None = None,
 ) -> Any:
     """The search's sampler. `seed` (the search's, from --seed or the sampler's settings) with
-    `trial_number`: the sampler that draws that trial, seeded by both, so that a seeded search
-    draws a trial's values from its number alone, whichever worker, session or machine asks.
-    Asking under the ask lock gives every trial its own number, so two machines that start
-    at the same moment with the same seed draw different values."""
+    `draw`, the trial's place among the trials that draw values (draw_number): the sampler
+    that draws that trial, seeded by both, so that a seeded search draws a trial's values
+    from its place alone, whichever worker, session or machine asks. Asking under the ask lock
+    gives every trial its own place, so two machines that start at the same moment with the
+    same seed draw different values."""
     import optuna
 
     spec = dict(settings.sampler)
@@ -202,8 +203,8 @@ def make_sampler(
     if seed is not None and cls is not optuna.samplers.GridSampler:
         # QMC takes the i-th point of one scrambled sequence, i counted in the study: every
         # process must scramble alike, with the search's own seed.
-        if trial_number is not None and cls is not optuna.samplers.QMCSampler:
-            seed = trial_seed(seed, trial_number)
+        if draw is not None and cls is not optuna.samplers.QMCSampler:
+            seed = trial_seed(seed, draw)
         spec["seed"] = seed
     try:
         return cls(**spec)
@@ -213,10 +214,23 @@ def make_sampler(
         ) from error
 
 
-def trial_seed(seed: int, trial_number: int) -> int:
+def draw_number(trials: Sequence[Any], number: int | None = None) -> int:
+    """The trial's place among the trials that draw values (the seed's second half, with
+    make_sampler): the trials before it (before trial `number`; all of them for the next
+    trial asked) less the re-runs of stopped trials (`retry_of`), which take the values they
+    had and draw nothing. So a search stopped and resumed draws, for its k-th drawing trial,
+    what the search left alone drew for its k-th (numbered one more after each re-run)."""
+    return sum(
+        1
+        for t in trials
+        if (number is None or t.number < number) and "retry_of" not in t.user_attrs
+    )
+
+
+def trial_seed(seed: int, draw: int) -> int:
     """A seed of its own for each trial of a seeded search; mixed, not added, so that seed
     S's trial 1 is not seed S+1's trial 0. Under 2**32: NumPy's seeds."""
-    digest = hashlib.sha256(f"{seed}:{trial_number}".encode()).digest()
+    digest = hashlib.sha256(f"{seed}:{draw}".encode()).digest()
     return int.from_bytes(digest[:4], "little")
 
 

@@ -28,7 +28,7 @@ from torchloom.search.claims import (
 from torchloom.search.record import SearchRecord
 from torchloom.search.results import VALUES
 from torchloom.search.space import SearchSpace
-from torchloom.search.study import load_study, make_pruner, make_sampler
+from torchloom.search.study import draw_number, load_study, make_pruner, make_sampler
 from torchloom.search.trial import (
     DeviceFailed,
     DeviceUnusable,
@@ -139,15 +139,17 @@ def work(
             if deadline is not None and time.time() >= deadline:
                 say("search: --timeout reached; no new trial starts")
                 break
-            if seed is not None:  # the number the trial asked for now gets (see make_sampler)
+            if seed is not None:  # the place the trial asked for now gets (see make_sampler)
                 number = len(study.get_trials(deepcopy=False))
-                study.sampler = make_sampler(settings, space, seed, number)
+                draw = draw_number(study.get_trials(deepcopy=False))
+                study.sampler = make_sampler(settings, space, seed, draw)
             trial = claim_trial(study, record.trials, exact)
             if seed is not None and trial is not None and trial.number != number:
                 # A queued trial taken again, or another machine's ask at the same moment
                 # where the lock does not cover it: the values drawn from here on (all but a
-                # multivariate sampler's, drawn at the ask) follow the trial's own number.
-                study.sampler = make_sampler(settings, space, seed, trial.number)
+                # multivariate sampler's, drawn at the ask) follow the trial's own place.
+                draw = draw_number(study.get_trials(deepcopy=False), trial.number)
+                study.sampler = make_sampler(settings, space, seed, draw)
             if trial is not None:
                 for key, value in identity().items():
                     trial.set_user_attr(key, value)
