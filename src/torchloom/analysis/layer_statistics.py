@@ -218,8 +218,9 @@ class LayerStatistics(Hook):
         for layer in self.layers:
             for index, parameter in enumerate(layer.parameters):
                 given = layer.gradients.get(index)
-                zeros = torch.zeros(parameter.numel(), device=run.device)
-                pieces.append(given if given is not None else zeros)
+                if given is None:  # zeros only where this process has no gradient
+                    given = torch.zeros(parameter.numel(), device=run.device)
+                pieces.append(given)
             pieces.append(torch.full((1,), float(bool(layer.gradients)), device=run.device))
         flat = run.distributed.sum(torch.cat(pieces))
         sizes = [sum(p.numel() for p in layer.parameters) for layer in self.layers]

@@ -65,13 +65,13 @@ WORKER_FILES = frozenset(
         "lr_find.png",
         "lr_find.json",
         ".lock",
+        *(
+            f"{section}{suffix}"
+            for section in ("training", "validation", "test")
+            for suffix in ("_statistics.csv", "_epoch_statistics.csv", "_summary.json")
+        ),
     }
 )
-WORKER_FILES |= {
-    f"{section}{suffix}"
-    for section in ("training", "validation", "test")
-    for suffix in ("_statistics.csv", "_epoch_statistics.csv", "_summary.json")
-}
 
 
 def _not_a_worker_file(name: str) -> str:

@@ -140,8 +140,8 @@ def work(
                 say("search: --timeout reached; no new trial starts")
                 break
             if seed is not None:  # the place the trial asked for now gets (see make_sampler)
-                number = len(study.get_trials(deepcopy=False))
-                draw = draw_number(study.get_trials(deepcopy=False))
+                asked = study.get_trials(deepcopy=False)  # one read of the study, locked
+                number, draw = len(asked), draw_number(asked)
                 study.sampler = make_sampler(settings, space, seed, draw)
             trial = claim_trial(study, record.trials, exact)
             if seed is not None and trial is not None and trial.number != number:
