@@ -64,3 +64,33 @@ def test_a_trial_without_heartbeats_is_failed_with_its_reason_and_retried_once(
     assert failed.user_attrs["reason"].startswith("no heartbeat from another-machine for 1 s")
     assert failed.user_attrs["retried"] is True and retry.user_attrs["retry_of"] == 0
     assert retry.system_attrs["fixed_params"] == failed.params and counted_trials(study) == 0
+
+
+def test_a_live_workers_trial_is_never_failed_while_it_names_its_process() -> None:
+    """A worker names its trial's process in three writes, and another machine's worker may
+    reap between two of them (a search server: no lock covers both). Read after each write,
+    the live worker's trial must stay RUNNING: it was failed as 'its process died' when the
+    PID was read before its start time (CI, two searches through `loom search-server`)."""
+    import os
+    import socket
+
+    import optuna
+
+    from torchloom.search.claims import is_dead, reap_dead_trials, record_identity
+
+    # A record written in another order (an older worker's: host, PID, start time) is not
+    # judged before it is whole either.
+    assert is_dead({"host": socket.gethostname(), "pid": os.getpid()}) is None
+    study = optuna.create_study()
+    trial = study.ask()
+    reaped: list[int] = []
+    write = trial.set_user_attr
+
+    def write_then_reap(key: str, value: object) -> None:
+        write(key, value)
+        reaped.extend(reap_dead_trials(study))
+
+    trial.set_user_attr = write_then_reap  # type: ignore[method-assign]
+    record_identity(trial)
+    assert reaped == [] and [t.state.name for t in study.trials] == ["RUNNING"]
+    assert {"host", "pid", "pid_start"} <= set(study.trials[0].user_attrs)

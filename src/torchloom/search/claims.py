@@ -36,15 +36,24 @@ def process_start(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def identity() -> dict[str, Any]:
+def record_identity(trial: optuna.Trial) -> None:
+    """Write which process runs `trial` (host, PID, the PID's start time). Each attribute is
+    a write of its own, and another machine's worker may read the trial between two of them
+    (no lock covers both through a server): the host goes last, so a trial that names this
+    host names its process whole, and `is_dead` judges only a whole record."""
     pid = os.getpid()
-    return {"host": socket.gethostname(), "pid": pid, "pid_start": process_start(pid)}
+    trial.set_user_attr("pid_start", process_start(pid))
+    trial.set_user_attr("pid", pid)
+    trial.set_user_attr("host", socket.gethostname())
 
 
 def is_dead(attrs: dict[str, Any]) -> bool | None:
-    """Whether the process that runs a trial is gone: None when it ran on another host (or
-    recorded nothing), so this machine cannot tell."""
+    """Whether the process that runs a trial is gone: None when it ran on another host, or
+    its record is not whole yet (a PID without its start time read as a reused PID: a live
+    worker's trial was failed while it trained), so this machine cannot tell."""
     if attrs.get("host") != socket.gethostname() or not isinstance(attrs.get("pid"), int):
+        return None
+    if "pid_start" not in attrs:
         return None
     pid = attrs["pid"]
     try:

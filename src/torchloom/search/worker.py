@@ -22,8 +22,8 @@ from torchloom.search.claims import (
     ask_lock,
     claim_trial,
     counted_trials,
-    identity,
     reap_dead_trials,
+    record_identity,
 )
 from torchloom.search.record import SearchRecord
 from torchloom.search.results import VALUES
@@ -151,8 +151,7 @@ def work(
                 draw = draw_number(study.get_trials(deepcopy=False), trial.number)
                 study.sampler = make_sampler(settings, space, seed, draw)
             if trial is not None:
-                for key, value in identity().items():
-                    trial.set_user_attr(key, value)
+                record_identity(trial)
         if trial is None:  # another machine took the last trial at the same moment
             time.sleep(random.uniform(0.05, 0.5))  # if it handed its own back too: apart
             continue
