@@ -240,6 +240,29 @@ class DiesOnce(Component):
         return {}
 
 
+class SignalsInEvaluation(Component):
+    """Sends SIGTERM to its own process at its `at`-th call in an evaluation pass, in the
+    worker of global rank `rank` alone: a stop that reaches one process of several."""
+
+    class Params(ComponentParams):
+        at: int = Field(1, gt=0)
+        rank: int = Field(1, ge=0)
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.calls = 0
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(None, None, "anything")}
+
+    def forward(self, inputs: Batch) -> Batch:
+        if not self.training:
+            self.calls += 1
+            if self.calls == self.params.at and os.environ.get("RANK") == str(self.params.rank):
+                os.kill(os.getpid(), signal.SIGTERM)
+        return {}
+
+
 class PutsInPlace(ToyLinear):
     """A ToyLinear whose forward also calls `put_`, which torch has no deterministic version
     of on any device: a component that `training.deterministic` cannot run."""

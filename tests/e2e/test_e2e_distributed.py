@@ -555,6 +555,29 @@ def test_ctrl_c_stops_every_process_and_the_run_resumes_exactly(tmp_path: Path) 
     assert same_reports(run, only_run(tmp_path / "whole"), "worst_samples/worst.csv")
 
 
+def test_a_signal_reaching_one_process_in_the_final_test_pass_stops_every_process(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 alone gets SIGTERM in the test pass's first batch (its 7th evaluation call,
+    after two validations of 3): both processes stop before the next batch, as one process
+    does, and the resumed run tests. The processes' test shares may be uneven, so the pass
+    was run to its end and the run said finished, the signal unheard."""
+    signals = {"type": "trust_components:SignalsInEvaluation", "at": 7, "rank": 1}
+    config = toy_config(tmp_path, signals=signals)
+    flags = ["--quiet", "--nproc", "2"]
+    stopped = loom("train", str(config), "--expdir", str(tmp_path / "runs"), *flags)
+    assert stopped.returncode == 130, stopped.stderr[-2000:]
+    assert "Traceback" not in stopped.stderr
+    run = only_run(tmp_path / "runs")
+    ended = summary(run)
+    assert ended["status"] == "interrupted" and "final test pass" in ended["reason"]
+    assert "test" not in ended["final"] and not (run / "test_statistics.csv").exists()
+    resumed = loom("train", "--resume", str(run), *flags)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    ended = summary(run)
+    assert ended["status"] == "epoch_limit" and ended["final"]["test"]["samples"] == 16
+
+
 def test_a_second_ctrl_c_stops_workers_that_cannot_take_a_signal(tmp_path: Path) -> None:
     """Workers waiting inside collectives (two that do not match) run no Python and never
     see the signals the launcher passes on: two Ctrl-C left the command hanging until a

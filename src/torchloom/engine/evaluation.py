@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -140,7 +141,8 @@ def evaluate(
     or for a loss that says so, by its counted elements: a sequence loss's steps; see
     `WeightedLoss.elements`), so a set's loss does not depend on how it is batched, with
     `loss_min/max/std` over batches; statistics come from their set-level counts. `stop`,
-    asked before each batch, ends the pass with PassInterrupted when it says so. With
+    asked before each batch, ends the pass with PassInterrupted when it says so (with several
+    processes, on every process at the same batch: `_stop_together`). With
     several processes, each evaluates its share of the set (`batches`: its share of each
     batch) and the values are the set's: sums added, statistics merged, and
     `loss_min/max/std` over the batches' means, as one process computes them."""
@@ -158,6 +160,8 @@ def evaluate(
     # which the batches' own means are made once every process's shares are known.
     shares: list[tuple[int, dict[str, Sum]]] = []
     samples = 0
+    if stop is not None and distributed.active:
+        stop = _stop_together(stop, batches, distributed)
     with torch.no_grad():
         for index, batch in enumerate(batches):
             if max_batches is not None and index >= max_batches:
@@ -202,6 +206,25 @@ def evaluate(
     values.update(statistic_values(statistics))
     values["samples"] = samples
     return values
+
+
+def _stop_together(
+    stop: Callable[[], bool], batches: Iterable[Batch], distributed: Distributed
+) -> Callable[[], bool] | None:
+    """`stop` asked of every process at the same batches, true on all when it is on one (a
+    signal may reach one process alone): before each batch of the shortest share, since a
+    process may have one share fewer (each question is a collective every process must
+    ask). None where a share's length is not known: that pass stops only at its end."""
+    try:
+        mine: int | None = len(batches)  # type: ignore[arg-type]
+    except TypeError:
+        mine = None
+    lengths = distributed.gather(mine)
+    if None in lengths:
+        return None
+    common = min(lengths)
+    asked = itertools.count()
+    return lambda: next(asked) < common and distributed.agree(stop())
 
 
 # A loss stream's running (sum of loss x weight, sum of weights): tensors or numbers.

@@ -31,8 +31,7 @@ def run_test_pass(
         setup.precision,
         setup.device,
         observe=observe,
-        # Processes may have uneven shares: a pass stops together only at its end.
-        stop=None if setup.distributed.active else (lambda: setup.signals.by_signal),
+        stop=lambda: setup.signals.by_signal,
         distributed=setup.distributed,
     )
     setup.hooks.after_eval(view, "test", values, False)
