@@ -302,6 +302,54 @@ def test_the_analysis_cost_counts_its_start_in_the_training_time(tmp_path: Path)
     assert during >= 0.3 and training >= during and share <= 100
 
 
+def test_a_ctrl_c_as_the_run_opens_its_reporters_saves_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening the reporters (TensorBoard's import) took a moment before the run's graceful
+    stop began: a Ctrl-C then ended it with no last.pt ("not a run folder with checkpoints")
+    and a summary saying a second signal had come. Now it saves last.pt before the first
+    step, and the resumed run trains what a run left alone trains."""
+    from torchloom.engine.reporting import Reporter
+
+    reference = train(toy_config(epochs=1), tmp_path / "reference")
+    opened = Reporter.open
+
+    def open_then_ctrl_c(self: Reporter) -> None:
+        opened(self)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(Reporter, "open", open_then_ctrl_c)
+    stopped = train(toy_config(epochs=1), tmp_path / "runs")
+    monkeypatch.setattr(Reporter, "open", opened)
+    assert stopped.status == "interrupted" and stopped.summary["episodes"] == 0
+    assert "second signal" not in stopped.summary["reason"]
+    resumed = train(None, tmp_path / "runs", resume=stopped.run_dir)
+    assert resumed.status == "epoch_limit"
+    for key, tensor in model_weights(reference.run_dir).items():
+        assert torch.equal(tensor, model_weights(resumed.run_dir)[key]), key
+
+
+class InterruptedAtStart(Hook):
+    """A KeyboardInterrupt as the run begins, with no signal to the run's own handler (the
+    command's first Ctrl-C, an instant before the run's graceful stop begins)."""
+
+    name = "interrupted_at_start"
+
+    def before_train(self, run: RunView) -> None:
+        raise KeyboardInterrupt
+
+
+def test_a_run_stopped_at_once_before_its_first_save_says_start_it_again(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        train(toy_config(epochs=1), tmp_path, InterruptedAtStart())
+    ended = summary(only_run(tmp_path))
+    assert ended["status"] == "interrupted"
+    assert ended["reason"].endswith("before its first save: start the run again")
+    assert "second signal" not in ended["reason"]
+
+
 def test_a_ctrl_c_after_a_hooks_stop_is_a_first_ctrl_c() -> None:
     """A hook's stop (a pruner's) is not a signal: the user's first Ctrl-C after it still
     stops the run gracefully (last.pt saved); only a second one stops it at once."""

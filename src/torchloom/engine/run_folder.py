@@ -220,6 +220,15 @@ def failure_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
+def stopped_at_once_reason(run_dir: Path, second: bool) -> str:
+    """summary.json's reason for a run a signal stopped at once: a second signal, or one
+    before the run's graceful stop began (its first moment), which may have left no last.pt."""
+    how = "a second signal" if second else "a signal as the run began"
+    if (run_dir / "checkpoints" / "last.pt").exists():
+        return f"stopped at once by {how}; last.pt holds the last save"
+    return f"stopped at once by {how}, before its first save: start the run again"
+
+
 # How torch words BatchNorm's refusal of one value per channel (functional._verify_batch_size).
 BATCH_NORM_NEEDS_TWO = "Expected more than 1 value per channel when training"
 # How torch words its refusal of an operation in deterministic mode (torch/__init__.py).

@@ -37,6 +37,7 @@ from torchloom.engine.run_folder import (
     as_user_error,
     failure_reason,
     read_started_by,
+    stopped_at_once_reason,
     write_running,
     write_summary,
 )
@@ -295,7 +296,7 @@ class TrainingLoop:
             error = as_user_error(raised, setup.run_dir)
             status = Status.INTERRUPTED if isinstance(error, KeyboardInterrupt) else Status.FAILED
             reason = (
-                "stopped at once by a second signal; last.pt holds the last save"
+                stopped_at_once_reason(setup.run_dir, setup.signals.by_signal)
                 if status is Status.INTERRUPTED
                 else failure_reason(error)
             )
@@ -324,18 +325,19 @@ class TrainingLoop:
 
     def _run(self) -> tuple[RunResult, Diverged | None]:
         setup = self.setup
-        opening = (setup.name, setup.device, setup.seed, setup.run_dir)
-        setup.log.info("training '%s' on %s, seed %d, run folder %s", *opening)
-        batches = setup.train_data.batches_per_epoch()
-        if note := limit_inside_a_window(
-            setup.config.terminal_conditions, batches, setup.accumulation
-        ):
-            setup.log.warning("%s", note)
-        if setup.distributed.main:
-            write_running(setup.run_dir, setup.name)
-        setup.reporter.open()
-        # Signals stop the run gracefully from here to the end, final test pass included.
+        # Signals stop the run gracefully from here to the end, final test pass included; one
+        # before the first step (opening the reporters takes a moment) saves last.pt at once.
         with setup.signals:
+            opening = (setup.name, setup.device, setup.seed, setup.run_dir)
+            setup.log.info("training '%s' on %s, seed %d, run folder %s", *opening)
+            batches = setup.train_data.batches_per_epoch()
+            if note := limit_inside_a_window(
+                setup.config.terminal_conditions, batches, setup.accumulation
+            ):
+                setup.log.warning("%s", note)
+            if setup.distributed.main:
+                write_running(setup.run_dir, setup.name)
+            setup.reporter.open()
             for component in setup.pipeline.components.values():
                 if setup.distributed.main:  # viewers write into the run folder
                     component.begin_pass("training", setup.run_dir)
@@ -344,6 +346,8 @@ class TrainingLoop:
             setup.hooks.before_train(self.view)
             conditions = setup.config.terminal_conditions
             status = resumed_end(conditions, self.progress, setup.monitor)
+            if status is None and setup.distributed.agree(setup.signals.requested):
+                status = setup.signals.status
             diverged: Diverged | None = None
             try:
                 while status is None:
