@@ -184,6 +184,25 @@ def test_a_stop_during_the_fill_ends_it_at_once() -> None:
     assert time.monotonic() - started < 1.6  # the jobs not started are dropped
 
 
+def test_workers_leave_at_close_even_when_the_drain_of_their_jobs_stops_early() -> None:
+    """close() drops the jobs not yet started, but that drain gives up when a worker holds
+    the queue's read lock at that instant (it is taking a job): the workers then made every
+    job left before their sentinels (here about 116 of 0.25 s between 2) and were killed at
+    the 2 s grace's end. Held here by this process while close() runs, as a worker would."""
+    import threading
+
+    source = reservoir(Augmented(160, delay=0.25), size=120)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ReservoirStopped):
+            source.next_batch(8, collate, stopping=lambda: time.monotonic() > started + 0.3)
+        source.jobs._rlock.acquire()  # type: ignore[attr-defined]
+        threading.Timer(0.3, source.jobs._rlock.release).start()  # type: ignore[attr-defined]
+    finally:
+        source.close()
+    assert [process.exitcode for process in source.processes] == [0, 0]  # left, not killed
+
+
 def test_a_reservoir_larger_than_the_memory_available_is_a_config_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -105,17 +105,18 @@ class AsyncReservoir:
             return
         context = worker_context()
         self.jobs, self.results = context.Queue(), context.Queue()
+        closing = context.Event()
         for number in range(self.workers):
             process = context.Process(
                 target=work,
-                args=(self.dataset, self.seed, self.jobs, self.results, os.getpid()),
+                args=(self.dataset, self.seed, self.jobs, self.results, os.getpid(), closing),
                 name=f"torchloom-reservoir-{number}",
                 daemon=True,
             )
             process.start()
             self.processes.append(process)
         self._finalizer = weakref.finalize(
-            self, stop_workers, self.processes, self.jobs, self.results
+            self, stop_workers, self.processes, self.jobs, self.results, closing
         )
 
     def close(self) -> None:

@@ -55,8 +55,9 @@ def _packed(sample: Any) -> bytes:
     return pickle.dumps(_compact(sample), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
-    """A worker: fetch samples for jobs until told to stop or the parent is gone."""
+def work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int, closing: Any) -> None:
+    """A worker: fetch samples for jobs until told to stop (`closing`, an Event, or a None
+    job) or the parent is gone."""
     # Stop signals are the main process's to handle: Ctrl-C reaches a terminal's whole
     # process group, and SIGTERM a scheduler's (Slurm's scancel, systemd), and a worker that
     # died of one would fail a run that was asked to stop gracefully. The main process stops
@@ -78,7 +79,7 @@ def work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
             job = jobs.get(timeout=POLL)
         except queue.Empty:
             continue
-        if job is None:
+        if job is None or closing.is_set():
             return
         sequence, index = job
         try:
@@ -93,11 +94,14 @@ def work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int) -> None:
             results.put((sequence, index, None, traceback.format_exc()))
 
 
-def stop_workers(processes: list[Any], jobs: Any, results: Any) -> None:
-    """Stop the workers: a sentinel each, a short grace, then kill (they ignore SIGTERM);
-    never blocks long."""
-    # Jobs not yet started are dropped first: the workers would make them all before they
-    # reached their sentinels.
+def stop_workers(processes: list[Any], jobs: Any, results: Any, closing: Any) -> None:
+    """Stop the workers: `closing` set, a sentinel each, a short grace, then kill (they
+    ignore SIGTERM); never blocks long."""
+    # A worker takes no job once `closing` is set. The jobs not yet started are dropped too,
+    # so that the sentinels come first, but that drain stops early when a worker holds the
+    # queue's read lock at that instant (it is taking a job): the workers would then make
+    # every job left before their sentinels, and be killed at the grace's end instead.
+    closing.set()
     with contextlib.suppress(Exception):
         while True:
             jobs.get_nowait()
