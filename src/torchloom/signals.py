@@ -44,6 +44,7 @@ def set_parent_death_signal(signum: int) -> None:
 
 _stops: list[int] = []  # stop signals received while `stopping_on_signals` is in effect
 _depth = 0
+_held_from: int | None = None  # len(_stops) when `stops_held` began; None outside it
 
 
 def record_stop(signum: int) -> None:
@@ -59,7 +60,28 @@ def stop_asked() -> bool:
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     record_stop(signum)
+    if _held_from is not None and len(_stops) - _held_from < 2:
+        return  # raised when the held block ends (a second signal: at once)
     raise KeyboardInterrupt  # SIGTERM, SIGHUP: as Ctrl-C, in every phase
+
+
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """A block that a stop signal must not cut in two (a search claiming a trial and naming
+    its process: cut between, the trial is left RUNNING with no one to end it): a signal
+    during it is recorded and raised as KeyboardInterrupt at its end, a second one at once
+    (a block stuck on a database must still stop). Where `stopping_on_signals` handles the
+    signals; not nested."""
+    global _held_from
+    assert _held_from is None, "stops_held is not nested"
+    _held_from = len(_stops)
+    try:
+        yield
+    finally:
+        came = len(_stops) > _held_from
+        _held_from = None
+    if came:
+        raise KeyboardInterrupt
 
 
 def _quiet_about_interrupts(hook: object) -> object:

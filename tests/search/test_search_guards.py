@@ -541,3 +541,58 @@ def test_a_stop_while_a_finished_trial_is_recorded_leaves_no_running_trial(
     else:
         assert states == {0: "COMPLETE"} and study.trials[0].value == 1.0
         assert not any("another process" in line for line in said)  # it was this one's
+
+
+def test_a_stop_while_a_trial_is_claimed_fails_and_queues_it_again(
+    tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C between the ask and the naming of the trial's process left the trial RUNNING
+    for good, named by no one (no reaper could judge it): the resumed search counted it and
+    ran one trial too few, and its values were never tried (CI: a trial retried without an
+    'interrupted' reason). The stop is held to the end of the naming, then fails the trial
+    and queues it as a stop mid-run does."""
+    named = worker.record_identity
+    stopped: list[int] = []
+
+    def named_after_a_ctrl_c(trial: optuna.Trial) -> None:
+        if not stopped:
+            stopped.append(trial.number)
+            os.kill(os.getpid(), signal.SIGINT)  # as the ask returns
+        named(trial)
+
+    def run_trial(trial: optuna.Trial, *args: Any) -> tuple[float, None]:
+        options, on_run_dir = args[-2], args[-1]
+        run_dir = Path(options.expdir) / f"trial{trial.number}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "config.yaml").write_text("name: run\n", encoding="utf-8")
+        on_run_dir(run_dir)
+        return float(trial.number), None
+
+    monkeypatch.setattr(worker, "record_identity", named_after_a_ctrl_c)
+    monkeypatch.setattr(worker, "run_trial", run_trial)
+    config = tiny_config(tmp_path, mnist_folder)
+    space = {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}}
+    with pytest.raises(KeyboardInterrupt):
+        torchloom.search(config, space=space, trials=2, expdir=str(tmp_path / "runs"))
+    (search_dir,) = (tmp_path / "runs").glob("searches/*/*")
+    found = torchloom.search(None, resume=search_dir)
+    rows = {int(row["number"]): row for row in found.trials}
+    assert rows[0]["state"] == "fail" and "interrupted" in str(rows[0]["reason"]), rows
+    complete = [row for row in rows.values() if row["state"] == "complete"]
+    assert len(complete) == 2 and [str(r["retry_of"]) for r in complete].count("0") == 1, rows
+
+
+def test_a_held_stop_comes_at_the_blocks_end_and_a_second_one_at_once() -> None:
+    from torchloom.signals import stops_held
+
+    reached = []
+    with stopping_on_signals():
+        with pytest.raises(KeyboardInterrupt), stops_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("after the first")
+        with pytest.raises(KeyboardInterrupt), stops_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # a block stuck on a database: the second signal ends it
+            reached.append("after the second")
+    assert reached == ["after the first"]

@@ -150,7 +150,9 @@ def test_two_workers_share_one_journal_and_stop_together_on_ctrl_c(
     assert len(complete) == 4 and len({r["run_dir"] for r in complete}) == 4
     retried = {r["retry_of"] for r in rows if r["retry_of"]}
     # Each stopped trial ran again, once. (Failed once in 17 runs, under load, with a trial
-    # retried whose row did not say interrupted: both tables say which state it was left in.)
+    # retried whose row did not say interrupted: the Ctrl-C had come between its ask and the
+    # naming of its process, and the resume reaped it as dead; the stop is held over that
+    # now, test_search_guards.py.)
     assert retried == {r["number"] for r in interrupted}, (stopped_rows, rows)
     pids = {t.user_attrs["pid"] for t in _study(search_dir).trials}
     assert len(pids) >= 2  # several processes ran trials of the one study

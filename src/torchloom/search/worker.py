@@ -37,7 +37,7 @@ from torchloom.search.trial import (
     TrialFailed,
     run_trial,
 )
-from torchloom.signals import stop_asked
+from torchloom.signals import stop_asked, stops_held
 
 if TYPE_CHECKING:
     import optuna
@@ -131,32 +131,42 @@ def work(
         if orphaned is not None and orphaned():
             say("search worker: `loom search` is gone; no new trial starts")
             break
-        with ask_lock(search_dir, url, study) as exact:
-            for number in reap_dead_trials(study):
-                say(f"trial {number}: its process died; failed, its parameters queued again")
-            if counted_trials(study) >= record.trials:
-                break
-            if deadline is not None and time.time() >= deadline:
-                say("search: --timeout reached; no new trial starts")
-                break
-            if seed is not None:  # the place the trial asked for now gets (see make_sampler)
-                asked = study.get_trials(deepcopy=False)  # one read of the study, locked
-                number, draw = len(asked), draw_number(asked)
-                study.sampler = make_sampler(settings, space, seed, draw)
-            trial = claim_trial(study, record.trials, exact)
-            if seed is not None and trial is not None and trial.number != number:
-                # A queued trial taken again, or another machine's ask at the same moment
-                # where the lock does not cover it: the values drawn from here on (all but a
-                # multivariate sampler's, drawn at the ask) follow the trial's own place.
-                draw = draw_number(study.get_trials(deepcopy=False), trial.number)
-                study.sampler = make_sampler(settings, space, seed, draw)
-            if trial is not None:
-                record_identity(trial)
-        if trial is None:  # another machine took the last trial at the same moment
-            time.sleep(random.uniform(0.05, 0.5))  # if it handed its own back too: apart
-            continue
-        with get_heartbeat_thread(trial._trial_id, study._storage):
-            _run_one(study, trial, propose, search_dir, objective, options, say)
+        trial = None
+        try:
+            # A stop between the ask and the naming of the trial's process would leave it
+            # RUNNING with no one to end it (unnamed, no reaper can judge it): held to the end
+            # of the naming, where the trial is failed and queued again like one stopped
+            # mid-run.
+            with stops_held(), ask_lock(search_dir, url, study) as exact:
+                for number in reap_dead_trials(study):
+                    say(f"trial {number}: its process died; failed, its parameters queued again")
+                if counted_trials(study) >= record.trials:
+                    break
+                if deadline is not None and time.time() >= deadline:
+                    say("search: --timeout reached; no new trial starts")
+                    break
+                if seed is not None:  # the place the trial asked for now gets (make_sampler)
+                    asked = study.get_trials(deepcopy=False)  # one read of the study, locked
+                    number, draw = len(asked), draw_number(asked)
+                    study.sampler = make_sampler(settings, space, seed, draw)
+                trial = claim_trial(study, record.trials, exact)
+                if seed is not None and trial is not None and trial.number != number:
+                    # A queued trial taken again, or another machine's ask at the same moment
+                    # where the lock does not cover it: the values drawn from here on (all but
+                    # a multivariate sampler's, drawn at the ask) follow the trial's own place.
+                    draw = draw_number(study.get_trials(deepcopy=False), trial.number)
+                    study.sampler = make_sampler(settings, space, seed, draw)
+                if trial is not None:
+                    record_identity(trial)
+            if trial is None:  # another machine took the last trial at the same moment
+                time.sleep(random.uniform(0.05, 0.5))  # if it handed its own back too: apart
+                continue
+            with get_heartbeat_thread(trial._trial_id, study._storage):
+                _run_one(study, trial, propose, search_dir, objective, options, say)
+        except KeyboardInterrupt:
+            if trial is not None:  # _run_one's own stop handling, if it ran, left it finished
+                _queue_again_if_unfinished(study, trial, say)
+            raise
         # Not on the way out (a stop, a broken GPU): a stop must reach the other workers at
         # once, before they finish a trial and take the next.
         _release_the_trial()
@@ -245,13 +255,21 @@ def _run_one(
     except UpdateFinishedTrialError:  # finished elsewhere while its values were drawn
         say(_DROPPED.format(number=trial.number))
     except KeyboardInterrupt:
-        attrs = {"reason": "interrupted (Ctrl-C, SIGTERM or SIGHUP)", "retried": True}
-        recorded = study._storage.get_trial(trial._trial_id).state.is_finished()
-        if not recorded and _finish(study, trial, say, attrs, state=TrialState.FAIL):
-            retry_of = trial.user_attrs.get("retry_of", trial.number)
-            study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
-            say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
+        _queue_again_if_unfinished(study, trial, say)
         raise
+
+
+def _queue_again_if_unfinished(study: optuna.Study, trial: optuna.Trial, say: Say) -> None:
+    """A trial a stop cut short (before its value was stored): failed as interrupted and its
+    parameters queued for the next run; one already finished stands."""
+    from optuna.trial import TrialState
+
+    attrs = {"reason": "interrupted (Ctrl-C, SIGTERM or SIGHUP)", "retried": True}
+    recorded = study._storage.get_trial(trial._trial_id).state.is_finished()
+    if not recorded and _finish(study, trial, say, attrs, state=TrialState.FAIL):
+        retry_of = trial.user_attrs.get("retry_of", trial.number)
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
+        say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
 
 
 _DROPPED = "trial {number}: finished by another process; this run of it is dropped"
