@@ -39,13 +39,15 @@ def test_a_trial_without_heartbeats_is_failed_with_its_reason_and_retried_once(
     tmp_path: Path,
 ) -> None:
     """On a database, another machine's silent trial (its host is not this one) is failed by
-    Optuna's heartbeat check with a reason, and its retry counts instead of it."""
+    Optuna's heartbeat check with a reason, and its retry counts instead of it. A trial whose
+    process this machine sees alive is not: Optuna's heartbeat thread ends at its first failed
+    write (a database restart) while the trial trains on, and it was failed and run twice."""
     import time
 
     import optuna
     from optuna.storages import RDBStorage
 
-    from torchloom.search.claims import reap_dead_trials
+    from torchloom.search.claims import reap_dead_trials, record_identity
 
     storage = RDBStorage(
         f"sqlite:///{tmp_path / 'study.db'}",
@@ -57,13 +59,17 @@ def test_a_trial_without_heartbeats_is_failed_with_its_reason_and_retried_once(
     trial.suggest_float("lr", 1e-4, 1e-1, log=True)
     trial.set_user_attr("host", "another-machine")
     storage.record_heartbeat(trial._trial_id)
+    live = study.ask()  # this process's, its heartbeats stopped as by a failed write
+    record_identity(live)
+    storage.record_heartbeat(live._trial_id)
     time.sleep(2.5)
     assert reap_dead_trials(study) == [0]
-    failed, retry = study.trials
+    assert study.trials[1].state.name == "RUNNING"
+    failed, _, retry = study.trials
     assert failed.state.name == "FAIL" and retry.state.name == "WAITING"
     assert failed.user_attrs["reason"].startswith("no heartbeat from another-machine for 1 s")
     assert failed.user_attrs["retried"] is True and retry.user_attrs["retry_of"] == 0
-    assert retry.system_attrs["fixed_params"] == failed.params and counted_trials(study) == 0
+    assert retry.system_attrs["fixed_params"] == failed.params and counted_trials(study) == 1
 
 
 def test_a_live_workers_trial_is_never_failed_while_it_names_its_process() -> None:
@@ -94,3 +100,52 @@ def test_a_live_workers_trial_is_never_failed_while_it_names_its_process() -> No
     record_identity(trial)
     assert reaped == [] and [t.state.name for t in study.trials] == ["RUNNING"]
     assert {"host", "pid", "pid_start"} <= set(study.trials[0].user_attrs)
+
+
+def test_a_trial_finished_while_it_is_reaped_is_left_to_its_ending() -> None:
+    """A trial read RUNNING with a dead process, finished before the reaper's writes (by
+    another machine's reaper, or its worker on another host told it): the reaper's first
+    write raised out of the search, which ended with no results written."""
+    import subprocess
+    import sys
+
+    import optuna
+
+    from torchloom.search.claims import reap_dead_trials, record_identity
+
+    study = optuna.create_study()
+    trial = study.ask()
+    record_identity(trial)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    trial.set_user_attr("pid", int(gone.stdout))  # a process that has ended
+    storage = study._storage
+    write = storage.set_trial_user_attr
+
+    def finished_first(trial_id: int, key: str, value: object) -> None:
+        if storage.get_trial(trial_id).state.name == "RUNNING" and key == "reason":
+            study.tell(trial, 1.0)  # the other process, a moment earlier
+        write(trial_id, key, value)
+
+    storage.set_trial_user_attr = finished_first  # type: ignore[method-assign]
+    assert reap_dead_trials(study) == []
+    assert [t.state.name for t in study.trials] == ["COMPLETE"]
+
+
+def test_a_complete_trial_shows_no_reason_a_losing_reaper_wrote() -> None:
+    """A reaper writes its reason before it fails the trial; the trial's worker may tell the
+    value in between, and the reaper then fails nothing: trials.csv showed 'no heartbeat'
+    beside the value."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from torchloom.search.results import trial_rows
+
+    study = optuna.create_study()
+    trial = study.ask()
+    trial.set_user_attr("reason", "no heartbeat from vm for 90 s: its process or machine stopped")
+    study.tell(trial, 1.0)
+    (row,) = trial_rows(study, SimpleNamespace(monitor="validation.loss"))  # type: ignore[arg-type]
+    assert row["state"] == "complete" and row["reason"] == ""

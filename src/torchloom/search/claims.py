@@ -80,9 +80,12 @@ def reap_dead_trials(study: optuna.Study) -> list[int]:
     reaped = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         attrs = trial.user_attrs
-        if is_dead(attrs):
+        dead = is_dead(attrs)
+        if dead:
             reason = f"its process {attrs['pid']} on {attrs['host']} died"
-        elif trial._trial_id in stale:
+        elif dead is None and trial._trial_id in stale:
+            # Not a trial whose process this machine sees alive: Optuna's heartbeat thread
+            # ends at its first failed write (a database restart) while the trial trains on.
             seconds = getattr(_rdb(storage), "grace_period", None) or 3 * HEARTBEAT_SECONDS
             reason = (
                 f"no heartbeat from {attrs.get('host', '?')} for {seconds} s: "
@@ -93,12 +96,12 @@ def reap_dead_trials(study: optuna.Study) -> list[int]:
         # Attributes first: a finished trial takes none. Another machine reaping the same
         # trial at once writes the same ones, and only one of the two fails it.
         retry = "retry_of" not in attrs
-        storage.set_trial_user_attr(trial._trial_id, "reason", reason)
-        storage.set_trial_user_attr(trial._trial_id, "retried", retry)
         try:
+            storage.set_trial_user_attr(trial._trial_id, "reason", reason)
+            storage.set_trial_user_attr(trial._trial_id, "retried", retry)
             if not storage.set_trial_state_values(trial._trial_id, TrialState.FAIL):
                 continue
-        except Exception:  # finished meanwhile by someone else: nothing to do
+        except Exception:  # finished meanwhile by its worker or another reaper: theirs stands
             continue
         if retry:
             study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})

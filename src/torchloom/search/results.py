@@ -65,7 +65,10 @@ def trial_rows(study: optuna.Study, record: SearchRecord) -> list[dict[str, Any]
         row: dict[str, Any] = {"number": trial.number, "state": trial.state.name.lower()}
         row[record.monitor] = trial.value if trial.value is not None else ""
         row.update({name: _shown(trial.params.get(name, "")) for name in names})
-        row["reason"] = trial.user_attrs.get("reason", "")
+        # A complete trial has no reason: one a reaper wrote before its worker told the
+        # value first (the reaper then failed nothing) is not the trial's.
+        complete = trial.state.name == "COMPLETE"
+        row["reason"] = "" if complete else trial.user_attrs.get("reason", "")
         row["retry_of"] = trial.user_attrs.get("retry_of", "")
         row["duration_s"] = round(duration, 2) if duration is not None else ""
         row["run_dir"] = trial.user_attrs.get("run_dir", "")
