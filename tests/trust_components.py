@@ -240,6 +240,25 @@ class DiesOnce(Component):
         return {}
 
 
+class HeldInEvaluation(Component):
+    """Waits in an evaluation pass while the file `marker` exists (60 s at most): a test
+    signals the process in the pass, then removes the file, however slow the machine."""
+
+    class Params(ComponentParams):
+        marker: str
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(None, None, "anything")}
+
+    def forward(self, inputs: Batch) -> Batch:
+        deadline = time.monotonic() + 60
+        while not self.training and os.path.exists(self.params.marker):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        return {}
+
+
 class SignalsInEvaluation(Component):
     """Sends SIGTERM to its own process at its `at`-th call in an evaluation pass, in the
     worker of global rank `rank` alone: a stop that reaches one process of several."""

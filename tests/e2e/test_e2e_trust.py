@@ -27,9 +27,9 @@ ENV = {
 }
 
 
-def toy_config(folder: Path, **training: object) -> Path:
+def toy_config(folder: Path, held: Path | None = None, **training: object) -> Path:
     """A toy pipeline that trains in a second; evaluation passes sleep 0.3 s per batch so a
-    test can stop the process inside one."""
+    test can stop the process inside one, and wait while the file `held` exists."""
     config = {
         "name": "toy",
         "training": {
@@ -55,6 +55,9 @@ def toy_config(folder: Path, **training: object) -> Path:
             "slow": {"type": "trust_components:SlowInEvaluation", "seconds": 0.3},
         },
     }
+    if held is not None:
+        marker = {"type": "trust_components:HeldInEvaluation", "marker": str(held)}
+        config["pipeline"]["held"] = marker  # type: ignore[index]
     path = folder / "toy.yml"
     path.write_text(dump_config(config), encoding="utf-8")
     return path
@@ -86,7 +89,8 @@ def wait_for_log(process: subprocess.Popen[str], expdir: Path, text: str) -> Pat
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("reference")
-    config = toy_config(folder, checkpoint_interval=3)
+    # The pipeline of the stopped runs, never held (no marker file).
+    config = toy_config(folder, held=folder / "never", checkpoint_interval=3)
     done = loom("train", str(config), "--expdir", str(folder / "runs"), "--quiet")
     assert done.returncode == 0, done.stderr
     return only_run(folder / "runs")
@@ -98,15 +102,13 @@ def test_killed_during_validation_after_saving_the_last_partial_batch(
     # last.pt is saved after episode 3, the epoch's last batch (8 of 16 samples), then
     # validation starts: a SIGKILL there left a last.pt no resume could start from.
     expdir = tmp_path / "runs"
-    process = start(
-        "train",
-        str(toy_config(tmp_path, checkpoint_interval=3)),
-        "--expdir",
-        str(expdir),
-        "--quiet",
-    )
+    held = tmp_path / "held"  # the validation waits until the signal is sent
+    held.touch()
+    config = toy_config(tmp_path, held=held, checkpoint_interval=3)
+    process = start("train", str(config), "--expdir", str(expdir), "--quiet")
     run = wait_for_log(process, expdir, "epoch 1 (episode 3) training")
     process.send_signal(signal.SIGKILL)
+    held.unlink()
     process.communicate(timeout=60)
     saved = load_checkpoint(run / "checkpoints" / "last.pt")["progress"]
     assert (saved["epoch"], saved["batch_in_epoch"]) == (0, 3), "killed too late to test"
@@ -125,10 +127,13 @@ def test_sigterm_during_validation_stops_like_ctrl_c_and_resumes_bit_identically
     """SIGTERM (what a scheduler or `kill` sends) is Ctrl-C at every phase: here in the
     validation after epoch 1, as the final test pass below."""
     expdir = tmp_path / "runs"
-    config = toy_config(tmp_path, checkpoint_interval=3)
+    held = tmp_path / "held"  # the validation waits until the signal is sent
+    held.touch()
+    config = toy_config(tmp_path, held=held, checkpoint_interval=3)
     process = start("train", str(config), "--expdir", str(expdir), "--quiet")
     run = wait_for_log(process, expdir, "epoch 1 (episode 3) training")
     process.send_signal(signal.SIGTERM)
+    held.unlink()
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
