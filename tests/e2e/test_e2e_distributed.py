@@ -483,11 +483,15 @@ def test_a_rendezvous_no_other_machine_joins_ends_at_its_timeout(tmp_path: Path)
 
 
 def long_run(tmp_path: Path, **popen: Any) -> tuple[subprocess.Popen[str], Path]:
-    """`loom train --nproc 2` of a run far longer than the test, once it has saved last.pt."""
+    """`loom train --nproc 2` of a run far longer than the test, once it has saved last.pt.
+    Its temporary files (the launcher's handoff folder) go to tmp_path/tmp, not the
+    machine's /tmp: a launcher killed leaves its folder there, and `worker_pid` looks there."""
     config = toy_config(tmp_path, epochs=2000, training={"checkpoint_interval": 1})
     expdir = tmp_path / "runs"
+    (tmp_path / "tmp").mkdir()
     command = [*LOOM, "train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", "2"]
-    process = subprocess.Popen(command, text=True, env=ENV, **popen)
+    env = {**ENV, "TMPDIR": str(tmp_path / "tmp")}
+    process = subprocess.Popen(command, text=True, env=env, **popen)
     deadline = time.monotonic() + 120
     while not list(expdir.glob("*/*/checkpoints/last.pt")):
         if process.poll() is not None or time.monotonic() > deadline:
@@ -605,25 +609,19 @@ def test_a_second_ctrl_c_stops_workers_that_cannot_take_a_signal(tmp_path: Path)
     assert spawned_workers() - before == set(), "a worker outlived its command"
 
 
-def worker_pid(rank: int, launched_after: float) -> int:
-    """The PID of the worker of `rank` that a launcher started after `launched_after`, from
-    the pid files the workers write in their launcher's handoff folder."""
-    folders = Path(tempfile.gettempdir()).glob("torchloom-launch-*")
-    (path,) = [
-        f / f"pid-{rank:04d}"
-        for f in folders
-        if (f / f"pid-{rank:04d}").is_file() and f.stat().st_mtime >= launched_after
-    ]
+def worker_pid(rank: int, tmp_path: Path) -> int:
+    """The PID of the worker of `rank` of the `long_run` in tmp_path, from the pid files the
+    workers write in their launcher's handoff folder."""
+    (path,) = (tmp_path / "tmp").glob(f"torchloom-launch-*/pid-{rank:04d}")
     return int(path.read_text(encoding="utf-8"))
 
 
 def test_a_worker_killed_by_a_signal_is_named_as_the_first_failure(tmp_path: Path) -> None:
     """A worker killed with SIGKILL records nothing: its peer's "Connection reset by peer"
     was reported as "rank 0 failed first", and summary.json kept gloo's text as the reason."""
-    started = time.time() - 1
     process, expdir = long_run(tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        os.kill(worker_pid(1, started), signal.SIGKILL)
+        os.kill(worker_pid(1, tmp_path), signal.SIGKILL)
         _, err = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
