@@ -149,3 +149,22 @@ def test_a_complete_trial_shows_no_reason_a_losing_reaper_wrote() -> None:
     study.tell(trial, 1.0)
     (row,) = trial_rows(study, SimpleNamespace(monitor="validation.loss"))  # type: ignore[arg-type]
     assert row["state"] == "complete" and row["reason"] == ""
+
+
+def test_a_trial_of_a_container_sharing_this_hosts_name_is_not_judged_here() -> None:
+    """Containers started with the host's network (`--network host`, Kubernetes'
+    hostNetwork) share its name but not its PIDs: a live trial of theirs was judged dead."""
+    import os
+    import socket
+
+    from torchloom.search.claims import is_dead, pid_space
+
+    gone = {
+        "host": socket.gethostname(),
+        "pid": 2**22 + 1,  # above Linux's PID limit: no process here has it
+        "pid_start": "1",
+    }
+    assert is_dead({**gone, "pid_space": "another boot:4026531836"}) is None
+    assert is_dead({**gone, "pid_space": pid_space()}) is True
+    assert is_dead(gone) is True  # recorded before the PID space was
+    assert os.getpid() < 2**22 + 1

@@ -36,24 +36,40 @@ def process_start(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def pid_space() -> str:
+    """Which PIDs this process sees: the boot and the PID namespace (Linux). Containers that
+    share a host's name (`--network host`, Kubernetes' hostNetwork) do not share its PIDs, nor
+    does a cloned machine: a PID of theirs tells nothing here. '' where unknown."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
 def record_identity(trial: optuna.Trial) -> None:
-    """Write which process runs `trial` (host, PID, the PID's start time). Each attribute is
-    a write of its own, and another machine's worker may read the trial between two of them
-    (no lock covers both through a server): the host goes last, so a trial that names this
-    host names its process whole, and `is_dead` judges only a whole record."""
+    """Write which process runs `trial` (its PID space, PID, the PID's start time, host).
+    Each attribute is a write of its own, and another machine's worker may read the trial
+    between two of them (no lock covers both through a server): the host goes last, so a
+    trial that names this host names its process whole, and `is_dead` judges only a whole
+    record."""
     pid = os.getpid()
+    trial.set_user_attr("pid_space", pid_space())
     trial.set_user_attr("pid_start", process_start(pid))
     trial.set_user_attr("pid", pid)
     trial.set_user_attr("host", socket.gethostname())
 
 
 def is_dead(attrs: dict[str, Any]) -> bool | None:
-    """Whether the process that runs a trial is gone: None when it ran on another host, or
-    its record is not whole yet (a PID without its start time read as a reused PID: a live
-    worker's trial was failed while it trained), so this machine cannot tell."""
+    """Whether the process that runs a trial is gone: None when it ran on another host or
+    in another PID space of this host's name (a container), or its record is not whole yet
+    (a PID without its start time read as a reused PID: a live worker's trial was failed
+    while it trained), so this machine cannot tell."""
     if attrs.get("host") != socket.gethostname() or not isinstance(attrs.get("pid"), int):
         return None
     if "pid_start" not in attrs:
+        return None
+    if attrs.get("pid_space", pid_space()) != pid_space():  # recorded before it was: host
         return None
     pid = attrs["pid"]
     try:
