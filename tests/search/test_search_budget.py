@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from search_helpers import IDENTITY, claim_race
 
 from torchloom.search.claims import counted_trials
@@ -168,3 +169,25 @@ def test_a_trial_of_a_container_sharing_this_hosts_name_is_not_judged_here() -> 
     assert is_dead({**gone, "pid_space": pid_space()}) is True
     assert is_dead(gone) is True  # recorded before the PID space was
     assert os.getpid() < 2**22 + 1
+
+
+def test_a_study_whose_identity_could_not_be_written_is_not_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop between the study's creation and its identity's write left a study that every
+    later search of that name refused ('has no search identity'), the same search run again
+    included: the creation is undone."""
+    import optuna
+
+    url = f"journal:{tmp_path / 'shared.journal'}"
+    write = optuna.Study.set_user_attr
+
+    def stopped(self: optuna.Study, key: str, value: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(optuna.Study, "set_user_attr", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        create_study(url, "s", IDENTITY)
+    monkeypatch.setattr(optuna.Study, "set_user_attr", write)
+    create_study(url, "s", IDENTITY)  # the search run again
+    assert load_study(url, "s", None, None, IDENTITY).user_attrs["torchloom_search"] == IDENTITY

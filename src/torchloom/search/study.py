@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 from torchloom.errors import ConfigError, LoomError
 from torchloom.search.settings import PRUNERS, SearchSettings, component_class
 from torchloom.search.space import SearchSpace
+from torchloom.signals import stops_held
 
 if TYPE_CHECKING:
     import optuna
@@ -274,7 +275,16 @@ def create_study(url: str, name: str, identity: Mapping[str, str]) -> None:
     if identity["direction"] != "maximize":
         wanted = optuna.study.StudyDirection.MINIMIZE
     try:
-        created = optuna.create_study(storage=storage, study_name=name, direction=wanted)
+        # A stop between the creation and the identity's write would leave a study every
+        # later search of that name refuses (no identity): held over both, and undone if
+        # the write fails.
+        with stops_held():
+            created = optuna.create_study(storage=storage, study_name=name, direction=wanted)
+            try:
+                created.set_user_attr(IDENTITY, dict(identity))
+            except BaseException:
+                optuna.delete_study(study_name=name, storage=storage)
+                raise
     except optuna.exceptions.DuplicatedStudyError:
         loaded = optuna.load_study(storage=storage, study_name=name)
         # Another machine may have created it a moment ago and not yet written its identity.
@@ -284,8 +294,6 @@ def create_study(url: str, name: str, identity: Mapping[str, str]) -> None:
             time.sleep(0.2 * (attempt + 1))
             loaded = optuna.load_study(storage=storage, study_name=name)
         check_identity(url, name, loaded.user_attrs.get(IDENTITY), identity)
-    else:
-        created.set_user_attr(IDENTITY, dict(identity))
 
 
 def check_identity(url: str, name: str, found: Any, wanted: Mapping[str, str] | None) -> None:
