@@ -191,3 +191,28 @@ def test_a_study_whose_identity_could_not_be_written_is_not_left_behind(
     monkeypatch.setattr(optuna.Study, "set_user_attr", write)
     create_study(url, "s", IDENTITY)  # the search run again
     assert load_study(url, "s", None, None, IDENTITY).user_attrs["torchloom_search"] == IDENTITY
+
+
+def test_a_stopped_trial_counts_until_its_retry_is_queued() -> None:
+    """A stopped trial is failed, then its retry queued, one write later: a worker counting
+    in between saw a free place and started a fresh trial, and the retry waited for ever
+    (a grid point never tried, another tried twice)."""
+    import optuna
+
+    from torchloom.search.claims import queue_retry
+
+    study = optuna.create_study()
+    stopped = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    stopped.set_user_attr("retried", True)
+    study.tell(stopped, state=optuna.trial.TrialState.FAIL)
+    assert counted_trials(study) == 1  # its retry is not queued yet: its place is taken
+    queue_retry(study, stopped)
+    assert counted_trials(study) == 0  # the retry, when it runs, counts instead
+    retry = study.ask()
+    assert retry.user_attrs["retry_from"] == stopped.number and counted_trials(study) == 1
+    # A retry queued by an older worker names only the chain's first trial.
+    older = study.ask()
+    older.set_user_attr("retried", True)
+    study.tell(older, state=optuna.trial.TrialState.FAIL)
+    study.enqueue_trial(older.params, user_attrs={"retry_of": older.number})
+    assert counted_trials(study) == 1

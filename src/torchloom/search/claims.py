@@ -120,21 +120,42 @@ def reap_dead_trials(study: optuna.Study) -> list[int]:
         except Exception:  # finished meanwhile by its worker or another reaper: theirs stands
             continue
         if retry:
-            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+            queue_retry(study, trial)
         reaped.append(trial.number)
     return reaped
 
 
+def queue_retry(study: optuna.Study, trial: Any) -> None:
+    """Queue a failed trial's parameters once more: `retry_of` names the chain's first trial
+    (trials.csv), `retry_from` this one (`counted_trials`)."""
+    origin = trial.user_attrs.get("retry_of", trial.number)
+    study.enqueue_trial(trial.params, user_attrs={"retry_of": origin, "retry_from": trial.number})
+
+
 def counted_trials(study: optuna.Study) -> int:
-    """Trials that count toward --trials: finished or running, less the dead ones whose
-    parameters were queued again (their retry counts instead)."""
+    """Trials that count toward --trials: finished or running, less the failed ones whose
+    parameters were queued again (their retry counts instead). A failed trial counts until
+    its retry is queued, a write after its failure: another worker counting in between
+    started a fresh trial, and the retry then waited for ever (a grid point never tried)."""
     from optuna.trial import TrialState
 
+    trials = study.get_trials(deepcopy=False)
+    retried_from = {t.user_attrs["retry_from"] for t in trials if "retry_from" in t.user_attrs}
+    # Retries queued before `retry_from` was written name only their chain's first trial.
+    older = [t for t in trials if "retry_of" in t.user_attrs and "retry_from" not in t.user_attrs]
+
+    def queued_again(trial: Any) -> bool:
+        if trial.number in retried_from:
+            return True
+        origin = trial.user_attrs.get("retry_of", trial.number)
+        return any(t.user_attrs["retry_of"] == origin and t.number > trial.number for t in older)
+
     count = 0
-    for trial in study.get_trials(deepcopy=False):
+    for trial in trials:
         if trial.state == TrialState.WAITING:
             continue
-        if trial.state == TrialState.FAIL and trial.user_attrs.get("retried"):
+        failed = trial.state == TrialState.FAIL and trial.user_attrs.get("retried")
+        if failed and queued_again(trial):
             continue
         count += 1
     return count

@@ -22,6 +22,7 @@ from torchloom.search.claims import (
     ask_lock,
     claim_trial,
     counted_trials,
+    queue_retry,
     reap_dead_trials,
     record_identity,
 )
@@ -267,8 +268,7 @@ def _queue_again_if_unfinished(study: optuna.Study, trial: optuna.Trial, say: Sa
     attrs = {"reason": "interrupted (Ctrl-C, SIGTERM or SIGHUP)", "retried": True}
     recorded = study._storage.get_trial(trial._trial_id).state.is_finished()
     if not recorded and _finish(study, trial, say, attrs, state=TrialState.FAIL):
-        retry_of = trial.user_attrs.get("retry_of", trial.number)
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": retry_of})
+        queue_retry(study, trial)
         say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
 
 
