@@ -45,8 +45,12 @@ def run_name_problem(name: str) -> str:
 
 
 def run_tag_problem(tag: str) -> str:
-    """Why `tag` cannot end a run folder's name; '' when it can (an empty tag is none)."""
-    return _too_long(folder_part(tag))
+    """Why `tag` cannot end a run folder's name; '' when it can (an empty tag is none). A
+    tag of unsafe characters alone would end every such folder with the same `-`."""
+    part = folder_part(tag)
+    if tag and not part.strip("-_."):
+        return "has no letter or digit to tell the run by"
+    return _too_long(part)
 
 
 def shown(text: str) -> str:

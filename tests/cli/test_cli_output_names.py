@@ -150,6 +150,21 @@ def test_a_tag_too_long_for_a_folder_name_is_refused_before_anything_is_created(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.yml"]
 
 
+def test_a_tag_or_a_list_option_that_names_nothing_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--tag ///` ended the run folder's name with `-`, as every such tag would; `--disable ,`
+    disabled nothing without a word."""
+    config = f"{GOOD_CONFIG}training:\n  task: {{data_folder: {tmp_path / 'd'}}}\n"
+    good = write_config(tmp_path, config, "good.yml")
+    expdir = tmp_path / "runs"
+    result = run_loom(capsys, "train", str(good), *SMALL, "--expdir", str(expdir), "--tag", "///")
+    assert_user_error(result, "--tag '///'", "no letter or digit", "use letters or digits")
+    result = run_loom(capsys, "check", str(good), "--disable", ",")
+    assert result.status == 2 and "',' names nothing" in result.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["good.yml"]
+
+
 def test_create_run_folder_checks_names_given_in_python(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"name '\.\.'"):
         create_run_folder(tmp_path / "runs", "..")

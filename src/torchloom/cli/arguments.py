@@ -39,8 +39,12 @@ def _config_arguments(parser: argparse.ArgumentParser, optional: bool = False) -
 
 
 def _names(text: str) -> list[str]:
-    """A comma-separated option's names (components, layers, streams), blanks dropped."""
-    return [name.strip() for name in text.split(",") if name.strip()]
+    """A comma-separated option's names (components, layers, streams), blanks dropped; one
+    that names nothing (`--disable ,`) is refused, not taken as no option."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names nothing: give comma-separated names")
+    return names
 
 
 def _disable(parser: argparse.ArgumentParser) -> None:

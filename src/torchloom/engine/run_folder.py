@@ -53,7 +53,8 @@ def check_run_tag(tag: str) -> None:
     """A ConfigError when `tag` (`loom train --tag`) cannot end a run folder's name."""
     problem = run_tag_problem(tag)
     if problem:
-        raise ConfigError.at("", f"--tag {shown(tag)}", problem, "use a shorter tag")
+        hint = "use a shorter tag" if "long" in problem else "use letters or digits"
+        raise ConfigError.at("", f"--tag {shown(tag)}", problem, hint)
 
 
 def create_run_folder(
