@@ -71,16 +71,19 @@ def stops_held() -> Iterator[None]:
     its process: cut between, the trial is left RUNNING with no one to end it): a signal
     during it is recorded and raised as KeyboardInterrupt at its end, a second one at once
     (a block stuck on a database must still stop). Where `stopping_on_signals` handles the
-    signals; not nested."""
+    signals, in the main thread (signals are handled there alone); a block inside another
+    holds nothing more."""
     global _held_from
-    assert _held_from is None, "stops_held is not nested"
+    if _held_from is not None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _held_from = len(_stops)
     try:
         yield
     finally:
-        came = len(_stops) > _held_from
-        _held_from = None
-    if came:
+        # Reset first: a signal from here on raises at once, and none is lost in between.
+        held_from, _held_from = _held_from, None
+    if len(_stops) > held_from:
         raise KeyboardInterrupt
 
 

@@ -40,15 +40,13 @@ def test_a_trial_without_heartbeats_is_failed_with_its_reason_and_retried_once(
     tmp_path: Path,
 ) -> None:
     """On a database, another machine's silent trial (its host is not this one) is failed by
-    Optuna's heartbeat check with a reason, and its retry counts instead of it. A trial whose
-    process this machine sees alive is not: Optuna's heartbeat thread ends at its first failed
-    write (a database restart) while the trial trains on, and it was failed and run twice."""
+    Optuna's heartbeat check with a reason, and its retry counts instead of it."""
     import time
 
     import optuna
     from optuna.storages import RDBStorage
 
-    from torchloom.search.claims import reap_dead_trials, record_identity
+    from torchloom.search.claims import reap_dead_trials
 
     storage = RDBStorage(
         f"sqlite:///{tmp_path / 'study.db'}",
@@ -60,17 +58,13 @@ def test_a_trial_without_heartbeats_is_failed_with_its_reason_and_retried_once(
     trial.suggest_float("lr", 1e-4, 1e-1, log=True)
     trial.set_user_attr("host", "another-machine")
     storage.record_heartbeat(trial._trial_id)
-    live = study.ask()  # this process's, its heartbeats stopped as by a failed write
-    record_identity(live)
-    storage.record_heartbeat(live._trial_id)
     time.sleep(2.5)
     assert reap_dead_trials(study) == [0]
-    assert study.trials[1].state.name == "RUNNING"
-    failed, _, retry = study.trials
+    failed, retry = study.trials
     assert failed.state.name == "FAIL" and retry.state.name == "WAITING"
     assert failed.user_attrs["reason"].startswith("no heartbeat from another-machine for 1 s")
     assert failed.user_attrs["retried"] is True and retry.user_attrs["retry_of"] == 0
-    assert retry.system_attrs["fixed_params"] == failed.params and counted_trials(study) == 1
+    assert retry.system_attrs["fixed_params"] == failed.params and counted_trials(study) == 0
 
 
 def test_a_live_workers_trial_is_never_failed_while_it_names_its_process() -> None:
@@ -158,16 +152,20 @@ def test_a_trial_of_a_container_sharing_this_hosts_name_is_not_judged_here() -> 
     import os
     import socket
 
-    from torchloom.search.claims import is_dead, pid_space
+    from torchloom.search.claims import is_dead, pid_space, process_start
 
     gone = {
         "host": socket.gethostname(),
         "pid": 2**22 + 1,  # above Linux's PID limit: no process here has it
         "pid_start": "1",
     }
-    assert is_dead({**gone, "pid_space": "another boot:4026531836"}) is None
+    boot, _, namespace = pid_space().partition(":")
+    assert is_dead({**gone, "pid_space": f"{boot}:{int(namespace) + 1}"}) is None
     assert is_dead({**gone, "pid_space": pid_space()}) is True
     assert is_dead(gone) is True  # recorded before the PID space was
+    # Another boot (a power cut, then a resume): every process of that boot is gone.
+    alive_then = {**gone, "pid": os.getpid(), "pid_start": process_start(os.getpid())}
+    assert is_dead({**alive_then, "pid_space": f"another-boot:{namespace}"}) is True
     assert os.getpid() < 2**22 + 1
 
 
@@ -216,3 +214,71 @@ def test_a_stopped_trial_counts_until_its_retry_is_queued() -> None:
     study.tell(older, state=optuna.trial.TrialState.FAIL)
     study.enqueue_trial(older.params, user_attrs={"retry_of": older.number})
     assert counted_trials(study) == 1
+
+
+def test_a_trials_heartbeats_go_on_after_a_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optuna's heartbeat thread ends at its first failed write (a database restart) while
+    the trial trains on: 90 s later every worker failed the live trial, to run it twice."""
+    import time
+
+    import optuna
+    from optuna.storages import RDBStorage
+
+    from torchloom.search.claims import heartbeats
+
+    storage = RDBStorage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=1)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    beats: list[int] = []
+    record = storage.record_heartbeat
+
+    def restarting(trial_id: int) -> None:
+        beats.append(trial_id)
+        if len(beats) == 2:
+            raise ConnectionError("the database restarts")
+        record(trial_id)
+
+    monkeypatch.setattr(storage, "record_heartbeat", restarting)
+    monkeypatch.setattr(storage, "get_heartbeat_interval", lambda: 0.02)
+    with heartbeats(trial._trial_id, storage):
+        time.sleep(0.3)
+    assert len(beats) > 4
+
+
+def test_a_retry_its_dead_process_never_queued_is_queued_by_the_next_worker() -> None:
+    """A trial is failed, then its retry queued, two writes: a process killed between them
+    (SIGKILL after a scheduler's SIGTERM) left a trial that counts until its retry exists,
+    for ever. A worker queues it, once its process is known dead (never while that process
+    is between the two writes)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import optuna
+
+    from torchloom.search.claims import pid_space, reap_dead_trials, record_identity
+
+    study = optuna.create_study()
+    stopped = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    record_identity(stopped)
+    stopped.set_user_attr("retried", True)
+    study.tell(stopped, state=optuna.trial.TrialState.FAIL)
+    assert reap_dead_trials(study) == [] and len(study.trials) == 1  # its process lives
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    attrs = {"pid": int(ended.stdout), "host": socket.gethostname(), "pid_space": pid_space()}
+    failed = study.ask()
+    for key, value in {**attrs, "pid_start": "1", "retried": True}.items():
+        failed.set_user_attr(key, value)
+    study.tell(failed, state=optuna.trial.TrialState.FAIL)
+    assert counted_trials(study) == 2
+    reap_dead_trials(study)
+    (retry,) = [t for t in study.trials if t.state.name == "WAITING"]
+    assert retry.user_attrs["retry_from"] == failed.number and counted_trials(study) == 1
+    reap_dead_trials(study)  # once
+    assert len([t for t in study.trials if t.state.name == "WAITING"]) == 1
+    assert os.getpid() != int(ended.stdout)

@@ -596,3 +596,80 @@ def test_a_held_stop_comes_at_the_blocks_end_and_a_second_one_at_once() -> None:
             time.sleep(5)  # a block stuck on a database: the second signal ends it
             reached.append("after the second")
     assert reached == ["after the first"]
+    # Held only in the main thread, where signals are handled (a search in a thread held the
+    # main thread's first Ctrl-C); a block inside another holds nothing more.
+    import threading
+
+    done: list[bool] = []
+
+    def in_a_thread() -> None:
+        with stops_held(), stops_held():
+            done.append(True)
+
+    thread = threading.Thread(target=in_a_thread)
+    with stopping_on_signals(), stops_held():
+        thread.start()
+        thread.join()
+        with stops_held():
+            done.append(True)
+    assert done == [True, True]
+
+
+def test_a_failure_while_a_trial_is_claimed_fails_and_queues_it_again(
+    tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database error while the worker names the trial's process ended the worker and left
+    the trial RUNNING, unnamed: no reaper could judge it, and it counted for ever."""
+    named = worker.record_identity
+
+    def database_gone(trial: optuna.Trial) -> None:
+        trial.set_user_attr("pid_start", "1")
+        raise ConnectionError("the database went away")
+
+    monkeypatch.setattr(worker, "record_identity", database_gone)
+    config = tiny_config(tmp_path, mnist_folder)
+    space = {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}}
+    with pytest.raises(ConnectionError):
+        torchloom.search(config, space=space, trials=1, expdir=str(tmp_path / "runs"))
+    (search_dir,) = (tmp_path / "runs").glob("searches/*/*")
+    monkeypatch.setattr(worker, "record_identity", named)
+    (trial, *queued) = _trials_of(search_dir)
+    assert trial.state.name == "FAIL" and [t.state.name for t in queued] == ["WAITING"]
+    reason = trial.user_attrs["reason"]
+    assert reason == "its worker failed: ConnectionError: the database went away"
+
+
+def _trials_of(search_dir: Path) -> list[optuna.trial.FrozenTrial]:
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    from torchloom.search.record import read_record
+
+    record = read_record(search_dir)
+    journal = record.storage_url(search_dir).removeprefix("journal:")
+    storage = JournalStorage(JournalFileBackend(journal))
+    return optuna.load_study(storage=storage, study_name=record.study).trials
+
+
+def test_a_stop_as_the_api_creates_a_shared_study_leaves_it_whole(
+    tmp_path: Path, mnist_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchloom.search created its study outside the stop handling: a Ctrl-C just after the
+    creation left a study without its identity, which every later search of that name
+    refused, this one run again included."""
+    created = optuna.create_study
+
+    def then_ctrl_c(*args: Any, **kwargs: Any) -> optuna.Study:
+        study = created(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return study
+
+    monkeypatch.setattr(optuna, "create_study", then_ctrl_c)
+    config = tiny_config(tmp_path, mnist_folder)
+    shared = {"storage": f"journal:{tmp_path / 'shared.journal'}", "study": "shared"}
+    space = {"training.optimizer.lr": {"loguniform": [1.0e-4, 1.0e-2]}}
+    with pytest.raises(KeyboardInterrupt):
+        torchloom.search(config, space=space, trials=1, expdir=str(tmp_path / "a"), **shared)
+    monkeypatch.setattr(optuna, "create_study", created)
+    monkeypatch.setattr(worker, "run_trial", lambda *args: (1.0, None))
+    found = torchloom.search(config, space=space, trials=1, expdir=str(tmp_path / "b"), **shared)
+    assert [row["state"] for row in found.trials] == ["complete"]

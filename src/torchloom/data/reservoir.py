@@ -105,7 +105,7 @@ class AsyncReservoir:
             return
         context = worker_context()
         self.jobs, self.results = context.Queue(), context.Queue()
-        closing = context.Event()
+        closing = context.RawValue("b", 0)  # set at close; lock-free (see stop_workers)
         for number in range(self.workers):
             process = context.Process(
                 target=work,

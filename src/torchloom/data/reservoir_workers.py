@@ -56,8 +56,8 @@ def _packed(sample: Any) -> bytes:
 
 
 def work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int, closing: Any) -> None:
-    """A worker: fetch samples for jobs until told to stop (`closing`, an Event, or a None
-    job) or the parent is gone."""
+    """A worker: fetch samples for jobs until told to stop (`closing`, a shared byte set to
+    1, or a None job) or the parent is gone."""
     # Stop signals are the main process's to handle: Ctrl-C reaches a terminal's whole
     # process group, and SIGTERM a scheduler's (Slurm's scancel, systemd), and a worker that
     # died of one would fail a run that was asked to stop gracefully. The main process stops
@@ -79,7 +79,7 @@ def work(dataset: Any, seed: int, jobs: Any, results: Any, parent: int, closing:
             job = jobs.get(timeout=POLL)
         except queue.Empty:
             continue
-        if job is None or closing.is_set():
+        if job is None or closing.value:
             return
         sequence, index = job
         try:
@@ -100,8 +100,9 @@ def stop_workers(processes: list[Any], jobs: Any, results: Any, closing: Any) ->
     # A worker takes no job once `closing` is set. The jobs not yet started are dropped too,
     # so that the sentinels come first, but that drain stops early when a worker holds the
     # queue's read lock at that instant (it is taking a job): the workers would then make
-    # every job left before their sentinels, and be killed at the grace's end instead.
-    closing.set()
+    # every job left before their sentinels, and be killed at the grace's end instead. A
+    # flag without a lock: an Event's lock held by a worker that was killed would hang here.
+    closing.value = 1
     with contextlib.suppress(Exception):
         while True:
             jobs.get_nowait()

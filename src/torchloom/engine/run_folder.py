@@ -222,9 +222,10 @@ def failure_reason(error: BaseException) -> str:
 
 
 def stopped_at_once_reason(run_dir: Path, second: bool) -> str:
-    """summary.json's reason for a run a signal stopped at once: a second signal, or one
-    before the run's graceful stop began (its first moment), which may have left no last.pt."""
-    how = "a second signal" if second else "a signal as the run began"
+    """summary.json's reason for a run stopped at once: by a second signal, or by an interrupt
+    outside the run's graceful stop (a signal at its first moment, or raised by a hook),
+    which may have left no last.pt."""
+    how = "a second signal" if second else "an interrupt outside the run's graceful stop"
     if (run_dir / "checkpoints" / "last.pt").exists():
         return f"stopped at once by {how}; last.pt holds the last save"
     return f"stopped at once by {how}, before its first save: start the run again"

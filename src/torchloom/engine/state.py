@@ -246,9 +246,9 @@ class RunView:
     tensorboard:          the run's SummaryWriter, or None when TensorBoard is off
     distributed:          this process among those training the run (rank, world, the
                           collectives a hook that runs in every process merges with)
-    request_stop(reason): stop at the end of this step or epoch; with a reason (a search's
-                          pruner) the run ends `stopped` with it, without one
-                          `interrupted`, as Ctrl-C does
+    request_stop(reason): stop at the end of this step or epoch (from before_train: before
+                          the first step); with a reason (a search's pruner) the run ends
+                          `stopped` with it, without one `interrupted`, as Ctrl-C does
     """
 
     def __init__(self, setup: RunSetup, progress: Progress) -> None:

@@ -189,7 +189,10 @@ def search(
             raise ConfigError.at(
                 "torchloom.search", "workers", "a code-first search runs in this process only"
             )
-        search_dir, record = _code_first(config, replace(request, config=None))
+        # Signals as `loom search` takes them from its start: the study's creation holds a
+        # stop to its end (create_study).
+        with stopping_on_signals():
+            search_dir, record = _code_first(config, replace(request, config=None))
         propose = _proposer(config)
         try:
             # As run_workers does for a YAML search: it clears the stops an earlier search in
@@ -201,7 +204,8 @@ def search(
         except DeviceUnusable as error:
             stopped = error
     else:
-        prepared = resume_search(request) if resume is not None else prepare_search(request)
+        with stopping_on_signals():
+            prepared = resume_search(request) if resume is not None else prepare_search(request)
         search_dir, record = prepared
         try:
             interrupted = run_workers(search_dir, record, workers, build_hooks, say) == 130

@@ -14,7 +14,8 @@ import contextlib
 import fcntl
 import os
 import socket
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,15 +63,19 @@ def record_identity(trial: optuna.Trial) -> None:
 
 def is_dead(attrs: dict[str, Any]) -> bool | None:
     """Whether the process that runs a trial is gone: None when it ran on another host or
-    in another PID space of this host's name (a container), or its record is not whole yet
-    (a PID without its start time read as a reused PID: a live worker's trial was failed
-    while it trained), so this machine cannot tell."""
+    in another PID namespace of this host's name and boot (a container), or its record is
+    not whole yet (a PID without its start time read as a reused PID: a live worker's trial
+    was failed while it trained), so this machine cannot tell."""
     if attrs.get("host") != socket.gethostname() or not isinstance(attrs.get("pid"), int):
         return None
     if "pid_start" not in attrs:
         return None
-    if attrs.get("pid_space", pid_space()) != pid_space():  # recorded before it was: host
-        return None
+    recorded, here = attrs.get("pid_space", pid_space()), pid_space()  # older: this host's
+    if recorded != here:
+        # Another boot: every process of that one is gone (a power cut, then a resume).
+        # The same boot, another PID namespace: a container's, which this one cannot see.
+        boot_then, boot_now = recorded.partition(":")[0], here.partition(":")[0]
+        return True if boot_then and boot_now and boot_then != boot_now else None
     pid = attrs["pid"]
     try:
         os.kill(pid, 0)
@@ -96,12 +101,9 @@ def reap_dead_trials(study: optuna.Study) -> list[int]:
     reaped = []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         attrs = trial.user_attrs
-        dead = is_dead(attrs)
-        if dead:
+        if is_dead(attrs):
             reason = f"its process {attrs['pid']} on {attrs['host']} died"
-        elif dead is None and trial._trial_id in stale:
-            # Not a trial whose process this machine sees alive: Optuna's heartbeat thread
-            # ends at its first failed write (a database restart) while the trial trains on.
+        elif trial._trial_id in stale:  # its process abandoned it or stopped (heartbeats)
             seconds = getattr(_rdb(storage), "grace_period", None) or 3 * HEARTBEAT_SECONDS
             reason = (
                 f"no heartbeat from {attrs.get('host', '?')} for {seconds} s: "
@@ -122,7 +124,23 @@ def reap_dead_trials(study: optuna.Study) -> list[int]:
         if retry:
             queue_retry(study, trial)
         reaped.append(trial.number)
+    _queue_lost_retries(study)
     return reaped
+
+
+def _queue_lost_retries(study: optuna.Study) -> None:
+    """Queue the retry of a trial failed to be retried whose process died before it queued
+    the retry (two writes: SIGKILL after a scheduler's SIGTERM, say): the trial counts
+    until its retry exists, and would count for ever. Only where its process is known dead,
+    so never while that process is between the two writes; under the ask lock."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    queued_again = retries_queued(trials)
+    for trial in trials:
+        lost = trial.state == TrialState.FAIL and trial.user_attrs.get("retried")
+        if lost and not queued_again(trial) and is_dead(trial.user_attrs):
+            queue_retry(study, trial)
 
 
 def queue_retry(study: optuna.Study, trial: Any) -> None:
@@ -130,6 +148,53 @@ def queue_retry(study: optuna.Study, trial: Any) -> None:
     (trials.csv), `retry_from` this one (`counted_trials`)."""
     origin = trial.user_attrs.get("retry_of", trial.number)
     study.enqueue_trial(trial.params, user_attrs={"retry_of": origin, "retry_from": trial.number})
+
+
+def retries_queued(trials: list[Any]) -> Callable[[Any], bool]:
+    """Whether a retry of a trial is queued (or ran), among `trials`."""
+    retried_from = {t.user_attrs["retry_from"] for t in trials if "retry_from" in t.user_attrs}
+    # Retries queued before `retry_from` was written name only their chain's first trial.
+    older: dict[Any, list[int]] = {}
+    for t in trials:
+        if "retry_of" in t.user_attrs and "retry_from" not in t.user_attrs:
+            older.setdefault(t.user_attrs["retry_of"], []).append(t.number)
+
+    def queued_again(trial: Any) -> bool:
+        if trial.number in retried_from:
+            return True
+        origin = trial.user_attrs.get("retry_of", trial.number)
+        return any(number > trial.number for number in older.get(origin, ()))
+
+    return queued_again
+
+
+@contextlib.contextmanager
+def heartbeats(trial_id: int, storage: Any) -> Iterator[None]:
+    """Optuna's heartbeats of a running trial (databases), kept up through failed writes:
+    Optuna's own thread ends at its first (a database restart) while the trial trains on,
+    which every worker then failed as stopped, to run it twice."""
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    if not is_heartbeat_enabled(storage):
+        yield
+        return
+    interval = storage.get_heartbeat_interval()
+    stop = threading.Event()
+
+    def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # the next beat tries again
+                storage.record_heartbeat(trial_id)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name="torchloom-trial-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)  # a beat stuck on an unreachable database is left behind
 
 
 def counted_trials(study: optuna.Study) -> int:
@@ -140,16 +205,7 @@ def counted_trials(study: optuna.Study) -> int:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    retried_from = {t.user_attrs["retry_from"] for t in trials if "retry_from" in t.user_attrs}
-    # Retries queued before `retry_from` was written name only their chain's first trial.
-    older = [t for t in trials if "retry_of" in t.user_attrs and "retry_from" not in t.user_attrs]
-
-    def queued_again(trial: Any) -> bool:
-        if trial.number in retried_from:
-            return True
-        origin = trial.user_attrs.get("retry_of", trial.number)
-        return any(t.user_attrs["retry_of"] == origin and t.number > trial.number for t in older)
-
+    queued_again = retries_queued(trials)
     count = 0
     for trial in trials:
         if trial.state == TrialState.WAITING:

@@ -5,6 +5,7 @@ only Ctrl-C / SIGTERM ends the worker early, its trial failed and queued again."
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
 import sys
@@ -22,6 +23,7 @@ from torchloom.search.claims import (
     ask_lock,
     claim_trial,
     counted_trials,
+    heartbeats,
     queue_retry,
     reap_dead_trials,
     record_identity,
@@ -98,8 +100,6 @@ def work(
     `propose` makes a trial's config (default: the YAML space of the search folder); `worker`
     numbers the processes of `--workers K` (0 to K-1); `orphaned` says, between trials,
     whether the `loom search` that started this worker is gone (then it stops)."""
-    from optuna.storages._heartbeat import get_heartbeat_thread
-
     # Trials share this process: one may turn training.deterministic on after others ran.
     reproducible_cublas_workspace()
     space, epochs = None, None
@@ -162,11 +162,16 @@ def work(
             if trial is None:  # another machine took the last trial at the same moment
                 time.sleep(random.uniform(0.05, 0.5))  # if it handed its own back too: apart
                 continue
-            with get_heartbeat_thread(trial._trial_id, study._storage):
+            with heartbeats(trial._trial_id, study._storage):
                 _run_one(study, trial, propose, search_dir, objective, options, say)
-        except KeyboardInterrupt:
-            if trial is not None:  # _run_one's own stop handling, if it ran, left it finished
-                _queue_again_if_unfinished(study, trial, say)
+        except BaseException as error:
+            # A stop, or a failure (a database's) that ended the worker: the claimed trial
+            # would stay RUNNING, perhaps unnamed (no reaper could judge it). _run_one's own
+            # handling, where it ran, left it finished.
+            if trial is not None:
+                stopped = isinstance(error, KeyboardInterrupt)
+                with contextlib.suppress(Exception):  # the database may be what failed
+                    _queue_again_if_unfinished(study, trial, say, None if stopped else error)
             raise
         # Not on the way out (a stop, a broken GPU): a stop must reach the other workers at
         # once, before they finish a trial and take the next.
@@ -260,16 +265,23 @@ def _run_one(
         raise
 
 
-def _queue_again_if_unfinished(study: optuna.Study, trial: optuna.Trial, say: Say) -> None:
-    """A trial a stop cut short (before its value was stored): failed as interrupted and its
-    parameters queued for the next run; one already finished stands."""
+def _queue_again_if_unfinished(
+    study: optuna.Study, trial: optuna.Trial, say: Say, error: BaseException | None = None
+) -> None:
+    """A trial a stop (or the worker's `error`) cut short, before its value was stored:
+    failed with the reason and its parameters queued for the next run; one already finished
+    stands."""
     from optuna.trial import TrialState
 
-    attrs = {"reason": "interrupted (Ctrl-C, SIGTERM or SIGHUP)", "retried": True}
+    reason = "interrupted (Ctrl-C, SIGTERM or SIGHUP)"
+    if error is not None:
+        reason = f"its worker failed: {failure_reason(error)}"
     recorded = study._storage.get_trial(trial._trial_id).state.is_finished()
+    attrs = {"reason": reason, "retried": True}
     if not recorded and _finish(study, trial, say, attrs, state=TrialState.FAIL):
         queue_retry(study, trial)
-        say(f"trial {trial.number}: interrupted; its parameters are queued for the next run")
+        said = "interrupted" if error is None else reason
+        say(f"trial {trial.number}: {said}; its parameters are queued for the next run")
 
 
 _DROPPED = "trial {number}: finished by another process; this run of it is dropped"
