@@ -80,9 +80,13 @@ def stops_held() -> Iterator[None]:
     _held_from = len(_stops)
     try:
         yield
-    finally:
-        # Reset first: a signal from here on raises at once, and none is lost in between.
+    except BaseException as error:
         held_from, _held_from = _held_from, None
+        if len(_stops) > held_from and not isinstance(error, KeyboardInterrupt):
+            raise KeyboardInterrupt from error  # the stop asked for, not what the block met
+        raise
+    # Reset first: a signal from here on raises at once, and none is lost in between.
+    held_from, _held_from = _held_from, None
     if len(_stops) > held_from:
         raise KeyboardInterrupt
 

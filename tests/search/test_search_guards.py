@@ -596,6 +596,12 @@ def test_a_held_stop_comes_at_the_blocks_end_and_a_second_one_at_once() -> None:
             time.sleep(5)  # a block stuck on a database: the second signal ends it
             reached.append("after the second")
     assert reached == ["after the first"]
+    # A stop held over a block that then fails (a database error) is still the stop.
+    with stopping_on_signals():
+        with pytest.raises(KeyboardInterrupt) as stopped, stops_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            raise ConnectionError("the database went away")
+        assert isinstance(stopped.value.__cause__, ConnectionError)
     # Held only in the main thread, where signals are handled (a search in a thread held the
     # main thread's first Ctrl-C); a block inside another holds nothing more.
     import threading
