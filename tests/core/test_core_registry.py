@@ -160,3 +160,27 @@ def test_each_package_metadata_is_read_once_however_many_components_a_pipeline_n
         assert len(calls) == len(set(calls)) == len(registered_names())
     finally:
         clear_cache()
+
+
+def test_an_allowed_module_is_no_path_to_a_refused_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`torch.hub:tempfile.mkdtemp` reached the standard library through an attribute of an
+    allowed module, and a code-first record's factory so named was called by `loom process`
+    (a folder made in /tmp; `...extensions:venv.main` made a virtual environment). Neither a
+    module reached by attribute nor an object another refused module defines is taken."""
+    import tempfile
+
+    from torchloom.core.registry import import_object
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    for path in ("torch.hub:tempfile.mkdtemp", "torch.hub:tempfile"):
+        with pytest.raises(LookupError, match="is a module"):
+            import_object(path)
+    import torch.hub
+
+    monkeypatch.setattr(torch.hub, "mkdtemp", tempfile.mkdtemp, raising=False)
+    with pytest.raises(LookupError, match="defined in tempfile"):
+        import_object("torch.hub:mkdtemp")
+    assert list(tmp_path.iterdir()) == []
+    assert import_object("toy_components:ToyLinear") is toy_components.ToyLinear

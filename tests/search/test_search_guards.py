@@ -679,3 +679,40 @@ def test_a_stop_as_the_api_creates_a_shared_study_leaves_it_whole(
     monkeypatch.setattr(worker, "run_trial", lambda *args: (1.0, None))
     found = torchloom.search(config, space=space, trials=1, expdir=str(tmp_path / "b"), **shared)
     assert [row["state"] for row in found.trials] == ["complete"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("config", "/etc/passwd"),
+        ("space", "../other/space.yml"),
+        ("storage", "journal:../victim/study.journal"),
+    ],
+)
+def test_a_search_record_naming_files_outside_its_folder_is_refused(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    """A search folder may come from someone else: `--resume` read the config it named
+    wherever it was, and resumed into the study of the journal it named (another search's,
+    which took a trial it never ran)."""
+    from torchloom.errors import ConfigError
+    from torchloom.search.record import RECORD, SearchRecord, read_record
+
+    record = SearchRecord("s", "s", "journal:study.journal", "validation.loss", "min", 1)
+    record.save(tmp_path)
+    assert read_record(tmp_path) == record
+    data = json.loads((tmp_path / RECORD).read_text())
+    (tmp_path / RECORD).write_text(json.dumps({**data, key: value}))
+    with pytest.raises(ConfigError) as refused:
+        read_record(tmp_path)
+    assert f"key '{key}'" in refused.value.format() or key in refused.value.format()
+
+
+def test_a_missing_sqlite_database_is_not_made_by_a_resume(tmp_path: Path) -> None:
+    from torchloom.errors import ConfigError
+    from torchloom.search.study import load_study
+
+    database = tmp_path / "elsewhere.db"
+    with pytest.raises(ConfigError, match="the SQLite file does not exist"):
+        load_study(f"sqlite:///{database}", "s", None, None)
+    assert not database.exists()

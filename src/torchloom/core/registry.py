@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
+import types
 
 from torch import nn
 from torch.utils.data import Dataset
@@ -129,6 +130,18 @@ def import_object(path: str) -> object:
         if not hasattr(obj, part):
             raise LookupError(f"module '{module_name}' has no attribute '{attribute}'")
         obj = getattr(obj, part)
+        if isinstance(obj, types.ModuleType):
+            # `pkg:venv.main` would reach a module the check above refuses (the standard
+            # library's venv) through an attribute of an allowed one.
+            raise LookupError(
+                f"'{part}' in '{path}' is a module ({obj.__name__}): name an object by its "
+                "own module, as 'package.module:Name'"
+            )
+    # An object another module defines, imported into this one (`pkg:mkstemp` from tempfile),
+    # is that module's: refused as it would be by its own name.
+    refused = refused_module(getattr(obj, "__module__", None) or module_name)
+    if refused:
+        raise LookupError(f"'{path}' is defined in {obj.__module__}, and {refused}")  # type: ignore[attr-defined]
     return obj
 
 

@@ -93,7 +93,7 @@ def read_record(search_dir: Path) -> SearchRecord:
     path = Path(search_dir) / RECORD
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return SearchRecord(**data)
+        record = SearchRecord(**data)
     except (OSError, ValueError, TypeError) as error:
         raise ConfigError.at(
             str(search_dir),
@@ -101,3 +101,28 @@ def read_record(search_dir: Path) -> SearchRecord:
             f"has no readable {RECORD} ({error})",
             "give a folder that `loom search` made: <expdir>/searches/<name>/<date>",
         ) from error
+    _check_in_folder(record, path)
+    return record
+
+
+def _check_in_folder(record: SearchRecord, path: Path) -> None:
+    """A search folder may come from someone else: what its record names inside the folder
+    is what `loom search` writes there, never a path elsewhere (`"config": "/etc/passwd"`
+    was read; `"storage": "journal:../other/study.journal"` resumed into another search's
+    study)."""
+    files = {
+        "config": (record.config, ("config.yaml",)),
+        "space": (record.space, (None, "space.yml")),
+    }
+    journal = record.storage[len("journal:") :] if record.storage.startswith("journal:") else None
+    if journal is not None and not Path(journal).is_absolute():
+        files["storage"] = (journal, ("study.journal",))
+    for key, (value, written) in files.items():
+        if value not in written:
+            raise ConfigError.at(
+                str(path),
+                key,
+                f"is {value!r}: `loom search` writes {' or '.join(repr(w) for w in written)} "
+                "there, a file of the search folder",
+                "give a folder that `loom search` made, unedited",
+            )

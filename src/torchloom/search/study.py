@@ -325,6 +325,14 @@ def check_identity(url: str, name: str, found: Any, wanted: Mapping[str, str] | 
     )
 
 
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a `sqlite:///PATH` URL (None for another storage or an in-memory one)."""
+    head, _, path = url.partition(":///")
+    if head.split("+")[0] != "sqlite" or not path or path.startswith(":memory:"):
+        return None
+    return Path(path.split("?")[0])
+
+
 def load_study(
     url: str, name: str, sampler: Any, pruner: Any, identity: Mapping[str, str] | None = None
 ) -> optuna.Study:
@@ -339,6 +347,14 @@ def load_study(
             f"study '{name}'",
             "cannot be loaded: the journal file does not exist",
             "a search folder keeps its study in study.journal; was it deleted or moved?",
+        )
+    database = _sqlite_file(url)
+    if database is not None and not database.is_file():  # opening one would make it
+        raise ConfigError.at(
+            _hide_password(url),
+            f"study '{name}'",
+            "cannot be loaded: the SQLite file does not exist",
+            "give the database the study was created in",
         )
     storage = open_storage(url)
     try:
