@@ -141,7 +141,7 @@ def import_object(path: str) -> object:
     # is that module's: refused as it would be by its own name.
     refused = refused_module(getattr(obj, "__module__", None) or module_name)
     if refused:
-        raise LookupError(f"'{path}' is defined in {obj.__module__}, and {refused}")  # type: ignore[attr-defined]
+        raise LookupError(f"'{path}' is defined in {obj.__module__}, and {refused}")
     return obj
 
 
