@@ -160,6 +160,12 @@ def test_bad_input_writes_nothing(two_runs: list[Path], tmp_path: Path) -> None:
     assert summary.read_bytes() == kept
     with pytest.raises(ConfigError, match="cannot be a file name: it is longer than 255"):
         write_comparison(two_runs, tmp_path / ("x" * 300 + ".html"))
+    # -o RUN/report.html --force replaced a compared run's own report.
+    report = two_runs[1] / "report.html"
+    report.write_text("the run's report")
+    with pytest.raises(ConfigError, match="inside the compared run folder"):
+        write_comparison(two_runs, report, force=True)
+    assert report.read_text() == "the run's report"
 
 
 def _copy_with_summary(run: Path, folder: Path, best: float, final: float) -> Path:

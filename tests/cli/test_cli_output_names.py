@@ -14,7 +14,7 @@ from loom_cli_harness import GOOD_CONFIG, assert_user_error, run_loom, write_con
 
 from torchloom.core.file_names import file_name_problem
 from torchloom.engine.run_folder import create_run_folder
-from torchloom.errors import ConfigError
+from torchloom.errors import ConfigError, LoomError
 
 NOT_PLAIN = ["../../victim.csv", "/abs/victim.csv", "sub/x.csv", "..", ".", "", "a\\b.csv"]
 
@@ -173,3 +173,23 @@ def test_create_run_folder_checks_names_given_in_python(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists()
     folder = create_run_folder(tmp_path / "runs", "a b/c", tag="x" * 100, now=1_000_000.0)
     assert folder.parent.name == "a-b-c" and folder.name.endswith("_" + "x" * 100)
+
+
+def test_a_run_folder_with_symbolic_links_is_not_written_into(tmp_path: Path) -> None:
+    """A run folder copied from someone else keeps its links: `exports -> ../elsewhere` had
+    `loom export` write the model there while it named the path inside the run."""
+    from torchloom.deploy.run_model import load_trained_run
+    from torchloom.engine.processor import process
+    from torchloom.engine.run_lock import RunLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("name: run\n", encoding="utf-8")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (run / "exports").symlink_to(elsewhere)
+    for writes in (lambda: load_trained_run(run), lambda: process(run), RunLock(run).acquire):
+        with pytest.raises(LoomError) as refused:
+            writes()
+        assert "holds symbolic links (exports)" in refused.value.format()
+    assert list(elsewhere.iterdir()) == []

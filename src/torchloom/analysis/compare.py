@@ -178,6 +178,12 @@ def write_comparison(
             "is not an .html file (the page replaces the file it names)",
             "name an .html file, e.g. -o compare.html",
         )
+    # Nor a compared run's own page (its report.html), which --force replaced.
+    inside = [r for r in run_dirs if Path(r).resolve() in target.resolve().parents]
+    if inside:
+        raise ConfigError.at(
+            "", subject, f"is inside the compared run folder '{inside[0]}'", "write it elsewhere"
+        )
     if target.exists() and not force:
         raise ConfigError.at("", subject, "exists already", "pass --force to overwrite it")
     if not target.parent.is_dir():

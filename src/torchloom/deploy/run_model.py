@@ -15,7 +15,7 @@ from torchloom.core.weights import load_pipeline_weights
 from torchloom.engine.assemble import build_checked, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything
 from torchloom.engine.processor import checkpoint_path
-from torchloom.engine.run_folder import started_by_another
+from torchloom.engine.run_folder import refuse_links, started_by_another
 from torchloom.engine.run_lock import run_liveness
 from torchloom.errors import DeployError
 
@@ -54,6 +54,7 @@ def load_trained_run(
             "has no config.yaml: it is not a run folder of `loom train`",
             "give the folder `loom train` printed (<expdir>/<pipeline>/<date>)",
         )
+    refuse_links(folder)  # exports/ and quantized/ are written into it
     # Folders of other commands, which have no checkpoint ("train it first" said nothing).
     for marker, kind, use in (
         ("search.json", "a search folder of `loom search`", "give a trial's run folder (trials/)"),

@@ -26,7 +26,12 @@ from torchloom.engine.code_first_pipeline import BUILT_IN_PYTHON, rebuild_pipeli
 from torchloom.engine.code_first_sources import KEY as CODE_FIRST
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
-from torchloom.engine.run_folder import create_run_folder, started_by_another, write_artifacts
+from torchloom.engine.run_folder import (
+    create_run_folder,
+    refuse_links,
+    started_by_another,
+    write_artifacts,
+)
 from torchloom.engine.state import evaluated_epoch
 from torchloom.engine.step import Precision, WeightedLoss
 from torchloom.errors import ConfigError, did_you_mean
@@ -86,6 +91,8 @@ def process(
         another = started_by_another(run_dir) if run_dir is not None else None
         if another is not None and prebuilt is None:  # evaluated with weights left out
             raise ConfigError.at("", f"run folder '{run_dir}'", *another)
+        if run_dir is not None:
+            refuse_links(run_dir)  # process/ is written into it
     loaded = load_config(config, overrides)
     training = loaded.data.get("training") or {}
     if prebuilt is not None:

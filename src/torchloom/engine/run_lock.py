@@ -38,7 +38,11 @@ class RunLock:
         self._beat: threading.Thread | None = None
 
     def acquire(self) -> RunLock:
-        """Take the lock, or a ConfigError naming the process that holds it."""
+        """Take the lock, or a ConfigError naming the process that holds it (or the folder's
+        symbolic links: what takes the lock writes into the folder)."""
+        from torchloom.engine.run_folder import refuse_links
+
+        refuse_links(self.path.parent)
         try:
             handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)
         except OSError as error:
