@@ -40,7 +40,15 @@ def test_check_refuses_an_exporter_file_name_that_is_not_plain(
 
 @pytest.mark.parametrize(
     "filename",
-    ["config.yaml", "summary.json", "run.log", "training_statistics.csv", "test_summary.json"],
+    [
+        "config.yaml",
+        "summary.json",
+        "run.log",
+        "training_statistics.csv",
+        "test_summary.json",
+        "checkpoints",  # the run failed at its first save, its training lost
+        "reports",
+    ],
 )
 def test_check_refuses_an_exporter_file_name_the_folder_already_has(
     filename: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -57,7 +65,7 @@ def test_check_refuses_an_exporter_file_name_the_folder_already_has(
         f"bad.yml:{GOOD_CONFIG.count(chr(10)) + 4}",
         "component 'exporter' (StreamFileExporter)",
         "parameter 'filename'",
-        f"'{filename}' is a file the run or pass folder already has",
+        f"'{filename}' is a file or folder the run or pass folder already has",
     )
     named = GOOD_CONFIG + exporter.replace(filename, "my_statistics.csv")  # no worker's file
     assert run_loom(capsys, "check", str(write_config(tmp_path, named, "ok.yml"))).status == 0

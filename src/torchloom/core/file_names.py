@@ -65,6 +65,9 @@ WORKER_FILES = frozenset(
         "lr_find.png",
         "lr_find.json",
         ".lock",
+        # and the folders: a file named `checkpoints` made the run fail at its first save
+        *("checkpoints", "reports", "tensorboard", "process", "exports", "quantized"),
+        *("logs", "searches", "trials"),
         *(
             f"{section}{suffix}"
             for section in ("training", "validation", "test")
@@ -78,9 +81,9 @@ def _not_a_worker_file(name: str) -> str:
     if name in WORKER_FILES:
         raise PydanticCustomError(
             "worker_file_name",
-            "'{name}' is a file the run or pass folder already has (config.yaml, summary.json, "
-            "run.log, <section>_statistics.csv, <section>_summary.json, ...): it would be "
-            "replaced",
+            "'{name}' is a file or folder the run or pass folder already has (config.yaml, "
+            "summary.json, run.log, <section>_statistics.csv, checkpoints, reports, ...): it "
+            "would replace it or fail on it",
             {"name": name},
         )
     return name
