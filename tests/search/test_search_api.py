@@ -141,6 +141,13 @@ def test_a_code_first_grid_enumerates_the_builders_choices(
     with pytest.raises(ConfigError, match="parameter 'lr': is a continuous range"):
         torchloom.search(ranged, trials=2, sampler="grid", expdir=str(tmp_path / "grid"))
 
+    def huge(hp: Any) -> dict[str, Any]:  # its dry run listed 10^12 values, for any sampler
+        hp.int("seed", 0, 10**12)
+        return base
+
+    with pytest.raises(ConfigError, match=r"makes a grid of 1e\+12 points"):
+        torchloom.search(huge, trials=2, sampler="grid", expdir=str(tmp_path / "huge"))
+
 
 def test_a_resumed_search_through_the_api_refuses_what_it_would_ignore(
     tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]

@@ -136,6 +136,11 @@ def test_trial_values_become_overrides_the_config_reader_reads_back() -> None:
             "  sampler: grid\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
             "is a continuous range, which the grid sampler",
         ),
+        (  # a list of 10^12 values (a MemoryError traceback), or 10^9 points never started
+            "  sampler: grid\n  training.seed: {int: [0, 1000000000000]}",
+            "search space: makes a grid of 1e+12 points, more than the 1,000,000 a search can "
+            "try ('training.seed' alone has 1,000,000,000,001 values)",
+        ),
         (  # ran 2 trials without a word
             "  trials: 2.5\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
             "search setting 'trials': must be whole, got 2.5",

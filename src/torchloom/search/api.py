@@ -45,7 +45,7 @@ from torchloom.search.runner import (
     resume_search,
 )
 from torchloom.search.settings import SearchSettings, component_spec
-from torchloom.search.space import parse_parameter
+from torchloom.search.space import Parameter, grid_points_problem, parse_parameter
 from torchloom.search.study import config_digest, create_study, journal_url
 from torchloom.search.trial import DeviceUnusable
 from torchloom.search.worker import Proposal, work
@@ -81,7 +81,7 @@ class TrialParameters:
         self.values: dict[str, Any] = {}
         self.lines: dict[str, str] = {}  # name -> the builder's line that sampled it
         # name -> every value (what the grid sampler enumerates), or None for a float range
-        self.grid: dict[str, list[Any] | None] = {}
+        self.grid: dict[str, Parameter] = {}  # each parameter, for the grid sampler
 
     def float(
         self, name: str, low: float, high: float, *, log: bool = False, step: float | None = None
@@ -110,7 +110,7 @@ class TrialParameters:
         self.lines[name] = where
         if self._trial is None:
             value = parameter.corners()[0]
-            self.grid[name] = parameter.grid()
+            self.grid[name] = parameter
         else:
             value = parameter.suggest(self._trial)
         self.values[name] = value
@@ -118,7 +118,8 @@ class TrialParameters:
 
     def grid_space(self) -> dict[str, list[Any]]:
         """The grid sampler's search space; a ConfigError for a range it cannot enumerate."""
-        ranges = [name for name, values in self.grid.items() if values is None]
+        counts = {name: parameter.grid_count() for name, parameter in self.grid.items()}
+        ranges = [name for name, count in counts.items() if count is None]
         if ranges:
             raise ConfigError.at(
                 "torchloom.search",
@@ -126,7 +127,12 @@ class TrialParameters:
                 "is a continuous range, which the grid sampler cannot enumerate",
                 "use hp.choice or hp.int (without log), or another sampler",
             )
-        return {name: values for name, values in self.grid.items() if values is not None}
+        too_many = grid_points_problem({k: v or 0 for k, v in counts.items()})
+        if too_many:
+            raise ConfigError.at(
+                "torchloom.search", "search space", too_many, "search fewer values"
+            )
+        return {name: parameter.grid() or [] for name, parameter in self.grid.items()}
 
 
 def _builder_line() -> str:

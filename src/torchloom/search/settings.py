@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchloom.errors import ConfigError, Problem, did_you_mean
-from torchloom.search.space import SearchSpace
+from torchloom.search.space import SearchSpace, grid_points_problem
 
 SAMPLERS = {
     "tpe": "TPESampler",
@@ -192,7 +192,7 @@ def component_class(key: str, name: str) -> Any:
 def _grid_problems(space: SearchSpace, where: str) -> list[Problem]:
     problems = []
     for parameter in space.parameters.values():
-        if parameter.grid() is None or parameter.when:
+        if parameter.grid_count() is None or parameter.when:
             why = "has a condition" if parameter.when else "is a continuous range"
             problems.append(
                 Problem(
@@ -202,11 +202,14 @@ def _grid_problems(space: SearchSpace, where: str) -> list[Problem]:
                     "use {choice: [...]} or {int: [a, b]} without `when`, or another sampler",
                 )
             )
+    counts = {path: p.grid_count() or 0 for path, p in space.parameters.items()}
+    too_many = grid_points_problem(counts) if not problems else ""
+    if too_many:
+        problems.append(
+            Problem(space.source, "search space", too_many, "search fewer values, or sample")
+        )
     return problems
 
 
 def grid_size(space: SearchSpace) -> int:
-    size = 1
-    for parameter in space.parameters.values():
-        size *= len(parameter.grid() or [])
-    return size
+    return math.prod(parameter.grid_count() or 0 for parameter in space.parameters.values())

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -90,11 +90,22 @@ class Parameter:
         return list(dict.fromkeys([low, high, *(v for v in inside if v != int(v))]))
 
     def grid(self) -> list[Any] | None:
-        """Every value a grid sampler tries, or None for a continuous range."""
+        """Every value a grid sampler tries, or None for a continuous range (see grid_count:
+        check the count before a range is made into a list)."""
+        values = self._grid_values()
+        return None if values is None else list(values)
+
+    def grid_count(self) -> int | None:
+        """How many values the grid sampler tries, without making them (an int range of
+        10^12 values was a list of them, a MemoryError); None for a continuous range."""
+        values = self._grid_values()
+        return None if values is None else len(values)
+
+    def _grid_values(self) -> Sequence[Any] | None:
         if self.kind == "choice":
             return self.options
         if self.kind == "int" and not self.log:
-            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+            return range(int(self.low), int(self.high) + 1, int(self.step or 1))
         return None
 
     def describe(self) -> str:
@@ -103,6 +114,23 @@ class Parameter:
         text = f"{self.kind} [{self.low}, {self.high}]"
         text += f" step {self.step}" if self.step is not None else ""
         return text + (" log" if self.log and self.kind == "int" else "")
+
+
+# The most points a grid may have: a search of more would not end, and its sampler lists
+# them all in every worker (10^9 points: no trial had started after a minute).
+MAX_GRID_POINTS = 1_000_000
+
+
+def grid_points_problem(counts: Mapping[str, int]) -> str:
+    """Why a grid of parameters with these value counts is refused ('' when it is not)."""
+    total = math.prod(counts.values())
+    if total <= MAX_GRID_POINTS:
+        return ""
+    largest = max(counts, key=lambda name: counts[name])
+    return (
+        f"makes a grid of {total:.3g} points, more than the {MAX_GRID_POINTS:,} a search can "
+        f"try ('{largest}' alone has {counts[largest]:,} values)"
+    )
 
 
 @dataclass
