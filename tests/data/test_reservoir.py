@@ -333,3 +333,20 @@ def test_a_deterministic_step_that_fails_takes_none_of_its_samples_in() -> None:
         before["sequences"],
         before["fresh"],
     )
+
+
+def test_a_huge_reservoir_issues_a_few_jobs_before_its_memory_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """size 10^8 at a replacement rate of 1 queued 2 x 10^8 jobs before the first sample
+    came, whose size the memory check needs: gigabytes and minutes, deaf to a stop. A few
+    jobs go out first; the check counts the jobs kept in flight too."""
+    monkeypatch.setattr("torchloom.data.reservoir.available_memory", lambda: 8 * 2**30)
+    source = reservoir(Augmented(40), size=10**8, replacement_rate=1.0, where="cfg.yml:7")
+    try:
+        with pytest.raises(ConfigError) as error:
+            source.next_batch(8, collate)
+        assert source.issued <= 2 * source.workers
+    finally:
+        source.close()
+    assert "with the 200000000 kept in flight" in str(error.value)

@@ -52,6 +52,11 @@ class ReservoirStopped(ReservoirError):
     """A wait for samples (the fill) ended by a stop request (`next_batch`'s `stopping`)."""
 
 
+# What one job in flight costs besides its sample: its message in the queue and its entry in
+# the bookkeeping (job_of, waiting), roughly.
+JOB_BYTES = 256
+
+
 def _mib(size: int) -> str:
     return f"{size / 2**20:.3g} MiB"
 
@@ -129,7 +134,11 @@ class AsyncReservoir:
         return bool(self.processes) and self._finalizer is not None and self._finalizer.alive
 
     def _issue(self) -> None:
-        while self.issued - self.taken < self.prefetch:  # in workers or arrived, not taken
+        # Before the first sample, whose size the memory check needs, a few jobs only: a
+        # size of 10^8 at a replacement rate of 1 queued 2 x 10^8 jobs first (gigabytes of
+        # bookkeeping, minutes deaf to a stop, before the check that refuses it could run).
+        ahead = self.prefetch if self.sample_bytes is not None else 2 * self.workers
+        while self.issued - self.taken < ahead:  # in workers or arrived, not taken
             if self.position == len(self.current):
                 self.virtual_epoch += 1
                 self.current, self.position = list(self.order(self.virtual_epoch)), 0
@@ -163,15 +172,18 @@ class AsyncReservoir:
         """The reservoir's memory, estimated from its first sample, against the memory the
         machine has left: a size that cannot fit is refused before the fill takes it (half
         at most: the training needs its own)."""
-        need, available = sample_bytes * self.size, available_memory()
+        # The slots, and the jobs kept in flight (queued, arrived, each with its bookkeeping).
+        per_sample = sample_bytes + JOB_BYTES * self.prefetch // self.size
+        need, available = per_sample * self.size, available_memory()
         if available is None or need <= available // 2:
             return
         raise ConfigError.at(
             self.where,
             "training.dataloader.reservoir.size",
-            f"{self.size} samples of about {_mib(sample_bytes)} each need about {_mib(need)}, "
-            f"more than half of the {_mib(available)} of memory available",
-            f"use a size of at most {max(1, available // 2 // sample_bytes)}",
+            f"{self.size} samples of about {_mib(sample_bytes)} each, with the "
+            f"{self.prefetch} kept in flight, need about {_mib(need)}, more than half of the "
+            f"{_mib(available)} of memory available",
+            f"use a size of at most {max(1, available // 2 // per_sample)}",
         )
 
     def _check_workers(self) -> None:
