@@ -117,6 +117,11 @@ def test_an_override_of_the_record_names_other_data(
             "+code_first.module.init_args.depth=3",
             "module code_first_models:Clusters: got an unexpected keyword argument 'depth'",
         ),
+        (  # a bare traceback (exit 1) at the dry run: the record is input
+            "code_first.module.init_args.width=-5",
+            "module Clusters: fails on the test data: RuntimeError: Trying to create tensor "
+            "with negative dimension -5",
+        ),
     ],
 )
 def test_a_record_naming_what_fit_could_not_have_recorded_is_refused_before_a_call(
@@ -125,6 +130,22 @@ def test_a_record_naming_what_fit_could_not_have_recorded_is_refused_before_a_ca
     status, output = loom(capsys, "process", str(run.run_dir), override)
     assert status == 2, output
     assert message in output and "Traceback" not in output
+
+
+def test_a_record_whose_module_would_not_fit_in_memory_is_refused_before_it_is_built(
+    run: torchloom.RunResult, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record is input: Linear(15000, 15000) took 1.4 GB before its traceback, and
+    10^6 x 10^6 ended in the allocator's traceback."""
+    linear = ["code_first.module.class=torch.nn:Linear", "~code_first.module.init_args"]
+    huge = "+code_first.module.init_args={in_features: 1000000, out_features: 1000000}"
+    status, output = loom(capsys, "process", str(run.run_dir), *linear, huge)
+    assert status == 2, output
+    assert "module torch.nn:Linear: its weights would take about 3725" in output
+    assert "Traceback" not in output
+    negative = "+code_first.module.init_args={in_features: -1, out_features: 2}"
+    status, output = loom(capsys, "process", str(run.run_dir), *linear, negative)
+    assert status == 2 and "cannot be built with its recorded arguments" in output, output
 
 
 def test_what_cannot_be_rebuilt_is_named_and_the_python_api_takes_it_in_code(

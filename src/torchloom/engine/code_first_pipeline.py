@@ -26,13 +26,14 @@ from torchloom.core.registry import resolve
 from torchloom.core.streams import Dim, StreamSpec
 from torchloom.engine.checkpoint import seed_everything
 from torchloom.engine.code_first_sources import (
+    KEY,
     open_dataset,
     rebuild_dataset,
     rebuild_module,
     seed_for_section,
 )
 from torchloom.engine.loaders import to_device
-from torchloom.errors import ConfigError, Where
+from torchloom.errors import ConfigError, LoomError, Where
 
 INDICES = "indices"
 BUILT_IN_PYTHON = "built in Python from"  # config.yaml's `pipeline:` of a code-first run
@@ -282,6 +283,7 @@ def rebuild_pipeline(
     seeded as `fit` opened it (code_first_sources.seed_for_section); the rest, by the run's
     seed."""
     seed_everything(seed)
+    rebuilt = module is None
     if module is None:
         module = rebuild_module(record, where)
     seed_for_section(seed, section)
@@ -291,4 +293,15 @@ def rebuild_pipeline(
         place = f"process(data=...) for {section}"
         dataset, _ = open_dataset(data, section, place, "process(data=...)")
     seed_everything(seed)  # the dry run, as fit's
-    return build_pipeline(module, {section: dataset})
+    try:
+        return build_pipeline(module, {section: dataset})
+    except LoomError:
+        raise
+    except Exception as error:
+        if not rebuilt:  # the caller's own module: its bug, as fit shows it
+            raise
+        # A record is input (a run folder from someone else): its module failing on its data
+        # is a plain error naming the record, not a traceback.
+        message = f"fails on the {section} data: {type(error).__name__}: {error}"
+        subject = f"module {type(module).__name__}"
+        raise ConfigError.at(where(KEY, "module"), subject, message) from error

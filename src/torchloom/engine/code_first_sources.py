@@ -25,13 +25,16 @@ import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from torchloom.config.schema import CODE_FIRST_KEY
 from torchloom.core.registry import import_object, refused_module
 from torchloom.engine.checkpoint import seed_everything
 from torchloom.errors import ConfigError, Problem, Where
+from torchloom.host_memory import available_memory
 
 KEY = CODE_FIRST_KEY  # the top-level key of config.yaml holding the record
 MODULE_HINT = "then train again, or pass the module in code: torchloom.process(run_dir, module=...)"
@@ -232,7 +235,39 @@ def rebuild_module(record: Any, where: Where) -> nn.Module:
     except TypeError as error:
         problem = Problem(where(KEY, "module", "init_args"), f"module {path}", str(error))
         raise ConfigError([problem]) from error
-    return cls(**arguments)
+    _check_weights_fit(cls, arguments, where(KEY, "module", "init_args"), path)
+    try:
+        return cls(**arguments)
+    except Exception as error:  # the record's arguments are input: a clear error, not a crash
+        message = f"cannot be built with its recorded arguments: {type(error).__name__}: {error}"
+        raise ConfigError.at(
+            where(KEY, "module", "init_args"), f"module {path}", message
+        ) from error
+
+
+def _check_weights_fit(
+    cls: type[nn.Module], arguments: Mapping[str, Any], place: str, path: str
+) -> None:
+    """Refuse recorded arguments whose weights would take more than half of the memory left
+    (a record of Linear(15000, 15000) took 1.4 GB, 10^6 x 10^6 a traceback): measured on the
+    meta device, which allocates nothing. A module that cannot be built there is not judged."""
+    try:
+        with torch.device("meta"):
+            probe = cls(**arguments)
+    except Exception:
+        return
+    tensors = [*probe.parameters(), *probe.buffers()]
+    # A lazy layer's weights have no shape yet (its first batch gives it): not counted.
+    need = sum(t.numel() * t.element_size() for t in tensors if not is_lazy(t))
+    available = available_memory()
+    if available is not None and need > available // 2:
+        raise ConfigError.at(
+            place,
+            f"module {path}",
+            f"its weights would take about {need / 2**30:.1f} GiB, more than half of the "
+            f"{available / 2**30:.1f} GiB of memory available",
+            "check the run's record (config.yaml, code_first.module.init_args)",
+        )
 
 
 def rebuild_dataset(record: Any, section: str, where: Where) -> Any:
