@@ -716,3 +716,19 @@ def test_a_missing_sqlite_database_is_not_made_by_a_resume(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match="the SQLite file does not exist"):
         load_study(f"sqlite:///{database}", "s", None, None)
     assert not database.exists()
+
+
+def test_a_search_folder_with_symbolic_links_is_not_written_into(tmp_path: Path) -> None:
+    """`trials -> ../elsewhere` in a search folder from someone else: a resume would train
+    its trials' run folders there."""
+    from torchloom.errors import ConfigError
+    from torchloom.search.record import SearchRecord, read_record
+
+    SearchRecord("s", "s", "journal:study.journal", "validation.loss", "min", 1).save(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    search = tmp_path / "search"
+    search.mkdir()
+    (tmp_path / "search.json").rename(search / "search.json")
+    (search / "trials").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match=r"holds symbolic links \(trials\)"):
+        read_record(search)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from torchloom.errors import DataError, Problem
+from torchloom.errors import ConfigError, DataError, Problem
 
 
 class FolderNotWritable(DataError):
@@ -132,3 +132,19 @@ def sync_tree(folder: Path) -> None:
             with open(path, "rb") as handle:  # a read-only descriptor is enough for fsync
                 os.fsync(handle.fileno())
         sync_folder(Path(root))
+
+
+def refuse_links(folder: Path) -> None:
+    """A run (or search) folder may come from someone else, and a copy (a tarball) keeps its
+    symbolic links: a command that writes into the folder refuses one whose entries are links,
+    which would have it write where they lead (`exports -> ../elsewhere`: the export landed
+    outside, and the command named the path inside)."""
+    links = sorted(entry.name for entry in Path(folder).iterdir() if entry.is_symlink())
+    if links:
+        raise ConfigError.at(
+            "",
+            f"folder '{folder}'",
+            f"holds symbolic links ({', '.join(links)}): what is written there would go "
+            "where they lead, outside the folder",
+            "copy the folder without its links (cp -rL), or remove them",
+        )

@@ -12,10 +12,11 @@ from torchloom.config import LoadedConfig, load_config
 from torchloom.config.schema import validate_sections
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.weights import load_pipeline_weights
+from torchloom.data.atomic_files import refuse_links
 from torchloom.engine.assemble import build_checked, pipeline_name
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything
 from torchloom.engine.processor import checkpoint_path
-from torchloom.engine.run_folder import refuse_links, started_by_another
+from torchloom.engine.run_folder import started_by_another
 from torchloom.engine.run_lock import run_liveness
 from torchloom.errors import DeployError
 

@@ -19,19 +19,14 @@ from torchloom.config.loading import ConfigSource
 from torchloom.config.schema import validate_sections
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.weights import load_pipeline_weights
-from torchloom.data.atomic_files import write_text_atomic
+from torchloom.data.atomic_files import refuse_links, write_text_atomic
 from torchloom.engine.assemble import build_checked, pipeline_name, resolve_device
 from torchloom.engine.checkpoint import load_checkpoint, seed_everything
 from torchloom.engine.code_first_pipeline import BUILT_IN_PYTHON, rebuild_pipeline
 from torchloom.engine.code_first_sources import KEY as CODE_FIRST
 from torchloom.engine.evaluation import evaluate, statistics_copy
 from torchloom.engine.loaders import SectionLoader
-from torchloom.engine.run_folder import (
-    create_run_folder,
-    refuse_links,
-    started_by_another,
-    write_artifacts,
-)
+from torchloom.engine.run_folder import create_run_folder, started_by_another, write_artifacts
 from torchloom.engine.state import evaluated_epoch
 from torchloom.engine.step import Precision, WeightedLoss
 from torchloom.errors import ConfigError, did_you_mean

@@ -128,23 +128,6 @@ def started_by_another(run_dir: Path) -> tuple[str, str] | None:
     return why, where if source else "use the run it was made from"
 
 
-def refuse_links(run_dir: Path) -> None:
-    """A run (or search) folder may come from someone else, and a copy (a tarball) keeps its
-    symbolic links: a command that writes into the folder refuses one whose entries are links,
-    which would have it write where they lead (`exports -> ../elsewhere`: the export landed
-    outside, and the command named the path inside)."""
-    folder = Path(run_dir)
-    links = sorted(entry.name for entry in folder.iterdir() if entry.is_symlink())
-    if links:
-        raise ConfigError.at(
-            "",
-            f"folder '{folder}'",
-            f"holds symbolic links ({', '.join(links)}): what is written there would go "
-            "where they lead, outside the folder",
-            "copy the folder without its links (cp -rL), or remove them",
-        )
-
-
 def write_started_by(run_dir: Path, record: Mapping[str, Any]) -> None:
     write_text_atomic(run_dir / STARTED_BY_FILE, json.dumps(record, indent=2) + "\n")
 

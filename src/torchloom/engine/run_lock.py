@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from torchloom.data.atomic_files import refuse_links
 from torchloom.errors import ConfigError, StorageError
 
 LOCK_FILE = ".lock"
@@ -40,8 +41,6 @@ class RunLock:
     def acquire(self) -> RunLock:
         """Take the lock, or a ConfigError naming the process that holds it (or the folder's
         symbolic links: what takes the lock writes into the folder)."""
-        from torchloom.engine.run_folder import refuse_links
-
         refuse_links(self.path.parent)
         try:
             handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115 (held until release)

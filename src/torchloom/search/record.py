@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchloom.data.atomic_files import write_text_atomic
+from torchloom.data.atomic_files import refuse_links, write_text_atomic
 from torchloom.errors import ConfigError
 from torchloom.search.settings import SearchSettings
 
@@ -102,6 +102,7 @@ def read_record(search_dir: Path) -> SearchRecord:
             "give a folder that `loom search` made: <expdir>/searches/<name>/<date>",
         ) from error
     _check_in_folder(record, path)
+    refuse_links(Path(search_dir))  # trials/, trials.csv, search.html are written into it
     return record
 
 
