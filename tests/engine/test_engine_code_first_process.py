@@ -119,8 +119,8 @@ def test_an_override_of_the_record_names_other_data(
         ),
         (  # a bare traceback (exit 1) at the dry run: the record is input
             "code_first.module.init_args.width=-5",
-            "module Clusters: fails on the test data: RuntimeError: Trying to create tensor "
-            "with negative dimension -5",
+            "module Clusters: fails on the test data (the module or the data the run "
+            "records): RuntimeError: Trying to create tensor with negative dimension -5",
         ),
     ],
 )

@@ -698,9 +698,12 @@ def test_a_search_record_naming_files_outside_its_folder_is_refused(
     from torchloom.errors import ConfigError
     from torchloom.search.record import RECORD, SearchRecord, read_record
 
-    record = SearchRecord("s", "s", "journal:study.journal", "validation.loss", "min", 1)
-    record.save(tmp_path)
-    assert read_record(tmp_path) == record
+    # What `loom search` writes: its own journal (or one named by `--storage journal:NAME`),
+    # and a code-first search's config ("").
+    for storage, config in (("journal:mine.journal", ""), ("journal:study.journal", "config.yaml")):
+        record = SearchRecord("s", "s", storage, "validation.loss", "min", 1, config=config)
+        record.save(tmp_path)
+        assert read_record(tmp_path) == record
     data = json.loads((tmp_path / RECORD).read_text())
     (tmp_path / RECORD).write_text(json.dumps({**data, key: value}))
     with pytest.raises(ConfigError) as refused:

@@ -302,6 +302,7 @@ def rebuild_pipeline(
             raise
         # A record is input (a run folder from someone else): its module failing on its data
         # is a plain error naming the record, not a traceback.
-        message = f"fails on the {section} data: {type(error).__name__}: {error}"
+        message = f"fails on the {section} data (the module or the data the run records): "
+        message += f"{type(error).__name__}: {error}"
         subject = f"module {type(module).__name__}"
         raise ConfigError.at(where(KEY, "module"), subject, message) from error

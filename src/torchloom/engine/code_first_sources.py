@@ -21,10 +21,12 @@ outside the standard library. The checks happen before anything is called.
 from __future__ import annotations
 
 import inspect
+import random
 import zlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
@@ -251,11 +253,17 @@ def _check_weights_fit(
     """Refuse recorded arguments whose weights would take more than half of the memory left
     (a record of Linear(15000, 15000) took 1.4 GB, 10^6 x 10^6 a traceback): measured on the
     meta device, which allocates nothing. A module that cannot be built there is not judged."""
+    # The probe's constructor may draw random numbers off the meta device (a CPU buffer,
+    # Python's or NumPy's generators): the module built next must draw what fit's did.
+    states = random.getstate(), np.random.get_state()
     try:
-        with torch.device("meta"):
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
             probe = cls(**arguments)
     except Exception:
         return
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
     tensors = [*probe.parameters(), *probe.buffers()]
     # A lazy layer's weights have no shape yet (its first batch gives it): not counted.
     need = sum(t.numel() * t.element_size() for t in tensors if not is_lazy(t))

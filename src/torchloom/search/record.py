@@ -111,13 +111,16 @@ def _check_in_folder(record: SearchRecord, path: Path) -> None:
     is what `loom search` writes there, never a path elsewhere (`"config": "/etc/passwd"`
     was read; `"storage": "journal:../other/study.journal"` resumed into another search's
     study)."""
-    files = {
-        "config": (record.config, ("config.yaml",)),
+    files: dict[str, tuple[Any, tuple[Any, ...]]] = {
+        "config": (record.config, ("config.yaml", "")),  # "": a code-first search's
         "space": (record.space, (None, "space.yml")),
     }
     journal = record.storage[len("journal:") :] if record.storage.startswith("journal:") else None
     if journal is not None and not Path(journal).is_absolute():
-        files["storage"] = (journal, ("study.journal",))
+        # The folder's own journal: `study.journal`, or the plain file name given to
+        # `--storage journal:NAME`, which the search made there.
+        plain = Path(journal).name == journal and journal not in ("", ".", "..")
+        files["storage"] = (journal, (journal,) if plain else ("study.journal",))
     for key, (value, written) in files.items():
         if value not in written:
             raise ConfigError.at(
