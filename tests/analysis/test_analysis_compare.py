@@ -163,7 +163,7 @@ def test_bad_input_writes_nothing(two_runs: list[Path], tmp_path: Path) -> None:
     # -o RUN/report.html --force replaced a compared run's own report.
     report = two_runs[1] / "report.html"
     report.write_text("the run's report")
-    with pytest.raises(ConfigError, match="inside the compared run folder"):
+    with pytest.raises(ConfigError, match="is a file of the compared run folder"):
         write_comparison(two_runs, report, force=True)
     assert report.read_text() == "the run's report"
 

@@ -28,7 +28,7 @@ from torchloom.analysis.run_reading import (
 )
 from torchloom.config.dumping import flatten_config
 from torchloom.config.yaml_reader import parse_config_text
-from torchloom.core.file_names import file_name_problem
+from torchloom.core.file_names import WORKER_FILES, file_name_problem
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError
 
@@ -178,11 +178,11 @@ def write_comparison(
             "is not an .html file (the page replaces the file it names)",
             "name an .html file, e.g. -o compare.html",
         )
-    # Nor a compared run's own page (its report.html), which --force replaced.
+    # Nor a compared run's own file (its report.html), which --force replaced.
     inside = [r for r in run_dirs if Path(r).resolve() in target.resolve().parents]
-    if inside:
+    if inside and (target.exists() or target.name in WORKER_FILES):
         raise ConfigError.at(
-            "", subject, f"is inside the compared run folder '{inside[0]}'", "write it elsewhere"
+            "", subject, f"is a file of the compared run folder '{inside[0]}'", "write it elsewhere"
         )
     if target.exists() and not force:
         raise ConfigError.at("", subject, "exists already", "pass --force to overwrite it")
