@@ -12,9 +12,9 @@ from search_helpers import tiny_config
 from torchloom.cli.main import main
 from torchloom.config import LoadedConfig, load_config
 from torchloom.errors import ConfigError
-from torchloom.search.checking import check_values, read_space
+from torchloom.search.checking import check_values, overrides_for, read_space, yaml_value
 from torchloom.search.settings import read_settings
-from torchloom.search.space import SearchSpace, overrides_for, yaml_value
+from torchloom.search.space import SearchSpace
 
 SEARCH_LR = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
 

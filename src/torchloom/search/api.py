@@ -44,8 +44,8 @@ from torchloom.search.runner import (
     prepare_search,
     resume_search,
 )
-from torchloom.search.settings import SearchSettings, component_spec
-from torchloom.search.space import Parameter, grid_points_problem, parse_parameter
+from torchloom.search.settings import SearchSettings, component_spec, grid_points_problem
+from torchloom.search.space import Parameter, parse_parameter
 from torchloom.search.study import config_digest, create_study, journal_url
 from torchloom.search.trial import DeviceUnusable
 from torchloom.search.worker import Proposal, work

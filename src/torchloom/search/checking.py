@@ -1,10 +1,13 @@
 """Reading a space (the config's `search:` section, or a `--space` file) and checking it
 against the config before any trial: every value a trial could get at the ends of its range
 (and every choice) goes through the same schema, build and handshake as a trial's config, so
-a value a component rejects names the search parameter and its line, not a failed trial."""
+a value a component rejects names the search parameter and its line, not a failed trial;
+and the `++path=value` overrides that give a trial its values."""
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,7 +18,7 @@ from torchloom.config.loading import ConfigSource
 from torchloom.config.origins import display_path
 from torchloom.config.yaml_reader import parse_config_text
 from torchloom.errors import ConfigError, LoomError, Problem
-from torchloom.search.space import SearchSpace, overrides_for, parse_space
+from torchloom.search.space import SearchSpace, parse_space
 
 SECTION = "search"
 # What every trial's config gets on top of the search's values: no search section, and the
@@ -128,3 +131,27 @@ def check_trial_config(source: ConfigSource, overrides: Sequence[str]) -> set[st
     from torchloom.api import check_training
 
     return check_training(source, overrides)
+
+
+def overrides_for(values: Mapping[str, Any]) -> list[str]:
+    """The `++path=value` overrides that set a trial's values (read back by the config's
+    YAML reader: JSON is YAML, and a float keeps its dot so it stays a float)."""
+    return [f"++{path}={yaml_value(value)}" for path, value in values.items()]
+
+
+def yaml_value(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        text = repr(value)
+        if "e" in text and "." not in text.split("e")[0]:
+            mantissa, exponent = text.split("e")
+            text = f"{mantissa}.0e{exponent}"
+        return text
+    if isinstance(value, list):
+        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return (
+            "{"
+            + ", ".join(f"{json.dumps(str(k))}: {yaml_value(v)}" for k, v in value.items())
+            + "}"
+        )
+    return json.dumps(value)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchloom.errors import ConfigError, Problem, did_you_mean
-from torchloom.search.space import SearchSpace, grid_points_problem
+from torchloom.search.space import SearchSpace
 
 SAMPLERS = {
     "tpe": "TPESampler",
@@ -209,6 +209,23 @@ def _grid_problems(space: SearchSpace, where: str) -> list[Problem]:
             Problem(space.source, "search space", too_many, "search fewer values, or sample")
         )
     return problems
+
+
+# The most points a grid may have: a search of more would not end, and its sampler lists
+# them all in every worker (10^9 points: no trial had started after a minute).
+MAX_GRID_POINTS = 1_000_000
+
+
+def grid_points_problem(counts: Mapping[str, int]) -> str:
+    """Why a grid of parameters with these value counts is refused ('' when it is not)."""
+    total = math.prod(counts.values())
+    if total <= MAX_GRID_POINTS:
+        return ""
+    largest = max(counts, key=lambda name: counts[name])
+    return (
+        f"makes a grid of {total:.3g} points, more than the {MAX_GRID_POINTS:,} a search can "
+        f"try ('{largest}' alone has {counts[largest]:,} values)"
+    )
 
 
 def grid_size(space: SearchSpace) -> int:

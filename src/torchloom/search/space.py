@@ -116,23 +116,6 @@ class Parameter:
         return text + (" log" if self.log and self.kind == "int" else "")
 
 
-# The most points a grid may have: a search of more would not end, and its sampler lists
-# them all in every worker (10^9 points: no trial had started after a minute).
-MAX_GRID_POINTS = 1_000_000
-
-
-def grid_points_problem(counts: Mapping[str, int]) -> str:
-    """Why a grid of parameters with these value counts is refused ('' when it is not)."""
-    total = math.prod(counts.values())
-    if total <= MAX_GRID_POINTS:
-        return ""
-    largest = max(counts, key=lambda name: counts[name])
-    return (
-        f"makes a grid of {total:.3g} points, more than the {MAX_GRID_POINTS:,} a search can "
-        f"try ('{largest}' alone has {counts[largest]:,} values)"
-    )
-
-
 @dataclass
 class SearchSpace:
     """The parameters in sampling order (a parameter after those its `when` names), the
@@ -165,30 +148,6 @@ class SearchSpace:
             if current not in accepted:
                 return False
         return True
-
-
-def overrides_for(values: Mapping[str, Any]) -> list[str]:
-    """The `++path=value` overrides that set a trial's values (read back by the config's
-    YAML reader: JSON is YAML, and a float keeps its dot so it stays a float)."""
-    return [f"++{path}={yaml_value(value)}" for path, value in values.items()]
-
-
-def yaml_value(value: Any) -> str:
-    if isinstance(value, float) and math.isfinite(value):
-        text = repr(value)
-        if "e" in text and "." not in text.split("e")[0]:
-            mantissa, exponent = text.split("e")
-            text = f"{mantissa}.0e{exponent}"
-        return text
-    if isinstance(value, list):
-        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return (
-            "{"
-            + ", ".join(f"{json.dumps(str(k))}: {yaml_value(v)}" for k, v in value.items())
-            + "}"
-        )
-    return json.dumps(value)
 
 
 _MISSING = object()
