@@ -241,18 +241,26 @@ class DiesOnce(Component):
 
 
 class HeldInEvaluation(Component):
-    """Waits in an evaluation pass while the file `marker` exists (60 s at most): a test
-    signals the process in the pass, then removes the file, however slow the machine."""
+    """Waits in an evaluation pass while the file `marker` exists (60 s at most), from its
+    `from_call`-th evaluation call on: a test signals the process in the pass, then removes
+    the file, however slow the machine."""
 
     class Params(ComponentParams):
         marker: str
+        from_call: int = Field(1, gt=0)
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.calls = 0
 
     def input_specs(self) -> dict[str, StreamSpec]:
         return {"inputs": StreamSpec(None, None, "anything")}
 
     def forward(self, inputs: Batch) -> Batch:
+        self.calls += 0 if self.training else 1
         deadline = time.monotonic() + 60
-        while not self.training and os.path.exists(self.params.marker):
+        held = self.calls >= self.params.from_call
+        while held and not self.training and os.path.exists(self.params.marker):
             if time.monotonic() > deadline:
                 break
             time.sleep(0.02)

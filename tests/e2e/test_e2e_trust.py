@@ -27,9 +27,12 @@ ENV = {
 }
 
 
-def toy_config(folder: Path, held: Path | None = None, **training: object) -> Path:
+def toy_config(
+    folder: Path, held: Path | None = None, held_from: int = 1, **training: object
+) -> Path:
     """A toy pipeline that trains in a second; evaluation passes sleep 0.3 s per batch so a
-    test can stop the process inside one, and wait while the file `held` exists."""
+    test can stop the process inside one, and wait while the file `held` exists (from their
+    `held_from`-th batch on)."""
     config = {
         "name": "toy",
         "training": {
@@ -56,7 +59,11 @@ def toy_config(folder: Path, held: Path | None = None, **training: object) -> Pa
         },
     }
     if held is not None:
-        marker = {"type": "trust_components:HeldInEvaluation", "marker": str(held)}
+        marker = {
+            "type": "trust_components:HeldInEvaluation",
+            "marker": str(held),
+            "from_call": held_from,
+        }
         config["pipeline"]["held"] = marker  # type: ignore[index]
     path = folder / "toy.yml"
     path.write_text(dump_config(config), encoding="utf-8")
@@ -180,9 +187,15 @@ def test_a_closed_terminal_stops_a_run_as_ctrl_c_does_unless_under_nohup(
 
 def test_sigterm_during_the_final_test_pass_is_an_interruption(tmp_path: Path) -> None:
     expdir = tmp_path / "runs"
-    process = start("train", str(toy_config(tmp_path)), "--expdir", str(expdir), "--quiet")
+    # The test pass's first batch (the 3rd evaluation batch: 2 validations of one) waits
+    # until the signal is sent.
+    held = tmp_path / "held"
+    held.touch()
+    config = toy_config(tmp_path, held=held, held_from=3)
+    process = start("train", str(config), "--expdir", str(expdir), "--quiet")
     run = wait_for_log(process, expdir, "test pass with best.pt")
     process.send_signal(signal.SIGTERM)
+    held.unlink()
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr
