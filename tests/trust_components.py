@@ -215,7 +215,30 @@ class NanAtStep(Component):
         return {"noisy": inputs["inputs"]}
 
 
-class DiesOnce(Component):
+class CountsCalls(Component):
+    """Reads any stream and counts its calls, in training and in evaluation passes apart:
+    the base of the components below, which act at a given call (`act`)."""
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.calls = {True: 0, False: 0}  # by self.training
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(None, None, "anything")}
+
+    def forward(self, inputs: Batch) -> Batch:
+        self.calls[self.training] += 1
+        self.act(self.calls[self.training])
+        return {}
+
+    def act(self, call: int) -> None:
+        raise NotImplementedError
+
+    def in_rank(self, rank: int) -> bool:
+        return os.environ.get("RANK") == str(rank)
+
+
+class DiesOnce(CountsCalls):
     """Kills its own process (SIGKILL) on its `at`-th training call, in the worker of global
     rank `rank` and only in the first attempt of an elastic launch: a worker that dies."""
 
@@ -223,24 +246,14 @@ class DiesOnce(Component):
         at: int = Field(4, gt=0)
         rank: int = Field(1, ge=0)
 
-    def __init__(self, params: Any, context: BuildContext) -> None:
-        super().__init__(params, context)
-        self.calls = 0
-
-    def input_specs(self) -> dict[str, StreamSpec]:
-        return {"inputs": StreamSpec(None, None, "anything")}
-
-    def forward(self, inputs: Batch) -> Batch:
-        if self.training:
-            self.calls += 1
-            first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-            mine = os.environ.get("RANK") == str(self.params.rank)
-            if self.calls == self.params.at and first_attempt and mine:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return {}
+    def act(self, call: int) -> None:
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        at = self.training and call == self.params.at
+        if at and first_attempt and self.in_rank(self.params.rank):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
-class HeldInEvaluation(Component):
+class HeldInEvaluation(CountsCalls):
     """Waits in an evaluation pass while the file `marker` exists (60 s at most), from its
     `from_call`-th evaluation call on: a test signals the process in the pass, then removes
     the file, however slow the machine."""
@@ -249,25 +262,14 @@ class HeldInEvaluation(Component):
         marker: str
         from_call: int = Field(1, gt=0)
 
-    def __init__(self, params: Any, context: BuildContext) -> None:
-        super().__init__(params, context)
-        self.calls = 0
-
-    def input_specs(self) -> dict[str, StreamSpec]:
-        return {"inputs": StreamSpec(None, None, "anything")}
-
-    def forward(self, inputs: Batch) -> Batch:
-        self.calls += 0 if self.training else 1
+    def act(self, call: int) -> None:
         deadline = time.monotonic() + 60
-        held = self.calls >= self.params.from_call
-        while held and not self.training and os.path.exists(self.params.marker):
-            if time.monotonic() > deadline:
-                break
+        held = not self.training and call >= self.params.from_call
+        while held and os.path.exists(self.params.marker) and time.monotonic() < deadline:
             time.sleep(0.02)
-        return {}
 
 
-class SignalsInEvaluation(Component):
+class SignalsInEvaluation(CountsCalls):
     """Sends SIGTERM to its own process at its `at`-th call in an evaluation pass, in the
     worker of global rank `rank` alone: a stop that reaches one process of several."""
 
@@ -275,19 +277,9 @@ class SignalsInEvaluation(Component):
         at: int = Field(1, gt=0)
         rank: int = Field(1, ge=0)
 
-    def __init__(self, params: Any, context: BuildContext) -> None:
-        super().__init__(params, context)
-        self.calls = 0
-
-    def input_specs(self) -> dict[str, StreamSpec]:
-        return {"inputs": StreamSpec(None, None, "anything")}
-
-    def forward(self, inputs: Batch) -> Batch:
-        if not self.training:
-            self.calls += 1
-            if self.calls == self.params.at and os.environ.get("RANK") == str(self.params.rank):
-                os.kill(os.getpid(), signal.SIGTERM)
-        return {}
+    def act(self, call: int) -> None:
+        if not self.training and call == self.params.at and self.in_rank(self.params.rank):
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class PutsInPlace(ToyLinear):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import torchloom
 
@@ -86,3 +87,16 @@ def two_machines_search(
         final = list(csv.DictReader(handle))
     ran = [sum(1 for _ in machine.glob("searches/*/*/trials/*/*")) for machine in machines]
     return final, ran
+
+
+def search_study(search_dir: Path) -> Any:
+    """The optuna study of a search folder whose storage is its journal, opened directly."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    from torchloom.search.record import read_record
+
+    record = read_record(search_dir)
+    journal = record.storage_url(search_dir).removeprefix("journal:")
+    storage = JournalStorage(JournalFileBackend(journal))
+    return optuna.load_study(storage=storage, study_name=record.study)

@@ -16,7 +16,7 @@ from typing import Any
 
 import optuna
 import pytest
-from search_helpers import tiny_config
+from search_helpers import search_study, tiny_config
 
 import torchloom
 from torchloom.api import TrainOptions
@@ -626,7 +626,6 @@ def test_a_failure_while_a_trial_is_claimed_fails_and_queues_it_again(
 ) -> None:
     """A database error while the worker names the trial's process ended the worker and left
     the trial RUNNING, unnamed: no reaper could judge it, and it counted for ever."""
-    named = worker.record_identity
 
     def database_gone(trial: optuna.Trial) -> None:
         trial.set_user_attr("pid_start", "1")
@@ -638,22 +637,10 @@ def test_a_failure_while_a_trial_is_claimed_fails_and_queues_it_again(
     with pytest.raises(ConnectionError):
         torchloom.search(config, space=space, trials=1, expdir=str(tmp_path / "runs"))
     (search_dir,) = (tmp_path / "runs").glob("searches/*/*")
-    monkeypatch.setattr(worker, "record_identity", named)
-    (trial, *queued) = _trials_of(search_dir)
+    (trial, *queued) = search_study(search_dir).trials
     assert trial.state.name == "FAIL" and [t.state.name for t in queued] == ["WAITING"]
     reason = trial.user_attrs["reason"]
     assert reason == "its worker failed: ConnectionError: the database went away"
-
-
-def _trials_of(search_dir: Path) -> list[optuna.trial.FrozenTrial]:
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-    from torchloom.search.record import read_record
-
-    record = read_record(search_dir)
-    journal = record.storage_url(search_dir).removeprefix("journal:")
-    storage = JournalStorage(JournalFileBackend(journal))
-    return optuna.load_study(storage=storage, study_name=record.study).trials
 
 
 def test_a_stop_as_the_api_creates_a_shared_study_leaves_it_whole(

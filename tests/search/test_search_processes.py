@@ -14,12 +14,11 @@ from pathlib import Path
 
 import optuna
 import pytest
-from search_helpers import tiny_config
+from search_helpers import search_study, tiny_config
 
 import torchloom
 from torchloom.cli.main import main
 from torchloom.search.processes import PARENT_ENV
-from torchloom.search.record import read_record
 
 SEARCH = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
 SOURCE = str(Path(torchloom.__file__).parents[1])
@@ -69,18 +68,6 @@ def _rows(search_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-def _study(search_dir: Path) -> optuna.Study:
-    record = read_record(search_dir)
-    url = record.storage_url(search_dir)
-    return optuna.load_study(storage=_storage(url), study_name=record.study)
-
-
-def _storage(url: str) -> optuna.storages.BaseStorage:
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-    return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
-
-
 def _check_retried(search_dir: Path, stopped: int, reason: str) -> None:
     rows = _rows(search_dir)
     by_number = {int(r["number"]): r for r in rows}
@@ -104,7 +91,7 @@ def test_a_worker_killed_mid_trial_is_failed_and_retried_on_resume(
     search_dir = _wait_for_trial(runs, 0, process)
     process.send_signal(signal.SIGKILL)
     process.communicate()
-    running = _study(search_dir).get_trials(states=(optuna.trial.TrialState.RUNNING,))
+    running = search_study(search_dir).get_trials(states=(optuna.trial.TrialState.RUNNING,))
     assert len(running) == 1  # the journal alone would keep it running forever
     assert main(["search", "--resume", str(search_dir)]) == 0
     _check_retried(search_dir, running[0].number, f"its process {process.pid} on ")
@@ -154,7 +141,7 @@ def test_two_workers_share_one_journal_and_stop_together_on_ctrl_c(
     # naming of its process, and the resume reaped it as dead; the stop is held over that
     # now, test_search_guards.py.)
     assert retried == {r["number"] for r in interrupted}, (stopped_rows, rows)
-    pids = {t.user_attrs["pid"] for t in _study(search_dir).trials}
+    pids = {t.user_attrs["pid"] for t in search_study(search_dir).trials}
     assert len(pids) >= 2  # several processes ran trials of the one study
 
 
@@ -188,7 +175,7 @@ def test_a_stop_is_a_stop_whatever_error_it_turns_into_and_wherever_sigint_was_i
         raise AssertionError(f"the search did not stop:\n{out}") from None
     assert process.returncode == 130, out
     assert "crashed" not in out
-    trials = _study(next(runs.glob("searches/*/*"))).trials
+    trials = search_study(next(runs.glob("searches/*/*"))).trials
     stopped = [t for t in trials if t.user_attrs.get("pid") == worker]
     assert len(stopped) == 1, out  # no other trial started in that worker
     assert stopped[0].user_attrs["reason"].startswith("interrupted"), stopped[0].user_attrs
