@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import socket
 import threading
@@ -37,6 +38,7 @@ def process_start(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+@functools.cache  # a process's PID space does not change
 def pid_space() -> str:
     """Which PIDs this process sees: the boot and the PID namespace (Linux). Containers that
     share a host's name (`--network host`, Kubernetes' hostNetwork) do not share its PIDs, nor
@@ -70,7 +72,8 @@ def is_dead(attrs: dict[str, Any]) -> bool | None:
         return None
     if "pid_start" not in attrs:
         return None
-    recorded, here = attrs.get("pid_space", pid_space()), pid_space()  # older: this host's
+    here = pid_space()
+    recorded = attrs.get("pid_space", here)  # a record older than it: this host's
     if recorded != here:
         # Another boot: every process of that one is gone (a power cut, then a resume).
         # The same boot, another PID namespace: a container's, which this one cannot see.
@@ -99,7 +102,8 @@ def reap_dead_trials(study: optuna.Study) -> list[int]:
     if is_heartbeat_enabled(storage):  # RDB storages: other machines' dead trials too
         stale = set(storage._get_stale_trial_ids(study._study_id))  # type: ignore[attr-defined]
     reaped = []
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+    trials = study.get_trials(deepcopy=False)  # one read for the reaping and the lost retries
+    for trial in (t for t in trials if t.state == TrialState.RUNNING):
         attrs = trial.user_attrs
         if is_dead(attrs):
             reason = f"its process {attrs['pid']} on {attrs['host']} died"
@@ -124,18 +128,18 @@ def reap_dead_trials(study: optuna.Study) -> list[int]:
         if retry:
             queue_retry(study, trial)
         reaped.append(trial.number)
-    _queue_lost_retries(study)
+    _queue_lost_retries(study, trials)
     return reaped
 
 
-def _queue_lost_retries(study: optuna.Study) -> None:
+def _queue_lost_retries(study: optuna.Study, trials: list[Any]) -> None:
     """Queue the retry of a trial failed to be retried whose process died before it queued
     the retry (two writes: SIGKILL after a scheduler's SIGTERM, say): the trial counts
     until its retry exists, and would count for ever. Only where its process is known dead,
-    so never while that process is between the two writes; under the ask lock."""
+    so never while that process is between the two writes; under the ask lock. `trials`:
+    the study as read before the reaping (a trial it failed was RUNNING then: not lost)."""
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
     queued_again = retries_queued(trials)
     for trial in trials:
         lost = trial.state == TrialState.FAIL and trial.user_attrs.get("retried")
