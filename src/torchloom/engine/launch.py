@@ -31,6 +31,7 @@ from typing import Any
 from torchloom.config.interpolation import ascii_digits
 from torchloom.config_model import usable_cpus
 from torchloom.engine.launch_signals import passed_on
+from torchloom.engine.launch_store import StoreKeeper
 from torchloom.errors import ConfigError, LoomError
 from torchloom.signals import set_parent_death_signal
 
@@ -258,6 +259,10 @@ def launch(
     endpoint = options.rdzv_endpoint or f"127.0.0.1:{free_port()}"
     if options.node_rank == 0:
         _check_port_free(endpoint)
+    try:
+        keeper = StoreKeeper(endpoint, options.nnodes, options.node_rank)
+    except RuntimeError as taken:  # the port taken since the check (torch's DistError)
+        raise _cannot_host(endpoint, _first_line(taken)) from None
     # Of --rdzv-timeout, the part spent waiting for node 0's port: the rendezvous has the rest.
     waited = _wait_for_node_0(endpoint, options.rdzv_timeout) if options.node_rank else 0.0
     # The agent logs every worker's exit with a traceback; what failed is said by the caller
@@ -298,6 +303,7 @@ def launch(
         signals.wait_for(thread)
     error = outcome.get("error")
     if error is None:
+        keeper.succeeded()
         return dict(outcome["results"])
     if signals.received:  # the workers stopped by a signal, one of them at once (a second)
         raise KeyboardInterrupt from error
@@ -362,9 +368,13 @@ def _check_port_free(endpoint: str) -> None:
         try:
             probe.bind((host, int(port)))
         except OSError as error:
-            raise LaunchFailed.at(
-                "command line",
-                f"--rdzv-endpoint {endpoint}",
-                f"cannot host the rendezvous there: {error.strerror or error}",
-                "choose a free port (another run or program uses this one)",
-            ) from None
+            raise _cannot_host(endpoint, error.strerror or str(error)) from None
+
+
+def _cannot_host(endpoint: str, reason: str) -> LaunchFailed:
+    return LaunchFailed.at(
+        "command line",
+        f"--rdzv-endpoint {endpoint}",
+        f"cannot host the rendezvous there: {reason}",
+        "choose a free port (another run or program uses this one)",
+    )

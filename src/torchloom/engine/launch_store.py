@@ -1,0 +1,79 @@
+"""Node 0 keeps the rendezvous's store open until the other machines have left it.
+
+The elastic agent of node 0 hosts the TCP store every agent talks to, and closes it as soon as
+its own launch returns. The agents of the other machines may still be using it then: waiting
+at the exit barrier for the notice node 0 was about to send, or on their rendezvous's
+keep-alive. They see the connection reset and print torch's C++ stack traces (and "Error
+waiting on exit barrier") at the end of a run that succeeded, one run in three on a loaded
+machine. So node 0 starts the store's server itself, before its agent does (a store of the
+same port in the same process shares one server: `multi_tenant`), and keeps it until every
+other machine has said, once its own launch has returned, that it is done with it.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from datetime import timedelta
+from typing import Any
+
+# How long node 0 waits for the other machines after a run that succeeded there: they leave
+# at the same exit barrier, so this only bounds the wait for one that died after it.
+LEAVE_TIMEOUT = 30.0
+_LEFT_KEY = "torchloom/nodes_left"
+
+
+class StoreKeeper:
+    """For one launch at `endpoint` of `nnodes` machines, this one `node_rank`: on node 0 of
+    several, the store is served from now (before the agent starts) until `succeeded()` has
+    seen the other machines leave it (at most LEAVE_TIMEOUT s; a launch that failed waits for
+    nobody: the keeper is dropped with its store). On the others, `succeeded()` says so to
+    node 0 (where a launch failed, so did node 0's)."""
+
+    def __init__(self, endpoint: str, nnodes: int, node_rank: int) -> None:
+        self.endpoint, self.others = endpoint, nnodes - 1
+        self.host = node_rank == 0
+        self._store = _store(endpoint, server=True) if self.others and self.host else None
+
+    def succeeded(self) -> None:
+        if self._store is not None:
+            _wait_for_the_others(self._store, self.others)
+            self._store = None
+        elif self.others and not self.host:
+            _say_left(self.endpoint)
+
+
+def _store(endpoint: str, server: bool, timeout: float = 60.0) -> Any:
+    from torch.distributed import TCPStore
+
+    host, _, port = endpoint.rpartition(":")
+    # The same options as the rendezvous's own store, whose server this one then is.
+    return TCPStore(
+        host,
+        int(port),
+        is_master=server,
+        multi_tenant=True,
+        wait_for_workers=False,
+        timeout=timedelta(seconds=timeout),
+    )
+
+
+def _wait_for_the_others(store: Any, others: int) -> None:
+    deadline = time.monotonic() + LEAVE_TIMEOUT
+    try:
+        while int(store.add(_LEFT_KEY, 0)) < others and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except KeyboardInterrupt:  # the run has ended: a Ctrl-C now only stops the waiting
+        pass
+
+
+def _say_left(endpoint: str) -> None:
+    """Best effort: node 0 waits LEAVE_TIMEOUT s at most for a machine that cannot say so.
+    Node 0 gone (it stopped waiting), there is nobody to tell: a plain connection asks first,
+    since torch's store client prints a C++ stack trace at every failed try."""
+    host, _, port = endpoint.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=1.0).close()
+        _store(endpoint, server=False, timeout=5.0).add(_LEFT_KEY, 1)
+    except Exception:
+        pass
