@@ -319,3 +319,20 @@ class SlowSamples(ToyTask):
     def __getitem__(self, index: int) -> Batch:
         time.sleep(self.params.delay)
         return super().__getitem__(index)
+
+
+class AllocatesAtBuild(Component):
+    """Allocates `size` bytes as it is built: a config asking for more than the machine has."""
+
+    class Params(ComponentParams):
+        size: int = Field(ge=1)
+
+    def __init__(self, params: Any, context: BuildContext) -> None:
+        super().__init__(params, context)
+        self.block = torch.empty(params.size, dtype=torch.uint8)
+
+    def input_specs(self) -> dict[str, StreamSpec]:
+        return {"inputs": StreamSpec(None, None, "anything")}
+
+    def forward(self, inputs: Batch) -> Batch:
+        return {}

@@ -67,6 +67,13 @@ def printable(text: str) -> str:
     )
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's first line for a one-line message (libraries append details: OmegaConf
+    its 'full_key: ...' lines, torch its C++ frames); its type's name when it says nothing."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def shown_briefly(value: Any, limit: int = 60) -> str:
     """A value as a message shows it: its repr, cut to `limit` characters."""
     text = repr(value)

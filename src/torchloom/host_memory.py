@@ -70,3 +70,15 @@ def available_memory() -> int | None:
     except (OSError, ValueError):
         pass
     return min(found) if found else None
+
+
+def out_of_host_memory(error: BaseException) -> bool:
+    """Whether `error` is an allocation the host's memory refused: Python's MemoryError, or
+    torch's CPU allocator, whose refusals are plain RuntimeErrors told apart only by their
+    words ("can't allocate memory", a C++ std::bad_alloc)."""
+    if isinstance(error, MemoryError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and (
+        "can't allocate memory" in text or "bad_alloc" in text
+    )

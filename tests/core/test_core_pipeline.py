@@ -152,6 +152,17 @@ def test_wrong_parameter_type_and_range() -> None:
     assert "parameter 'size'" in text and "parameter 'classes'" in text
 
 
+def test_a_component_that_cannot_be_allocated_is_a_clear_error() -> None:
+    """torch's allocator refusal, a bare RuntimeError traceback, said as a config problem."""
+    huge = {"type": "trust_components:AllocatesAtBuild", "size": 2**52}  # 4 PiB
+    with pytest.raises(ComponentError) as raised:
+        build_pipeline(config({**GOOD, "huge": huge}), where)
+    text = str(raised.value)
+    assert "toy.yml@pipeline.huge" in text and "component 'huge' (AllocatesAtBuild)" in text
+    assert "needs more memory than this machine has to be built" in text
+    assert "lower its sizes" in text
+
+
 def test_renaming_a_stream_the_component_does_not_have() -> None:
     cfg = config({**GOOD, "model": {**GOOD["model"], "streams": {"imputs": "inputs"}}})
     with pytest.raises(ComponentError, match=r"renames stream 'imputs'.*did you mean 'inputs'"):

@@ -432,6 +432,9 @@ def test_the_launch_flags_are_checked_before_anything_starts(
         ("--nnodes", "0"): "--nnodes 0: must be 1 or more",
         ("--nproc", "2", "--max-restarts", "-1"): "--max-restarts -1: must be 0 or more",
         ("--nproc", "2", "--rdzv-timeout", "0"): "--rdzv-timeout 0: must be 1 or more",
+        ("--nproc", "2", "--rdzv-endpoint", "::1:29400"): "an IPv6 address in brackets",
+        # Not an address of this machine (TEST-NET-1): the port is not what to change.
+        ("--nproc", "2", "--rdzv-endpoint", "192.0.2.1:29400"): "give an address of this machine",
     }
     if not torch.cuda.is_available():
         cases[("--gpu",)] = "--gpu: asks for one process per GPU, but torch sees no CUDA GPU"

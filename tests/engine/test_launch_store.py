@@ -13,8 +13,8 @@ import pytest
 from torch.distributed import TCPStore
 
 from torchloom.engine import launch_store
-from torchloom.engine.launch import free_port
-from torchloom.engine.launch_store import StoreKeeper
+from torchloom.engine.launch import check_port_free, free_port
+from torchloom.engine.launch_store import StoreKeeper, host_and_port
 
 
 def serving(port: int) -> bool:
@@ -69,3 +69,26 @@ def test_one_machine_hosts_no_store_of_its_own() -> None:
     port = free_port()
     StoreKeeper(f"127.0.0.1:{port}", nnodes=1, node_rank=0).succeeded()
     assert not serving(port)
+
+
+def ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_an_ipv6_rendezvous_is_written_in_brackets_and_served() -> None:
+    """`[::1]:PORT` was refused as "Name or service not known" with a hint to change the port."""
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"[::1]:{port}"
+    check_port_free(endpoint)
+    keeper = StoreKeeper(endpoint, nnodes=2, node_rank=0)
+    assert host_and_port(endpoint) == ("::1", port)
+    StoreKeeper(endpoint, nnodes=2, node_rank=1).succeeded()
+    keeper.succeeded()  # at once: the other machine said it left

@@ -389,3 +389,15 @@ def test_the_task_names_the_question_subtypes_for_per_subtype_accuracy(tmp_path:
 def test_shipped_configs_pass_check(config: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(CONFIGS / config)]) == 0, capsys.readouterr().err
     assert "handshake: ok" in capsys.readouterr().out
+
+
+def test_a_split_that_cannot_fit_in_memory_is_refused_before_it_is_drawn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A million images took 15.7 GiB, after hours of drawing, then a bare MemoryError."""
+    monkeypatch.setattr(sort_of_clevr, "available_memory", lambda: 2**30)
+    with pytest.raises(ComponentError, match="use images <= 30828") as refused:
+        task(tmp_path, images=50_000)  # 0.8 GiB of pixels, more than half of 1 GiB
+    assert "50000 images of 75x75 pixels need about 0.8 GiB" in str(refused.value)
+    assert not list(tmp_path.iterdir())  # refused before anything was drawn or written
+    task(tmp_path, images=1000).prepare()

@@ -49,6 +49,7 @@ class ArchitectureSearchConfig(ConfigModel):
     epsilon: float = Field(
         0.01,
         gt=0,
+        allow_inf_nan=False,
         description="second order: the finite-difference step is epsilon / ||grad_w' L_val||",
     )
     derived: dict[str, Any] = Field(

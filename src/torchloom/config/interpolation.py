@@ -15,7 +15,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from torchloom.errors import ConfigError, Problem, Where
+from torchloom.errors import ConfigError, Problem, Where, first_line
 
 MISSING_MARKER = "???"
 
@@ -32,11 +32,6 @@ def dotted(path: tuple[Any, ...]) -> str:
     for key in path:
         text += f"[{key}]" if isinstance(key, int) else (f".{key}" if text else str(key))
     return text
-
-
-def first_line(exc: BaseException) -> str:
-    # OmegaConf appends 'full_key: ...' and 'object_type=...' lines; the key is named already.
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def resolve_config(config: DictConfig, where: Where) -> dict[str, Any]:

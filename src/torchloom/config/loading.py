@@ -35,7 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from torchloom.config.dumping import dump_config
-from torchloom.config.interpolation import ascii_digits, dotted, first_line, resolve_config
+from torchloom.config.interpolation import ascii_digits, dotted, resolve_config
 from torchloom.config.interpolation_bounds import check_interpolation_bounds
 from torchloom.config.limits import MAX_CHARS, MAX_FILE_BYTES, MAX_FILES, MAX_VALUES, limit_problem
 from torchloom.config.origins import (
@@ -50,7 +50,7 @@ from torchloom.config.origins import (
 )
 from torchloom.config.overrides import INCLUDES_KEY, apply_overrides, changes_type
 from torchloom.config.yaml_reader import KeyPath, ParsedYaml, describe_type, parse_config_text
-from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.errors import ConfigError, Problem, did_you_mean, first_line
 
 PACKAGED_PREFIX = "loom://"
 CONFIG_SUFFIXES = (".yml", ".yaml")

@@ -26,11 +26,11 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from torchloom.config.interpolation import ascii_digits, first_line
+from torchloom.config.interpolation import ascii_digits
 from torchloom.config.limits import MAX_DEPTH, limit_problem, value_depth
 from torchloom.config.origins import CommandLineOverride, Origins, iter_key_paths
 from torchloom.config.yaml_reader import describe_type, parse_yaml_value
-from torchloom.errors import ConfigError, Problem, did_you_mean
+from torchloom.errors import ConfigError, Problem, did_you_mean, first_line
 
 INCLUDES_KEY = "default_configs"
 WHERE = "command line"
@@ -180,6 +180,16 @@ def _apply(config: DictConfig, override: Override, origins: Origins) -> None:
     if override.action is Action.SET and not exists and not _schema_declares(override.key):
         hint = "To add a new key write '+" + text + "'."
         known = [*found, *_schema_fields(override.key[:depth])]
+        section_left_out = override.key[depth] in known and _schema_fields(
+            override.key[: depth + 1]
+        )
+        if section_left_out:  # a section of the schemas the config leaves to its default
+            section = ".".join(override.key[: depth + 1])
+            hint = (
+                f"'{section}' is not in the config, so its default applies; to give it keys of "
+                f"your own write '+{text}' (they then replace the whole default)"
+            )
+            known = []
         raise ConfigError([_unknown_key(override, depth, known, hint)])
     if override.action is Action.DELETE and not exists:
         raise ConfigError([_unknown_key(override, depth, list(found), "")])

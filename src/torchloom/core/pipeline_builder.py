@@ -21,7 +21,15 @@ from torchloom.core.globals_store import GlobalsStore
 from torchloom.core.ordering import execution_order, topological_order
 from torchloom.core.pipeline import Pipeline
 from torchloom.core.weights import load_weights
-from torchloom.errors import ComponentError, DataError, LoomError, Problem, did_you_mean
+from torchloom.errors import (
+    ComponentError,
+    DataError,
+    LoomError,
+    Problem,
+    did_you_mean,
+    first_line,
+)
+from torchloom.host_memory import out_of_host_memory
 
 SECTIONS = ("training", "validation", "test")
 PIPELINE_SETTINGS = ("disable", "freeze")
@@ -212,7 +220,17 @@ def _build_one(
         training_task,
         entry.dim_names,
     )
-    component = entry.cls(entry.params, context)
+    try:
+        component = entry.cls(entry.params, context)
+    except (MemoryError, RuntimeError) as error:
+        if not out_of_host_memory(error):
+            raise
+        raise ComponentError.at(
+            where(*entry.key_path),
+            entry.label,
+            f"needs more memory than this machine has to be built ({first_line(error)})",
+            "lower its sizes (`loom components` lists each key with its meaning)",
+        ) from None
     # Publishing is part of the contract: a component that declares a global must publish it.
     for actual, default in entry.published().items():
         if actual not in store:

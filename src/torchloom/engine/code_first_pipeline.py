@@ -33,7 +33,7 @@ from torchloom.engine.code_first_sources import (
     seed_for_section,
 )
 from torchloom.engine.loaders import to_device
-from torchloom.errors import ConfigError, LoomError, Where
+from torchloom.errors import ConfigError, LoomError, Where, first_line
 
 INDICES = "indices"
 BUILT_IN_PYTHON = "built in Python from"  # config.yaml's `pipeline:` of a code-first run
@@ -147,12 +147,11 @@ class ModuleModel(Model):
         except ConfigError:
             raise
         except Exception as error:
-            first_line = (str(error).splitlines() or [type(error).__name__])[0]
             raise ConfigError.at(
                 fit_where(section),
                 f"the {section} data",
                 f"cannot go through {type(self.module).__name__}, which takes the training "
-                f"data: {type(error).__name__}: {first_line}",
+                f"data: {type(error).__name__}: {first_line(error)}",
                 "give every section samples of the same streams and shapes",
             ) from error
 

@@ -15,6 +15,7 @@ of its own (its handlers would stop the workers with SIGTERM and wait 30 s for t
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -31,8 +32,8 @@ from typing import Any
 from torchloom.config.interpolation import ascii_digits
 from torchloom.config_model import usable_cpus
 from torchloom.engine.launch_signals import passed_on
-from torchloom.engine.launch_store import StoreKeeper
-from torchloom.errors import ConfigError, LoomError
+from torchloom.engine.launch_store import StoreKeeper, host_and_port
+from torchloom.errors import ConfigError, LoomError, first_line
 from torchloom.signals import set_parent_death_signal
 
 
@@ -98,13 +99,17 @@ def check_launch(options: LaunchOptions, gpus: int | None = None) -> None:
         )
     if options.rdzv_endpoint and not _endpoint_ok(options.rdzv_endpoint):
         raise ConfigError.at(
-            "command line", f"--rdzv-endpoint {options.rdzv_endpoint}", "is not HOST:PORT"
+            "command line",
+            f"--rdzv-endpoint {options.rdzv_endpoint}",
+            "is not HOST:PORT",
+            "write an IPv6 address in brackets: [::1]:29400",
         )
 
 
 def _endpoint_ok(text: str) -> bool:
     host, _, port = text.rpartition(":")
-    return bool(host) and ascii_digits(port) and 0 < int(port) < 65536
+    ipv6_bare = ":" in host and not (host.startswith("[") and host.endswith("]"))
+    return bool(host.strip("[]")) and not ipv6_bare and ascii_digits(port) and 0 < int(port) < 65536
 
 
 # ---- what the launcher and its workers share -----------------------------------------------
@@ -258,11 +263,11 @@ def launch(
 
     endpoint = options.rdzv_endpoint or f"127.0.0.1:{free_port()}"
     if options.node_rank == 0:
-        _check_port_free(endpoint)
+        check_port_free(endpoint)
     try:
         keeper = StoreKeeper(endpoint, options.nnodes, options.node_rank)
     except RuntimeError as taken:  # the port taken since the check (torch's DistError)
-        raise _cannot_host(endpoint, _first_line(taken)) from None
+        raise _cannot_host(endpoint, first_line(taken)) from None
     # Of --rdzv-timeout, the part spent waiting for node 0's port: the rendezvous has the rest.
     waited = _wait_for_node_0(endpoint, options.rdzv_timeout) if options.node_rank else 0.0
     # The agent logs every worker's exit with a traceback; what failed is said by the caller
@@ -319,30 +324,24 @@ def launch(
             "every machine (each its own --node-rank), or raise --rdzv-timeout",
         ) from error
     if isinstance(error, Exception) and options.node_rank != 0:
-        raise _node_0_silent(endpoint, options.rdzv_timeout, _first_line(error)) from error
+        raise _node_0_silent(endpoint, options.rdzv_timeout, first_line(error)) from error
     if isinstance(error, Exception):  # the rendezvous could not form (a port in use, ...)
         raise LaunchFailed.at(
             "command line",
             f"rendezvous at {endpoint}",
-            f"could not start the workers: {_first_line(error)}",
+            f"could not start the workers: {first_line(error)}",
             "check that the port is free and every node can reach node 0",
         ) from error
     raise error
 
 
-def _first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return lines[0].strip() if lines else type(error).__name__
-
-
 def _wait_for_node_0(endpoint: str, timeout: int) -> float:
     """The seconds waited until node 0's rendezvous took a connection (at most `timeout`).
     torch's store client would wait too, printing a C++ stack trace at every failed try."""
-    host, _, port = endpoint.rpartition(":")
     started = time.monotonic()
     while True:
         try:
-            socket.create_connection((host, int(port)), timeout=1.0).close()
+            socket.create_connection(host_and_port(endpoint), timeout=1.0).close()
             return time.monotonic() - started
         except OSError as error:
             if time.monotonic() >= started + timeout:
@@ -360,21 +359,24 @@ def _node_0_silent(endpoint: str, timeout: int, reason: str) -> LaunchFailed:
     )
 
 
-def _check_port_free(endpoint: str) -> None:
+def check_port_free(endpoint: str) -> None:
     """Node 0 hosts the rendezvous: a port something else listens on would make it wait on a
     stranger until the rendezvous times out, so it is refused at once."""
-    host, _, port = endpoint.rpartition(":")
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, int(port)))
-        except OSError as error:
-            raise _cannot_host(endpoint, error.strerror or str(error)) from None
+    try:
+        family, *_, address = socket.getaddrinfo(*host_and_port(endpoint))[0]
+        with socket.socket(family) as probe:
+            probe.bind(address)
+    except OSError as error:
+        taken = error.errno == errno.EADDRINUSE
+        raise _cannot_host(endpoint, error.strerror or str(error), taken) from None
 
 
-def _cannot_host(endpoint: str, reason: str) -> LaunchFailed:
+def _cannot_host(endpoint: str, reason: str, taken: bool = True) -> LaunchFailed:
     return LaunchFailed.at(
         "command line",
         f"--rdzv-endpoint {endpoint}",
         f"cannot host the rendezvous there: {reason}",
-        "choose a free port (another run or program uses this one)",
+        "choose a free port (another run or program uses this one)"
+        if taken
+        else "give an address of this machine (node 0 hosts the rendezvous), e.g. its name",
     )

@@ -23,6 +23,13 @@ LEAVE_TIMEOUT = 30.0
 _LEFT_KEY = "torchloom/nodes_left"
 
 
+def host_and_port(endpoint: str) -> tuple[str, int]:
+    """HOST:PORT as the socket calls take it: an IPv6 address loses the brackets it is
+    written in ([::1]:29400)."""
+    host, _, port = endpoint.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
 class StoreKeeper:
     """For one launch at `endpoint` of `nnodes` machines, this one `node_rank`: on node 0 of
     several, the store is served from now (before the agent starts) until `succeeded()` has
@@ -46,11 +53,11 @@ class StoreKeeper:
 def _store(endpoint: str, server: bool, timeout: float = 60.0) -> Any:
     from torch.distributed import TCPStore
 
-    host, _, port = endpoint.rpartition(":")
+    host, port = host_and_port(endpoint)
     # The same options as the rendezvous's own store, whose server this one then is.
     return TCPStore(
         host,
-        int(port),
+        port,
         is_master=server,
         multi_tenant=True,
         wait_for_workers=False,
@@ -71,9 +78,8 @@ def _say_left(endpoint: str) -> None:
     """Best effort: node 0 waits LEAVE_TIMEOUT s at most for a machine that cannot say so.
     Node 0 gone (it stopped waiting), there is nobody to tell: a plain connection asks first,
     since torch's store client prints a C++ stack trace at every failed try."""
-    host, _, port = endpoint.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=1.0).close()
+        socket.create_connection(host_and_port(endpoint), timeout=1.0).close()
         _store(endpoint, server=False, timeout=5.0).add(_LEFT_KEY, 1)
     except Exception:
         pass

@@ -21,20 +21,28 @@ from torchloom.core.streams import FLOATING, StreamSpec
 from torchloom.errors import ComponentError
 from torchloom.zoo.nas.common import CellPlan
 from torchloom.zoo.nas.fixed_network import FixedCell
-from torchloom.zoo.nas.genotype import Genotype, derive, edge_count, genotype_problems
+from torchloom.zoo.nas.genotype import (
+    MAX_CHANNELS,
+    MAX_MAPS,
+    MAX_STEPS,
+    Genotype,
+    derive,
+    edge_count,
+    genotype_problems,
+)
 from torchloom.zoo.nas.operations import PRIMITIVES, ScheduledDropPath
 from torchloom.zoo.nas.search_network import SearchCell
 
 
 class CellParams(ComponentParams):
-    input_channels: int = Field(ge=1, description="maps of `inputs`")
+    input_channels: int = Field(ge=1, le=MAX_MAPS, description="maps of `inputs`")
     previous_channels: int | None = Field(
-        None, ge=1, description="maps of `previous_inputs` (default: input_channels)"
+        None, ge=1, le=MAX_MAPS, description="maps of `previous_inputs` (default: input_channels)"
     )
     reduction_previous: bool = Field(
         False, description="`previous_inputs` has twice the resolution of `inputs`"
     )
-    channels: int = Field(16, ge=2, description="maps per node")
+    channels: int = Field(16, ge=2, le=MAX_CHANNELS, description="maps per node")
     reduction: bool = Field(False, description="halve the resolution, as a reduction cell")
     drop_path: float = Field(0.0, ge=0.0, lt=1.0, description="fixed cell: drop-path probability")
 
@@ -77,8 +85,10 @@ class _CellBase(Model):
 
 
 class DartsCellParams(CellParams):
-    steps: int = Field(4, ge=1, description="intermediate nodes")
-    multiplier: int = Field(4, ge=1, description="last nodes concatenated (at most `steps`)")
+    steps: int = Field(4, ge=1, le=MAX_STEPS, description="intermediate nodes")
+    multiplier: int = Field(
+        4, ge=1, le=MAX_STEPS, description="last nodes concatenated (at most `steps`)"
+    )
     drop_path: float = Field(0.0, ge=0.0, le=0.0, description="not used while searching")
 
 

@@ -18,13 +18,26 @@ from torchloom.zoo.models.image_inputs import (
     IMAGE_GLOBALS,
     image_size,
 )
-from torchloom.zoo.nas.genotype import reduction_positions, reduction_problem
+from torchloom.zoo.nas.genotype import (
+    MAX_CELLS,
+    MAX_CHANNELS,
+    reduction_positions,
+    reduction_problem,
+)
 
 
 class DartsParams(ComponentParams):
-    cells: int = Field(8, ge=1, description="cells in the stack (the paper: 8 searching, 20 after)")
+    cells: int = Field(
+        8,
+        ge=1,
+        le=MAX_CELLS,
+        description="cells in the stack (the paper: 8 searching, 20 after)",
+    )
     channels: int = Field(
-        16, ge=2, description="maps per node in the first cells; doubled at every reduction"
+        16,
+        ge=2,
+        le=MAX_CHANNELS,
+        description="maps per node in the first cells; doubled at every reduction",
     )
     reductions: int = Field(
         2,
@@ -33,7 +46,7 @@ class DartsParams(ComponentParams):
         "of the depth for 2",
     )
     stem_multiplier: int = Field(
-        3, ge=1, description="the stem convolution has this * channels maps"
+        3, ge=1, le=16, description="the stem convolution has this * channels maps"
     )
     log_softmax: bool = Field(
         False,

@@ -11,7 +11,13 @@ from torchloom.core.component import Batch, BuildContext
 from torchloom.core.streams import FLOATING, Dim, StreamSpec
 from torchloom.errors import ComponentError
 from torchloom.zoo.nas.common import CellPlan, DartsBase, DartsParams, plan_cells
-from torchloom.zoo.nas.genotype import Genotype, genotype_problems, reduction_positions
+from torchloom.zoo.nas.genotype import (
+    MAX_CELLS,
+    MAX_CHANNELS,
+    Genotype,
+    genotype_problems,
+    reduction_positions,
+)
 from torchloom.zoo.nas.operations import ScheduledDropPath, operation, preprocessing
 
 AUXILIARY_CHANNELS = (128, 768)
@@ -80,8 +86,12 @@ class AuxiliaryHead(nn.Sequential):
 
 
 class DartsFixedNetworkParams(DartsParams):
-    cells: int = Field(20, ge=1, description="cells in the stack (the paper: 20 for CIFAR-10)")
-    channels: int = Field(36, ge=2, description="maps per node in the first cells (paper: 36)")
+    cells: int = Field(
+        20, ge=1, le=MAX_CELLS, description="cells in the stack (the paper: 20 for CIFAR-10)"
+    )
+    channels: int = Field(
+        36, ge=2, le=MAX_CHANNELS, description="maps per node in the first cells (paper: 36)"
+    )
     genotype: Genotype = Field(description="the cells: see docs/architecture-search.md")
     auxiliary: bool = Field(
         False,

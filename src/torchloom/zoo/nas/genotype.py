@@ -25,6 +25,14 @@ from torchloom.errors import Problem, Where, did_you_mean
 from torchloom.zoo.nas.operations import PRIMITIVES
 
 CELL_KINDS = ("normal", "reduce")
+# Bounds on a config's sizes, far above what DARTS uses (4 intermediate nodes, 8 or 20 cells of
+# 16 or 36 maps), so that a config from someone else cannot ask for modules without end: the
+# modules grow as cells x steps^2 x operations, and a million cells took the machine's memory
+# for a minute before a bare MemoryError.
+MAX_STEPS = 12
+MAX_CELLS = 100
+MAX_CHANNELS = 1024
+MAX_MAPS = 16 * MAX_CHANNELS  # a cell's input: up to stem_multiplier or steps x channels
 
 
 class Genotype(ConfigModel):
@@ -32,13 +40,19 @@ class Genotype(ConfigModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     normal: list[tuple[str, int]] = Field(
-        description="normal cell: [operation, input node] per edge, two per intermediate node"
+        max_length=2 * MAX_STEPS,
+        description="normal cell: [operation, input node] per edge, two per intermediate node",
     )
-    normal_concat: list[int] = Field(description="nodes the normal cell's output concatenates")
+    normal_concat: list[int] = Field(
+        max_length=MAX_STEPS, description="nodes the normal cell's output concatenates"
+    )
     reduce: list[tuple[str, int]] = Field(
-        description="reduction cell: [operation, input node] per edge, two per node"
+        max_length=2 * MAX_STEPS,
+        description="reduction cell: [operation, input node] per edge, two per node",
     )
-    reduce_concat: list[int] = Field(description="nodes the reduction cell's output concatenates")
+    reduce_concat: list[int] = Field(
+        max_length=MAX_STEPS, description="nodes the reduction cell's output concatenates"
+    )
 
     def edges(self, kind: str) -> list[tuple[str, int]]:
         return list(self.normal if kind == "normal" else self.reduce)
@@ -93,8 +107,17 @@ def genotype_problems(
                     )
                 )
         nodes = len(edges) // 2 + 2
-        for index, node in enumerate(genotype.concat(kind)):
-            if not 2 <= node < nodes:
+        concat = genotype.concat(kind)
+        for index, node in enumerate(concat):
+            if node in concat[:index]:  # each repeat would add the node's maps once more
+                problems.append(
+                    Problem(
+                        where(*key, f"{kind}_concat", index),
+                        f"genotype.{kind}_concat[{index}]",
+                        f"is node {node} again: the output joins each node once",
+                    )
+                )
+            elif not 2 <= node < nodes:
                 problems.append(
                     Problem(
                         where(*key, f"{kind}_concat", index),

@@ -17,7 +17,7 @@ from torch import nn
 
 from torchloom.core.component import Batch, BuildContext
 from torchloom.zoo.nas.common import CellPlan, DartsBase, DartsParams, plan_cells
-from torchloom.zoo.nas.genotype import Genotype, derive, edge_count
+from torchloom.zoo.nas.genotype import MAX_STEPS, Genotype, derive, edge_count
 from torchloom.zoo.nas.operations import PRIMITIVES, operation, preprocessing
 
 
@@ -65,9 +65,12 @@ class SearchCell(nn.Module):
 
 
 class DartsNetworkParams(DartsParams):
-    steps: int = Field(4, ge=1, description="intermediate nodes per cell")
+    steps: int = Field(4, ge=1, le=MAX_STEPS, description="intermediate nodes per cell")
     multiplier: int = Field(
-        4, ge=1, description="last nodes concatenated into a cell's output (at most `steps`)"
+        4,
+        ge=1,
+        le=MAX_STEPS,
+        description="last nodes concatenated into a cell's output (at most `steps`)",
     )
 
 

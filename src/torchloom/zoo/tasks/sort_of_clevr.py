@@ -32,6 +32,7 @@ from torchloom.data.sort_of_clevr_scenes import (
     save_atomic,
 )
 from torchloom.errors import ComponentError, DataError
+from torchloom.host_memory import available_memory
 
 LOGGER = logging.getLogger("torchloom.data")
 
@@ -141,6 +142,7 @@ class SortOfCLEVR(Task):
             )
         self.data_folder = Path(params.data_folder).expanduser()
         self.per_image = 2 * params.questions_per_type
+        self._check_memory(context)
         self._arrays: dict[str, np.ndarray] | None = None
         self._images: torch.Tensor | None = None
         self._questions: dict[str, torch.Tensor] = {}
@@ -159,6 +161,25 @@ class SortOfCLEVR(Task):
         self.publish_global("label_word_mappings", {w: i for i, w in enumerate(ANSWERS)})
         self.publish_global("question_type_names", list(QUESTION_TYPES))
         self.publish_global("question_subtype_names", list(SUBTYPES))
+
+    def _check_memory(self, context: BuildContext) -> None:
+        """The split is generated and held whole: a size that cannot fit is refused now (by
+        `loom check` too), not after hours of drawing scenes into a MemoryError. Half the
+        memory available at most: the training needs its own."""
+        p = self.params
+        # uint8 pixels; per question three int8 arrays and their int64 tensors (prepare()).
+        per_image = 3 * p.image_size**2 + self.per_image * 3 * (1 + 8)
+        need, available = p.images * per_image, available_memory()
+        if available is None or need <= available // 2:
+            return
+        raise ComponentError.at(
+            context.where("images"),
+            self.label,
+            f"{p.images} images of {p.image_size}x{p.image_size} pixels need about "
+            f"{need / 2**30:.1f} GiB, more than half of the {available / 2**30:.1f} GiB of "
+            "memory available",
+            f"use images <= {max(1, available // 2 // per_image)}, or smaller images",
+        )
 
     @property
     def cache_path(self) -> Path:

@@ -20,7 +20,7 @@ from pydantic import Field
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
 from torchloom.core.streams import FLOATING, StreamSpec
 from torchloom.data.sources import packaged_copy
-from torchloom.errors import ComponentError, Problem
+from torchloom.errors import ComponentError, Problem, first_line
 
 _MODEL_PREFIX = "model."
 FROZEN_DIGEST = "frozen_weights_sha256"
@@ -104,9 +104,8 @@ class PretrainedSentenceEncoder(Model):
             try:
                 self.model = SentenceTransformer(str(folder), device="cpu")
             except Exception as error:  # a damaged folder: its own message, not a traceback
-                first_line = (str(error).splitlines() or [type(error).__name__])[0]
                 raise self._error(
-                    "model", f"cannot load the model in '{folder}': {first_line}"
+                    "model", f"cannot load the model in '{folder}': {first_line(error)}"
                 ) from error
         if params.max_seq_length is not None:
             self.model.max_seq_length = params.max_seq_length
