@@ -22,8 +22,15 @@ def eight_bit(image: Any) -> Any:
         raise ValueError("a floating-point image: save it with 8 or 16 bits a channel")
     if image.mode not in WIDE_MODES:
         return image
-    values = np.asarray(image, dtype=np.int64)
+    values = np.asarray(image)  # uint16 or int32, as PIL holds it
     if image.mode == "I" and values.size and values.min() >= 0 and values.max() <= 255:
         return Image.fromarray(values.astype(np.uint8))
-    scaled = (np.clip(values, 0, 65535) * 255 + 32767) // 65535
+    # In place, in 32 bits (65535 * 255 + 32767 fits): int64 and a copy per operation took
+    # 17 bytes a pixel, 3 GB for a 360 KB 16-bit PNG of 13000 x 13000 pixels.
+    if values.dtype != np.uint16:  # mode I: 32-bit, read as 16-bit
+        values = np.clip(values, 0, 65535)
+    scaled = values.astype(np.uint32)
+    scaled *= 255
+    scaled += 32767
+    scaled //= 65535
     return Image.fromarray(scaled.astype(np.uint8))  # mode L
