@@ -4,8 +4,10 @@ several (`--nproc N`, `--gpu`, `--nnodes M`: torch.distributed's elastic launche
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
 import os
+import pickle
 import shutil
 import socket
 import sys
@@ -113,7 +115,7 @@ def _launch_options(args: argparse.Namespace) -> tuple[LaunchOptions, int | None
 def worker(request: dict[str, Any]) -> dict[str, Any] | None:
     """One training process: joins the process group when launched, trains, and returns
     rank 0's outcome (None on the other ranks). Module-level: the launcher spawns it."""
-    from torchloom.engine.distributed import join, leave
+    from torchloom.engine.distributed import leave
 
     handoff = Handoff(Path(request["handoff"])) if request.get("handoff") else None
     rank = int(os.environ.get("RANK", "0"))
@@ -140,21 +142,7 @@ def worker(request: dict[str, Any]) -> dict[str, Any] | None:
         hook_factory=build_hooks,  # the config's analysis section
     )
     try:
-        dist = join(request["device"])
-        # Which machine holds rank 0 is the rendezvous's choice, not --node-rank's: the
-        # other machines say where its run folder is.
-        rank_0_host = dist.broadcast(socket.gethostname())
-        prepared = prepare_training(config, overrides, options, resume=resume)
-        if isinstance(prepared, RunResult):
-            return _outcome(prepared, finished=True) if dist.main else None
-        if dist.main and handoff is not None:
-            handoff.set_run_dir(prepared.setup.run_dir)
-        result = prepared.run()
-        if dist.main:
-            return _outcome(result)
-        if dist.local_rank == 0:  # this machine's first process
-            return {"run_dir": str(result.run_dir), "host": rank_0_host, "elsewhere": True}
-        return None
+        outcome = _trained(request["device"], config, overrides, options, resume, handoff)
     except BaseException as error:
         if handoff is None:
             raise
@@ -174,6 +162,59 @@ def worker(request: dict[str, Any]) -> dict[str, Any] | None:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(130)
+    if handoff is not None and _picklable(outcome):  # else torch's wrapper fails: exit 1
+        atexit.register(_exit_at_once)
+    return outcome
+
+
+def _trained(
+    device: str | None,
+    config: str | None,
+    overrides: list[str],
+    options: TrainOptions,
+    resume: str | None,
+    handoff: Handoff | None,
+) -> dict[str, Any] | None:
+    """A launched worker's run: what it hands the launcher (rank 0's outcome; where the run
+    folder is from the first process of another machine; None from the others)."""
+    from torchloom.engine.distributed import join
+
+    dist = join(device)
+    # Which machine holds rank 0 is the rendezvous's choice, not --node-rank's: the other
+    # machines say where its run folder is.
+    rank_0_host = dist.broadcast(socket.gethostname())
+    prepared = prepare_training(config, overrides, options, resume=resume)
+    if isinstance(prepared, RunResult):
+        return _outcome(prepared, finished=True) if dist.main else None
+    if dist.main and handoff is not None:
+        handoff.set_run_dir(prepared.setup.run_dir)
+    result = prepared.run()
+    if dist.main:
+        return _outcome(result)
+    if dist.local_rank == 0:  # this machine's first process
+        return {"run_dir": str(result.run_dir), "host": rank_0_host, "elsewhere": True}
+    return None
+
+
+def _exit_at_once() -> None:
+    """The last exit handler of a launched worker whose run ended and whose outcome the
+    launcher has read (torch's spawn wrapper waits for that before the process exits): the
+    interpreter's own ending, tearing down torch, matplotlib and the rest module by module,
+    took 2 s of every launch on two cores, and nothing is left to finish. The exit handlers
+    registered after this one (TensorBoard's among them) have run; the log's is the one
+    registered earlier that matters."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _picklable(outcome: Any) -> bool:
+    try:
+        pickle.dumps(outcome)
+        return True
+    except Exception:
+        return False
 
 
 def _outcome(result: RunResult, finished: bool = False) -> dict[str, Any]:
