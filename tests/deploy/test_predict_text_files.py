@@ -75,6 +75,17 @@ def _listed_elsewhere(record: dict, outside: Path) -> None:
         (lambda record, outside: _step(record).update(artifacts=[5]), "artifacts[0]"),
         (lambda record, outside: _step(record).update(artifacts="x"), "artifacts"),
     ],
+    ids=[
+        "artifact-up-and-out",
+        "artifact-out-from-inside",
+        "artifact-absolute",
+        "vocabulary-parameter",
+        "weights-absolute",
+        "weights-up-and-out",
+        "artifact-elsewhere-in-folder",
+        "artifact-a-number",
+        "artifacts-a-string",
+    ],
 )
 def test_a_text_export_reads_only_its_own_files(
     text_export: Path,
