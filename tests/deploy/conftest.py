@@ -1,6 +1,6 @@
 """Trained run folders for the deployment tests: a LeNet-5 and a feed-forward network on 768
-real MNIST images (the packaged offline copy), one short epoch each, made once per test
-session."""
+real MNIST images (the packaged offline copy), one short epoch each, and the LeNet-5's ONNX
+export, made once per test session."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import torchloom
+from torchloom.cli.main import main
 
 
 def small_run(folder: Path, data: Path, base: str) -> Path:
@@ -42,6 +43,13 @@ def mnist_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def lenet_run(tmp_path_factory: pytest.TempPathFactory, mnist_data: Path) -> Path:
     return small_run(tmp_path_factory.mktemp("lenet"), mnist_data, "loom://mnist/lenet5.yml")
+
+
+@pytest.fixture(scope="session")
+def onnx_folder(lenet_run: Path) -> Path:
+    """The LeNet-5 run's ONNX export (with its int8 model), made once per test session."""
+    assert main(["export", str(lenet_run), "--format", "onnx", "--int8", "--repeats", "5"]) == 0
+    return lenet_run / "exports" / "onnx"
 
 
 @pytest.fixture

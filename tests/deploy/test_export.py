@@ -17,6 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
+from export_copies import digit_png, edit_sidecar, export_copy
 from torchloom.cli.main import main
 from torchloom.deploy.graph import InferenceGraph, task_batch
 from torchloom.deploy.run_model import load_trained_run
@@ -24,12 +25,6 @@ from torchloom.deploy.run_model import load_trained_run
 
 def report_of(folder: Path) -> dict:
     return json.loads((folder / "export_report.json").read_text(encoding="utf-8"))
-
-
-@pytest.fixture(scope="module")
-def onnx_folder(lenet_run: Path) -> Path:
-    assert main(["export", str(lenet_run), "--format", "onnx", "--int8", "--repeats", "5"]) == 0
-    return lenet_run / "exports" / "onnx"
 
 
 def test_onnx_export_matches_torch_in_onnx_runtime(onnx_folder: Path) -> None:
@@ -488,22 +483,6 @@ def test_a_trained_component_before_the_graph_predicts_with_its_trained_weights(
     assert f"layers.0.bias of shape [{len(bias) + 1}], not [{len(bias)}]" in error
 
 
-def _digit_png(folder: Path) -> Path:
-    path = folder / "digit.png"
-    Image.fromarray(np.zeros((28, 28), dtype=np.uint8)).save(path)
-    return path
-
-
-def _export_copy(onnx_folder: Path, tmp_path: Path, kind: str | None = None) -> Path:
-    copy = tmp_path / "onnx"
-    shutil.copytree(onnx_folder, copy)
-    if kind is not None:
-        record = json.loads((copy / "sidecar.json").read_text(encoding="utf-8"))
-        record["outputs"][0]["kind"] = kind
-        (copy / "sidecar.json").write_text(json.dumps(record), encoding="utf-8")
-    return copy
-
-
 def _without_depth(record: dict) -> None:
     del record["preprocessing"]["depth"]
 
@@ -538,15 +517,13 @@ def test_a_damaged_export_is_a_plain_error(
     expected: str,
 ) -> None:
     """Each was a traceback (KeyError, AttributeError, onnxruntime's errors), exit 1."""
-    folder = _export_copy(onnx_folder, tmp_path)
+    folder = export_copy(onnx_folder, tmp_path)
     if damage is None:
         model = folder / "model.onnx"
         model.write_bytes(model.read_bytes()[:500])
     else:
-        record = json.loads((folder / "sidecar.json").read_text(encoding="utf-8"))
-        damage(record)
-        (folder / "sidecar.json").write_text(json.dumps(record), encoding="utf-8")
-    assert main(["predict", str(folder), str(_digit_png(tmp_path))]) == 2
+        edit_sidecar(folder, damage)
+    assert main(["predict", str(folder), str(digit_png(tmp_path))]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err, err
 
@@ -555,8 +532,8 @@ def test_a_damaged_export_is_a_plain_error(
 def test_predict_refuses_an_output_that_holds_no_class_scores(
     onnx_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
-    folder = _export_copy(onnx_folder, tmp_path, kind)
-    assert main(["predict", str(folder), str(_digit_png(tmp_path))]) == 2
+    folder = export_copy(onnx_folder, tmp_path, kind)
+    assert main(["predict", str(folder), str(digit_png(tmp_path))]) == 2
     err = capsys.readouterr().err
     assert f"export '{folder}'" in err and "output 'predictions'" in err
     assert "not class logits or log-probabilities" in err and "Traceback" not in err
@@ -578,8 +555,8 @@ def test_predict_refuses_an_output_that_is_not_batch_by_classes(
             return [np.zeros((1, 4, 10), dtype=np.float32)]
 
     monkeypatch.setattr(onnxruntime, "InferenceSession", ThreeDimensional)
-    folder = _export_copy(onnx_folder, tmp_path)
-    assert main(["predict", str(folder), str(_digit_png(tmp_path))]) == 2
+    folder = export_copy(onnx_folder, tmp_path)
+    assert main(["predict", str(folder), str(digit_png(tmp_path))]) == 2
     err = capsys.readouterr().err
     assert f"export '{folder}'" in err and "output 'predictions'" in err
     assert "(1, 4, 10)" in err and "Traceback" not in err
@@ -590,18 +567,18 @@ def test_predict_gives_exp_of_log_probabilities_and_softmax_of_logits(
 ) -> None:
     import onnxruntime
 
-    from torchloom.deploy.predict import image_tensor
+    from torchloom.deploy.image_recipe import image_tensor
 
     record = json.loads((onnx_folder / "sidecar.json").read_text(encoding="utf-8"))
     assert record["outputs"][0]["kind"] == "log-probabilities"  # LeNet5's log_softmax
-    png = _digit_png(tmp_path)
+    png = digit_png(tmp_path)
     session = onnxruntime.InferenceSession(str(onnx_folder / "model.onnx"))
     feed = {record["inputs"][0]["name"]: image_tensor(png, record["preprocessing"])}
     (values,) = session.run(["predictions"], feed)
     values = values[0].astype(np.float64)
     softmax = np.exp(values - values.max()) / np.exp(values - values.max()).sum()
     for kind, expected in (("log-probabilities", np.exp(values)), ("logits", softmax)):
-        folder = _export_copy(onnx_folder, tmp_path / kind, kind)
+        folder = export_copy(onnx_folder, tmp_path / kind, kind)
         assert main(["predict", str(folder), str(png), "--top", "10", "--json"]) == 0
         (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines()]
         found = {int(entry["label"]): entry["probability"] for entry in line["top"]}

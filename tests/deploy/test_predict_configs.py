@@ -29,7 +29,7 @@ import torchloom
 from cifar_fixtures import write_cifar10
 from torchloom.cli.main import main
 from torchloom.deploy.graph import InferenceGraph, task_batch
-from torchloom.deploy.predict import image_tensor
+from torchloom.deploy.image_recipe import image_tensor
 from torchloom.deploy.run_model import load_trained_run
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

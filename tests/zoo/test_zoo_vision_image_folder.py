@@ -217,7 +217,7 @@ def test_a_deployment_resizes_as_the_task_read_its_files(tmp_path: Path) -> None
     """image_size [16, 16] with a transforms resize to [32, 32]: the task resizes each file
     twice, the sidecar recorded the last size alone, and `loom predict` resized 96x96 files
     once, straight to 32x32 (pixels up to 0.08 off what the model was trained on)."""
-    from torchloom.deploy.predict import image_tensor
+    from torchloom.deploy.image_recipe import image_tensor
     from torchloom.deploy.sidecar import _image_preprocessing
 
     rows = np.linspace(0, 255, 96)[:, None] * np.linspace(0.2, 1.0, 96)[None, :]

