@@ -722,3 +722,25 @@ def test_a_search_folder_with_symbolic_links_is_not_written_into(tmp_path: Path)
     (search / "trials").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(ConfigError, match=r"holds symbolic links \(trials\)"):
         read_record(search)
+
+
+def test_the_lock_a_worker_holds_on_the_journal_is_no_link_to_refuse(tmp_path: Path) -> None:
+    """A journal's writer holds `study.journal.lock`, a link to the journal, for a moment: a
+    `--workers 2` resume whose other worker was writing was refused, by chance. A link of that
+    name leading elsewhere is still refused."""
+    from torchloom.errors import ConfigError
+    from torchloom.search.record import SearchRecord, read_record
+
+    SearchRecord("s", "s", "journal:study.journal", "validation.loss", "min", 1).save(tmp_path)
+    (tmp_path / "study.journal").write_text("", encoding="utf-8")
+    lock = tmp_path / "study.journal.lock"
+    lock.symlink_to(tmp_path / "study.journal")  # as optuna's JournalFileSymlinkLock makes it
+    assert read_record(tmp_path).storage == "journal:study.journal"
+    lock.unlink()
+    lock.symlink_to("study.journal")  # relative
+    read_record(tmp_path)
+    lock.unlink()
+    (tmp_path / "elsewhere").write_text("", encoding="utf-8")
+    lock.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match=r"holds symbolic links \(study.journal.lock\)"):
+        read_record(tmp_path)

@@ -139,7 +139,11 @@ def refuse_links(folder: Path) -> None:
     symbolic links: a command that writes into the folder refuses one whose entries are links,
     which would have it write where they lead (`exports -> ../elsewhere`: the export landed
     outside, and the command named the path inside)."""
-    links = sorted(entry.name for entry in Path(folder).iterdir() if entry.is_symlink())
+    links = sorted(
+        entry.name
+        for entry in Path(folder).iterdir()
+        if entry.is_symlink() and not _journal_lock(entry)
+    )
     if links:
         raise ConfigError.at(
             "",
@@ -148,3 +152,19 @@ def refuse_links(folder: Path) -> None:
             "where they lead, outside the folder",
             "copy the folder without its links (cp -rL), or remove them",
         )
+
+
+def _journal_lock(entry: Path) -> bool:
+    """Whether `entry` is the lock of an Optuna journal beside it: `NAME.lock`, a link to
+    `NAME`, which a search's worker makes for a moment at each write (JournalFileBackend's
+    lock); nothing is written through it. (Refused, it failed a resume of `--workers 2` whose
+    other worker was writing, by chance.)"""
+    if entry.suffix != ".lock":
+        return False
+    try:
+        target = Path(os.readlink(entry))
+    except OSError:  # gone already: the write it locked has ended
+        return True
+    journal = entry.with_suffix("").resolve()
+    # Optuna links to the journal's path as it was given: relative to the working directory.
+    return journal in ((entry.parent / target).resolve(), target.resolve())
