@@ -44,6 +44,7 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
         prepare_search,
         resume_search,
     )
+    from torchloom.search.storage_urls import hide_password
     from torchloom.search.trial import DeviceUnusable
 
     check_importance(args.importance, "command line --importance")
@@ -81,7 +82,8 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     else:
         search_dir, record = prepare_search(request)
     print(f"search folder: {search_dir}")
-    print(f"study '{record.study}' in {record.storage}; {record.mode} {record.monitor}")
+    storage = hide_password(record.storage)  # as every message shows a storage URL
+    print(f"study '{record.study}' in {storage}; {record.mode} {record.monitor}")
     record.set_importance(args.importance, search_dir)
     stopped = None
     try:

@@ -12,7 +12,8 @@ worker's trial on a machine that dies stays running until a worker on that machi
 from __future__ import annotations
 
 from torchloom.errors import ConfigError
-from torchloom.search.study import GRPC, _hide_password, open_storage
+from torchloom.search.storage_urls import GRPC, hide_password
+from torchloom.search.study import open_storage
 
 
 def serve(url: str, host: str, port: int) -> int:
@@ -40,7 +41,7 @@ def serve(url: str, host: str, port: int) -> int:
         raise ConfigError.at(
             "command line", f"{host}:{port}", f"cannot listen there: {error}"
         ) from error
-    print(f"search server: {_hide_password(url)} on {GRPC}{host}:{port}", flush=True)
+    print(f"search server: {hide_password(url)} on {GRPC}{host}:{port}", flush=True)
     print(f"workers: loom search CONFIG --storage {GRPC}{host}:{port}; Ctrl-C stops", flush=True)
     try:
         server.wait_for_termination()
