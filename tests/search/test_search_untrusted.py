@@ -3,6 +3,7 @@ password in a storage URL is never printed, whatever the path."""
 
 from __future__ import annotations
 
+import shutil
 import socket
 from pathlib import Path
 
@@ -44,3 +45,55 @@ def test_a_password_in_a_storage_url_is_not_printed_on_an_error(
     assert main(["search-server", url, "--port", str(_free_port())]) == 2
     error = capsys.readouterr().err
     assert "DATABASE_URL: " in error and "S3cretQ" not in error, error
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory: pytest.TempPathFactory, mnist_folder: Path) -> Path:
+    """One finished search of one trial, copied by the tests that damage it."""
+    folder = tmp_path_factory.mktemp("searched")
+    config = tiny_config(folder, mnist_folder, SEARCH)
+    runs = folder / "runs"
+    assert main(["search", str(config), "--trials", "1", "--expdir", str(runs)]) == 0
+    (search_dir,) = (runs / "searches").glob("*/*")
+    return search_dir
+
+
+@pytest.mark.parametrize(
+    "appended",
+    ["garbage\ngarbage2\n", '{"op_code": 99}\n', '{"op_code": 0}\n', "[1, 2]\n"],
+    ids=["not-json", "unknown-op", "op-without-fields", "not-an-object"],
+)
+def test_a_damaged_journal_is_named_not_a_traceback(
+    searched: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], appended: str
+) -> None:
+    """Optuna replays the whole journal when it opens it: lines it cannot replay raised
+    JSONDecodeError, AssertionError, KeyError or TypeError out of `loom report` and
+    `loom search --resume` (a single torn last line it forgives)."""
+    search_dir = tmp_path / "copy"
+    shutil.copytree(searched, search_dir)
+    journal = search_dir / "study.journal"
+    with journal.open("a") as handle:
+        handle.write(appended)
+    before = {path: path.read_bytes() for path in search_dir.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    for command in (["report", str(search_dir)], ["search", "--resume", str(search_dir)]):
+        assert main([*command, "--trials", "2"] if "--resume" in command else command) == 2
+        error = capsys.readouterr().err
+        assert f"{journal.resolve()}: " in error, error
+        assert "is not an Optuna journal (damaged?)" in error and "from a copy" in error
+        assert "Traceback" not in error
+    after = {path: path.read_bytes() for path in search_dir.rglob("*") if path.is_file()}
+    assert after == before  # nothing written over what the search had
+
+
+def test_a_file_that_is_no_journal_is_refused_before_a_search_folder_is_made(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tiny_config(tmp_path, mnist_folder, SEARCH)
+    runs = tmp_path / "runs"
+    command = ["search", str(config), "--trials", "1", "--expdir", str(runs), "--storage"]
+    assert main([*command, f"journal:{config}"]) == 2
+    error = capsys.readouterr().err
+    assert f"{config}: " in error and "is not an Optuna journal (damaged?)" in error, error
+    assert "Traceback" not in error and not runs.exists()
+    assert config.read_text().startswith("default_configs:")  # left as it was

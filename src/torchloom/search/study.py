@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, urlsplit
 
-from torchloom.errors import ConfigError, LoomError
+from torchloom.errors import ConfigError, LoomError, shown_briefly
 from torchloom.search.settings import PRUNERS, SearchSettings, component_class
 from torchloom.search.space import SearchSpace
 from torchloom.search.storage_urls import (
@@ -71,14 +71,26 @@ def open_storage(url: str, given_as: str = "--storage") -> optuna.storages.BaseS
 
     quiet_optuna()
     if url.startswith("journal:"):
+        path = url[len("journal:") :]
         try:
-            return JournalStorage(JournalFileBackend(url[len("journal:") :]))
+            return JournalStorage(JournalFileBackend(path))
         except OSError as error:
             raise StorageUnreachable.at(
                 given_as,
                 url,
                 f"cannot open the journal file: {error.strerror or error}",
                 "check that its folder exists and this user may write there",
+            ) from error
+        except Exception as error:  # a received file: whatever its replay raises
+            # Optuna replays the whole journal as it opens it and trusts every line: a
+            # damaged or foreign file raised JSONDecodeError, AssertionError, KeyError, ...
+            raise StorageUnreachable.at(
+                path,
+                "journal",
+                "is not an Optuna journal (damaged?): cannot replay it: "
+                + shown_briefly(error, 120),
+                "restore the search folder's study.journal from a copy; --storage journal:FILE "
+                "names an Optuna journal or a new file",
             ) from error
     if url.startswith(GRPC):
         return _grpc_proxy(url)
