@@ -97,3 +97,40 @@ def test_a_file_that_is_no_journal_is_refused_before_a_search_folder_is_made(
     assert f"{config}: " in error and "is not an Optuna journal (damaged?)" in error, error
     assert "Traceback" not in error and not runs.exists()
     assert config.read_text().startswith("default_configs:")  # left as it was
+
+
+def test_a_sampler_optuna_refuses_is_refused_before_a_search_folder_is_made(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The search folder was made, then a ValueError traceback came from the first worker."""
+    search = "search:\n  sampler: {type: qmc, qmc_type: bogus}\n" + SEARCH.split("\n", 1)[1]
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--trials", "2", "--expdir", str(runs)]) == 2
+    error = capsys.readouterr().err
+    assert "tiny.yml:14: search setting 'sampler': The `qmc_type='bogus'` is invalid" in error
+    assert "Traceback" not in error and not runs.exists()
+
+
+def test_a_search_whose_trials_all_failed_exits_with_status_2(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every trial failed (here: training diverged), "no trial completed", and the command
+    said all was well (status 0). The results are written all the same."""
+    search = "search:\n  training.optimizer.lr: {choice: [1.0e+30, 1.0e+31]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    assert main(["search", str(config), "--trials", "2", "--expdir", str(runs)]) == 2
+    printed = capsys.readouterr()
+    assert "no trial completed" in printed.out
+    assert "search failed: " in printed.err and "2 trials failed" in printed.err, printed.err
+    assert "trials.csv" in printed.err and "Traceback" not in printed.err
+    (search_dir,) = (runs / "searches").glob("*/*")
+    assert (search_dir / "trials.csv").is_file() and (search_dir / "search.html").is_file()
+    # Its study still has no result, resumed or not; a new search that ran no trial (its
+    # time limit passed first) failed nothing: status 0.
+    resume = ["search", "--resume", str(search_dir), "--trials", "3", "--timeout", "1e-9"]
+    assert main(resume) == 2
+    capsys.readouterr()
+    fresh = ["search", str(config), "--trials", "2", "--expdir", str(tmp_path / "again")]
+    assert main([*fresh, "--timeout", "1e-9"]) == 0

@@ -37,7 +37,11 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     from torchloom.search.page import write_page
     from torchloom.search.processes import run_workers
     from torchloom.search.record import check_importance, read_record
-    from torchloom.search.results import sampled_values, write_results
+    from torchloom.search.results import (
+        check_some_trial_completed,
+        sampled_values,
+        write_results,
+    )
     from torchloom.search.runner import (
         SearchRequest,
         check_kept_on_resume,
@@ -104,4 +108,6 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
         print(f"interrupted; continue with `loom search --resume {search_dir}`")
     if stopped is not None:
         raise stopped
+    if status == 0 and best is None:
+        check_some_trial_completed(search_dir, results)
     return status
