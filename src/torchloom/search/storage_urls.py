@@ -122,14 +122,22 @@ def with_installed_driver(url: str) -> str:
 
 
 def grpc_address(url: str) -> tuple[str, int]:
-    """(host, port) of `grpc://HOST[:PORT]`."""
+    """(host, port) of `grpc://HOST[:PORT]`; an IPv6 host keeps its brackets, which gRPC's
+    `HOST:PORT` needs (`[::1]:13000`: "::1:13000" is no address)."""
     parts = urlsplit(url)
     try:
-        port = parts.port or GRPC_PORT
+        port = parts.port
     except ValueError as error:
         raise ConfigError.at("--storage", url, f"has no valid port: {error}") from error
+    if port == 0:  # was taken for no port, Optuna's default, without a word
+        raise ConfigError.at("--storage", url, "has no valid port: 0", "e.g. grpc://db.lab:13000")
     if not parts.hostname or parts.path not in ("", "/"):
         raise ConfigError.at(
             "--storage", url, "must be grpc://HOST:PORT", "e.g. grpc://db.lab:13000"
         )
-    return parts.hostname, port
+    return grpc_host(parts.hostname), port or GRPC_PORT
+
+
+def grpc_host(host: str) -> str:
+    """`host` as gRPC's `HOST:PORT` takes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -24,6 +24,7 @@ from torchloom.search.settings import PRUNERS, SearchSettings, component_class
 from torchloom.search.space import SearchSpace
 from torchloom.search.storage_urls import (
     GRPC,
+    STORAGE_FORMS,
     grpc_address,
     has_password,
     hide_password,
@@ -64,9 +65,12 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 
-def open_storage(url: str, given_as: str = "--storage") -> optuna.storages.BaseStorage:
+def open_storage(
+    url: str, given_as: str = "--storage", accepted: str = STORAGE_FORMS
+) -> optuna.storages.BaseStorage:
     """`journal:PATH` or an SQLAlchemy URL; an unreachable database is a StorageUnreachable
-    naming the host, not a SQLAlchemy traceback; `given_as`: how the user gave the URL."""
+    naming the host, not a SQLAlchemy traceback; `given_as`: how the user gave the URL;
+    `accepted`: the forms it may take, named when it is none of them."""
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     quiet_optuna()
@@ -95,6 +99,7 @@ def open_storage(url: str, given_as: str = "--storage") -> optuna.storages.BaseS
     if url.startswith(GRPC):
         return _grpc_proxy(url)
     from optuna.storages import RDBStorage
+    from sqlalchemy.exc import ArgumentError
 
     given, shown = url, hide_password(url)
     url = with_installed_driver(url)
@@ -113,6 +118,10 @@ def open_storage(url: str, given_as: str = "--storage") -> optuna.storages.BaseS
                 shown,
                 f"needs a driver: {error}",
                 "pip install 'torchloom[search]' (psycopg2-binary for PostgreSQL)",
+            ) from error
+        except ArgumentError as error:  # no dialect of that name (foo://, file://), no URL
+            raise StorageUnreachable.at(
+                given_as, shown, "is not a database URL", f"give {accepted}"
             ) from error
         except Exception as error:  # sqlalchemy.exc.OperationalError and friends
             last = error
