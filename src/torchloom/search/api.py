@@ -318,7 +318,7 @@ def _code_first(build: Builder, request: SearchRequest) -> tuple[Path, SearchRec
     identity = record.study_identity()
     assert identity is not None
     if not record.storage_in_folder():  # checked before any folder (runner.prepare_search)
-        create_study(record.storage_url(Path()), record.study, identity)
+        create_study(record.storage_url(), record.study, identity)
     search_dir = create_run_folder(Path(request.expdir or "runs").expanduser() / "searches", name)
     record.save(search_dir)
     if record.storage_in_folder():

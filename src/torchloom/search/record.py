@@ -64,11 +64,16 @@ class SearchRecord:
             and not Path(self.storage[len("journal:") :]).is_absolute()
         )
 
-    def storage_url(self, search_dir: Path) -> str:
-        """The storage to open: a journal's relative path is the search folder's."""
+    def storage_url(self, search_dir: Path | None = None) -> str:
+        """The storage to open, its password included when this process was given one: a
+        journal's relative path is the search folder's (`search_dir`, which a storage
+        outside the folder does not need)."""
         if self.storage.startswith("journal:"):
             path = Path(self.storage[len("journal:") :])
-            return f"journal:{path if path.is_absolute() else Path(search_dir).resolve() / path}"
+            if path.is_absolute():
+                return self.storage
+            assert search_dir is not None, "a journal in the search folder needs the folder"
+            return f"journal:{Path(search_dir).resolve() / path}"
         return self.storage_with_password or self.storage
 
     def give_storage(self, url: str) -> None:

@@ -111,7 +111,7 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
     if not record.storage_in_folder():
         # A shared storage: its study is created, or checked to be this search's, before any
         # folder; an unreachable database or another search's study leaves nothing behind.
-        create_study(record.storage_url(Path()), record.study, _identity(record))
+        create_study(record.storage_url(), record.study, _identity(record))
     search_dir = create_run_folder(Path(request.expdir or "runs").expanduser() / "searches", name)
     (search_dir / "config.yaml").write_text(config_text, encoding="utf-8")
     if request.space is not None:
