@@ -59,10 +59,11 @@ class SearchFailed(LoomError):
 
 def check_some_trial_completed(search_dir: Path, results: SearchResults) -> None:
     """A search whose trials all failed has no result: `loom search` said "no trial
-    completed" and exited 0. (One that ran no trial, its time limit passed first, failed
-    nothing: it ends well, and so do pruned trials, the pruner's verdicts.)"""
-    failed = sum(1 for row in results.rows if row["state"] == "fail")
-    if results.best is None and failed:
+    completed" and exited 0. One that ran no trial (its time limit passed first) failed
+    nothing, and a pruned trial is the pruner's verdict, not a failure: those end well."""
+    states = [row["state"] for row in results.rows]
+    failed = states.count("fail")
+    if results.best is None and failed and "pruned" not in states:
         raise SearchFailed.at(
             str(search_dir),
             "search",
