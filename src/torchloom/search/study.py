@@ -143,8 +143,9 @@ def open_storage(
     if not has_password(given):
         # A search folder keeps no password (storage_urls.py): a resume must be given it.
         hint += (
-            "; a password it asks for goes in --storage (given again to `loom search --resume`"
-            " DIR, which keeps none), or in PGPASSWORD or ~/.pgpass for PostgreSQL"
+            "; a password it asks for goes in the URL, or in PGPASSWORD or ~/.pgpass for "
+            "PostgreSQL (a search folder keeps none: `loom search --resume DIR --storage URL` "
+            "gives it again)"
         )
     raise StorageUnreachable.at(
         given_as, shown, f"cannot open the database on {_where(parts)}: {message}", hint
