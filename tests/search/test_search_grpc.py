@@ -132,3 +132,63 @@ def test_a_missing_server_and_a_served_journal_are_refused_plainly(
     journal = f"journal:{tmp_path / 'study.journal'}"
     assert main(["search-server", journal, "--port", str(_free_port())]) == 2
     assert "Optuna's gRPC proxy serves a database" in capsys.readouterr().err
+
+
+def _free_ipv6_port() -> int:
+    with socket.socket(socket.AF_INET6) as probe:
+        probe.bind(("::1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("host", ["[::1]", "::1"])
+def test_a_server_on_ipv6_is_reachable_at_the_address_it_prints(tmp_path: Path, host: str) -> None:
+    """`--host '[::1]'` printed grpc://[::1]:PORT, which workers could not use (the brackets
+    were dropped, and "::1:PORT" is no address); `--host ::1` could not listen."""
+    try:
+        port = _free_ipv6_port()
+    except OSError:
+        pytest.skip("this machine has no IPv6 loopback")
+    command = [sys.executable, "-m", "torchloom.cli.main", "search-server"]
+    command += [f"sqlite:///{tmp_path / 'studies.db'}", "--host", host, "--port", str(port)]
+    server = subprocess.Popen(
+        command,
+        env={**os.environ, "PYTHONPATH": SOURCE},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert server.stdout is not None
+    try:
+        first, second = server.stdout.readline(), server.stdout.readline()
+        url = f"grpc://[::1]:{port}"
+        assert first.startswith("search server: ") and f" on {url}" in first, first + second
+        assert f"--storage {url};" in second, second
+        create_study(url, "ipv6", IDENTITY)  # a worker given what the server printed
+        assert load_study(url, "ipv6", None, None).study_name == "ipv6"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
+
+
+def test_a_grpc_port_of_0_and_a_url_that_is_no_database_are_refused_plainly(
+    tmp_path: Path, mnist_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """grpc://HOST:0 became Optuna's default port 13000 without a word; `loom search-server
+    foo://x` said to check that the server runs."""
+    search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
+    config = tiny_config(tmp_path, mnist_folder, search)
+    runs = tmp_path / "runs"
+    command = ["search", str(config), "--trials", "1", "--expdir", str(runs), "--storage"]
+    assert main([*command, "grpc://127.0.0.1:0"]) == 2
+    error = capsys.readouterr().err
+    assert "grpc://127.0.0.1:0: has no valid port: 0" in error, error
+    assert "127.0.0.1:13000" not in error
+    for url in ("foo://x", "file:///etc/passwd", "not a url"):
+        assert main(["search-server", url, "--port", str(_free_port())]) == 2
+        error = capsys.readouterr().err
+        assert f"DATABASE_URL: {url}: is not a database URL (give sqlite:///FILE, " in error
+        assert "postgresql://" in error and "server runs" not in error, error
+        assert main([*command, url]) == 2
+        error = capsys.readouterr().err
+        assert f"--storage: {url}: is not a database URL" in error and "grpc://" in error, error
+    assert not runs.exists()

@@ -1,15 +1,18 @@
 """`loom search --storage postgresql://...` against a real PostgreSQL server (Debian's
 `postgresql`, installed by `make test`), started here as an unprivileged user on a port of
 127.0.0.1 and removed afterwards: two searches on one study, as two machines would run them;
-and an unreachable server named plainly."""
+an unreachable server named plainly; and a database that asks for a password, which no file
+of the search folder keeps and nothing prints."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +30,10 @@ SOURCE = str(Path(torchloom.__file__).parents[1])
 def _as_server_user(command: list[str]) -> list[str]:
     # PostgreSQL refuses to run as root: as root (CI), run it as Debian's `postgres` user.
     return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+PASSWORD = "S3cretPW"
+SEARCH = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
 
 
 def _free_port() -> int:
@@ -83,6 +90,94 @@ def postgres_url() -> Iterator[str]:
             check=False,
         )
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def password_url(postgres_url: str) -> str:
+    """A database of its own, `secrets`, whose user `secretive` must give PASSWORD from
+    127.0.0.1 (scram-sha-256; `loom`, the fixture's superuser, stays trusted)."""
+    psycopg2 = pytest.importorskip("psycopg2")
+    port = postgres_url.rsplit(":", 1)[1].split("/")[0]
+    admin = psycopg2.connect(host="127.0.0.1", port=port, user="loom", dbname="studies")
+    admin.autocommit = True  # CREATE DATABASE refuses a transaction
+    with admin.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE secretive LOGIN PASSWORD '{PASSWORD}'")
+        cursor.execute("CREATE DATABASE secrets OWNER secretive")
+        cursor.execute("SHOW hba_file")
+        hba = Path(cursor.fetchone()[0])
+        rule = "host all secretive 127.0.0.1/32 scram-sha-256\n"  # the first rule that matches
+        hba.write_text(rule + hba.read_text())
+        cursor.execute("SELECT pg_reload_conf()")
+    admin.close()
+    for _ in range(50):  # the server reloads its rules a moment later
+        try:
+            psycopg2.connect(host="127.0.0.1", port=port, user="secretive", dbname="secrets")
+        except psycopg2.OperationalError:
+            break
+        time.sleep(0.1)
+    return f"postgresql://secretive:{PASSWORD}@127.0.0.1:{port}/secrets"
+
+
+def _files_holding(folder: Path, text: str) -> list[str]:
+    return [
+        str(path.relative_to(folder))
+        for path in folder.rglob("*")
+        if path.is_file() and text.encode() in path.read_bytes()
+    ]
+
+
+def test_a_database_password_is_never_kept_or_shown_and_a_resume_asks_for_it(
+    tmp_path: Path,
+    mnist_folder: Path,
+    password_url: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The search folder and its page are what users share; its URL was kept and shown with
+    the password. A resume takes it from --storage again (the same database only) or from
+    libpq's own places (PGPASSWORD, ~/.pgpass)."""
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", str(tmp_path / "absent.pgpass"))  # not this user's
+    config = tiny_config(tmp_path, mnist_folder, SEARCH)
+    runs = tmp_path / "runs"
+    command = ["search", str(config), "--storage", password_url, "--expdir", str(runs)]
+    # Two workers: the other process is handed the password too (its search.json has none).
+    assert main([*command, "--study", "kept", "--trials", "2", "--workers", "2"]) == 0
+    printed = capsys.readouterr()
+    assert PASSWORD not in printed.out + printed.err
+    (search_dir,) = (runs / "searches").glob("*/*")
+    record = json.loads((search_dir / "search.json").read_text())
+    assert record["storage"] == password_url.replace(f":{PASSWORD}@", "@")
+    assert "secretive@127.0.0.1" in (search_dir / "search.html").read_text()
+    assert _files_holding(search_dir, PASSWORD) == []
+    before = (search_dir / "search.json").read_text()
+
+    resume = ["search", "--resume", str(search_dir)]
+    assert main([*resume, "--trials", "3"]) == 2
+    error = capsys.readouterr().err
+    assert "no password supplied" in error and "Traceback" not in error
+    assert "--storage" in error and "PGPASSWORD" in error and "~/.pgpass" in error
+    other = password_url.replace("/secrets", "/studies")
+    assert main([*resume, "--trials", "3", "--storage", other]) == 2
+    error = capsys.readouterr().err
+    assert "command line: --storage: " in error and "another storage" in error
+    assert PASSWORD not in error
+    assert (search_dir / "search.json").read_text() == before
+
+    assert main([*resume, "--trials", "3", "--storage", password_url]) == 0
+    monkeypatch.setenv("PGPASSWORD", PASSWORD)
+    assert main([*resume, "--trials", "4"]) == 0
+    monkeypatch.delenv("PGPASSWORD")
+    pgpass = tmp_path / "pgpass"
+    pgpass.write_text(f"127.0.0.1:*:secrets:secretive:{PASSWORD}\n")
+    pgpass.chmod(0o600)
+    monkeypatch.setenv("PGPASSFILE", str(pgpass))
+    assert main(["report", str(search_dir)]) == 0
+    printed = capsys.readouterr()
+    assert PASSWORD not in printed.out + printed.err
+    assert _files_holding(search_dir, PASSWORD) == []
+    with open(search_dir / "trials.csv") as handle:
+        assert sum(1 for _ in handle) == 1 + 4
 
 
 @pytest.mark.slow

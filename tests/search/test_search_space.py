@@ -145,6 +145,50 @@ def test_trial_values_become_overrides_the_config_reader_reads_back() -> None:
             "  trials: 2.5\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
             "search setting 'trials': must be whole, got 2.5",
         ),
+        # Optuna's samplers are built when the settings are read: their own checks failed
+        # each trial (its values "could not be drawn"), or the first one after the search
+        # folder was made, in a traceback.
+        (
+            "  sampler: {type: qmc, qmc_type: bogus}\n"
+            "  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "tiny.yml:14: search setting 'sampler': The `qmc_type='bogus'` is invalid",
+        ),
+        (
+            "  sampler: {type: tpe, n_startup_trials: abc}\n"
+            "  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'sampler.n_startup_trials': must be int, got 'abc'",
+        ),
+        (  # 15 GB at each trial
+            "  sampler: {type: tpe, n_ei_candidates: 2000000000}\n"
+            "  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'sampler.n_ei_candidates': must be at most 10,000 "
+            "(MAX_SAMPLER_SIZES), got 2000000000",
+        ),
+        (
+            "  sampler: {type: nsga2, population_size: 1000000000}\n"
+            "  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'sampler.population_size': must be at most 10,000",
+        ),
+        (
+            "  sampler: {type: evolution, population_size: 1000000000, sample_size: 1000000000}\n"
+            "  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'sampler.population_size': must be at most 10,000",
+        ),
+        (
+            "  sampler: {type: tpe, n_startup_trials: -3}\n"
+            "  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'sampler.n_startup_trials': must be at least 0, got -3",
+        ),
+        (  # a sampler object, which no config can give
+            "  sampler: {type: qmc, independent_sampler: random}\n"
+            "  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'sampler.independent_sampler': takes a Python object "
+            "(BaseSampler | None), which a config cannot give",
+        ),
+        (
+            "  sampler: {type: cmaes, sigma0: -1}\n  training.optimizer.lr: {uniform: [0.1, 0.2]}",
+            "search setting 'sampler.sigma0': must be above 0, got -1",
+        ),
     ],
 )
 def test_a_bad_space_names_the_parameter_and_its_line(

@@ -37,13 +37,18 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     from torchloom.search.page import write_page
     from torchloom.search.processes import run_workers
     from torchloom.search.record import check_importance, read_record
-    from torchloom.search.results import sampled_values, write_results
+    from torchloom.search.results import (
+        check_some_trial_completed,
+        sampled_values,
+        write_results,
+    )
     from torchloom.search.runner import (
         SearchRequest,
         check_kept_on_resume,
         prepare_search,
         resume_search,
     )
+    from torchloom.search.storage_urls import hide_password
     from torchloom.search.trial import DeviceUnusable
 
     check_importance(args.importance, "command line --importance")
@@ -81,7 +86,8 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
     else:
         search_dir, record = prepare_search(request)
     print(f"search folder: {search_dir}")
-    print(f"study '{record.study}' in {record.storage}; {record.mode} {record.monitor}")
+    storage = hide_password(record.storage)  # as every message shows a storage URL
+    print(f"study '{record.study}' in {storage}; {record.mode} {record.monitor}")
     record.set_importance(args.importance, search_dir)
     stopped = None
     try:
@@ -102,4 +108,6 @@ def _search(args: argparse.Namespace, started: WorkerProcesses | None) -> int:
         print(f"interrupted; continue with `loom search --resume {search_dir}`")
     if stopped is not None:
         raise stopped
+    if status == 0 and best is None:
+        check_some_trial_completed(search_dir, results)
     return status

@@ -304,7 +304,7 @@ def _code_first(build: Builder, request: SearchRequest) -> tuple[Path, SearchRec
     record = SearchRecord(
         name=name,
         study=request.study or name,
-        storage=request.storage or journal_url(),
+        storage=journal_url(),
         monitor=monitor,
         mode=mode,
         trials=request.trials,
@@ -314,10 +314,11 @@ def _code_first(build: Builder, request: SearchRequest) -> tuple[Path, SearchRec
         config="",
         digest=config_digest(dump_config(loaded.data)),
     )
+    record.give_storage(request.storage or journal_url())  # search.json keeps no password
     identity = record.study_identity()
     assert identity is not None
     if not record.storage_in_folder():  # checked before any folder (runner.prepare_search)
-        create_study(record.storage, record.study, identity)
+        create_study(record.storage_url(), record.study, identity)
     search_dir = create_run_folder(Path(request.expdir or "runs").expanduser() / "searches", name)
     record.save(search_dir)
     if record.storage_in_folder():

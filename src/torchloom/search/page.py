@@ -16,6 +16,7 @@ from torchloom.data.atomic_files import write_text_atomic
 from torchloom.search.pareto import section as pareto_section
 from torchloom.search.record import SearchRecord
 from torchloom.search.results import SearchResults, make_evaluator, sampled_values
+from torchloom.search.storage_urls import hide_password
 
 PAGE = "search.html"
 
@@ -114,7 +115,7 @@ def _summary(search_dir: Path, record: SearchRecord, results: SearchResults) -> 
         counts[row["state"]] = counts.get(row["state"], 0) + 1
     states = ", ".join(f"{n} {state}" for state, n in counts.items()) or "none"
     lines = [
-        f"<p>study <b>{escape(record.study)}</b> ({escape(record.storage)}), "
+        f"<p>study <b>{escape(record.study)}</b> ({escape(hide_password(record.storage))}), "
         f"{escape(record.mode)} <b>{escape(record.monitor)}</b>; trials: {escape(states)}</p>"
     ]
     best = results.best

@@ -59,8 +59,11 @@ class WorkerProcesses:
             self.stop()
             raise
 
-    def begin(self, search_dir: Path, deadline: float | None) -> None:
-        told = json.dumps({"search_dir": str(search_dir), "deadline": deadline}) + "\n"
+    def begin(self, search_dir: Path, deadline: float | None, storage: str | None = None) -> None:
+        """Tell the workers the search; `storage`: its URL with the password that search.json
+        does not keep (a pipe: never in a command line or an environment others may read)."""
+        search = {"search_dir": str(search_dir), "deadline": deadline, "storage": storage}
+        told = json.dumps(search) + "\n"
         self.told = True
         for process in self.processes:
             assert process.stdin is not None
@@ -89,9 +92,10 @@ class WorkerProcesses:
         _stop_all(self.processes)
 
 
-def wait_for_search() -> tuple[Path, float | None] | None:
+def wait_for_search() -> tuple[Path, float | None, str | None] | None:
     """In a worker process (`loom search --worker`): get ready to train, then read the
-    search folder and the deadline from stdin; None when the search never began."""
+    search folder, the deadline and the storage with its password (or None) from stdin; None
+    when the search never began."""
     import torch._dynamo  # noqa: F401  (what building any optimizer imports: seconds, spent now)
 
     import torchloom.search.worker  # noqa: F401
@@ -100,7 +104,7 @@ def wait_for_search() -> tuple[Path, float | None] | None:
     if not line.strip():
         return None
     told = json.loads(line)
-    return Path(told["search_dir"]), told["deadline"]
+    return Path(told["search_dir"]), told["deadline"], told.get("storage")
 
 
 def run_workers(
@@ -154,7 +158,7 @@ def _run_processes(
     codes: list[int] = []
     try:
         try:
-            others.begin(search_dir, deadline)
+            others.begin(search_dir, deadline, record.storage_with_password)
             stopped = None
             with _torch_threads(others.env["OMP_NUM_THREADS"]):  # as many as each other worker
                 try:
@@ -256,8 +260,10 @@ def continue_worker(hook_factory: Any, index: int) -> int:
     told = wait_for_search()
     if told is None:
         return 0
-    search_dir, deadline = told
+    search_dir, deadline, storage = told
     record = read_record(search_dir)
+    if storage is not None:
+        record.storage_with_password = storage
     try:
         work(
             search_dir,

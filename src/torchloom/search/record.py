@@ -13,6 +13,7 @@ from typing import Any
 from torchloom.data.atomic_files import refuse_links, write_text_atomic
 from torchloom.errors import ConfigError
 from torchloom.search.settings import SearchSettings
+from torchloom.search.storage_urls import has_password, without_password
 
 RECORD = "search.json"
 # How a search ranks its parameters (results.importance): PED-ANOVA by default, fANOVA on
@@ -35,6 +36,9 @@ class SearchRecord:
     space: str | None = None  # space.yml when the space came from --space
     digest: str = ""  # of the config and the space (study.config_digest); "" before it was kept
     importance: str = "ped-anova"  # one of IMPORTANCE_EVALUATORS
+    # `storage` with its password, as --storage gave it, for this process and the workers it
+    # starts (processes.py hands it over a pipe); never saved nor shown (storage_urls.py).
+    storage_with_password: str | None = field(default=None, init=False, repr=False)
 
     def set_importance(self, evaluator: str | None, search_dir: Path) -> None:
         """Rank the parameters with `evaluator` from now on (None: as before)."""
@@ -60,18 +64,30 @@ class SearchRecord:
             and not Path(self.storage[len("journal:") :]).is_absolute()
         )
 
-    def storage_url(self, search_dir: Path) -> str:
-        """The storage to open: a journal's relative path is the search folder's."""
+    def storage_url(self, search_dir: Path | None = None) -> str:
+        """The storage to open, its password included when this process was given one: a
+        journal's relative path is the search folder's (`search_dir`, which a storage
+        outside the folder does not need)."""
         if self.storage.startswith("journal:"):
             path = Path(self.storage[len("journal:") :])
-            return f"journal:{path if path.is_absolute() else Path(search_dir).resolve() / path}"
-        return self.storage
+            if path.is_absolute():
+                return self.storage
+            assert search_dir is not None, "a journal in the search folder needs the folder"
+            return f"journal:{Path(search_dir).resolve() / path}"
+        return self.storage_with_password or self.storage
+
+    def give_storage(self, url: str) -> None:
+        """Keep `url` as the storage, its password for this process only."""
+        self.storage = without_password(url)
+        self.storage_with_password = url if has_password(url) else None
 
     def search_settings(self) -> SearchSettings:
         return SearchSettings(**self.settings)
 
     def save(self, search_dir: Path) -> None:
-        write_text_atomic(search_dir / RECORD, json.dumps(asdict(self), indent=2) + "\n")
+        saved = asdict(self)
+        del saved["storage_with_password"]
+        write_text_atomic(search_dir / RECORD, json.dumps(saved, indent=2) + "\n")
 
 
 def check_importance(evaluator: str | None, where: str) -> None:
@@ -94,6 +110,11 @@ def read_record(search_dir: Path) -> SearchRecord:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         record = SearchRecord(**data)
+        if not isinstance(record.storage, str):
+            raise TypeError(f"its storage is {record.storage!r}, not a URL")
+        # A folder of an older torchloom kept the password: used, never shown, and dropped
+        # from search.json at its next save.
+        record.give_storage(record.storage)
     except (OSError, ValueError, TypeError) as error:
         raise ConfigError.at(
             str(search_dir),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.data.csv_cells import safe_mapping
+from torchloom.errors import LoomError
 from torchloom.search.record import SearchRecord
 from torchloom.search.study import load_study
 
@@ -50,6 +51,27 @@ class SearchResults:
     best: Any  # a FrozenTrial, or None when no trial completed
     importance: dict[str, float]
     importance_note: str
+
+
+class SearchFailed(LoomError):
+    headline = "search failed"
+
+
+def check_some_trial_completed(search_dir: Path, results: SearchResults) -> None:
+    """A search whose trials all failed has no result: `loom search` said "no trial
+    completed" and exited 0. One that ran no trial (its time limit passed first) failed
+    nothing, and a pruned trial is the pruner's verdict, not a failure: those end well."""
+    states = [row["state"] for row in results.rows]
+    failed = states.count("fail")
+    if results.best is None and failed and "pruned" not in states:
+        raise SearchFailed.at(
+            str(search_dir),
+            "search",
+            f"no trial completed: {failed} trial{'s' if failed != 1 else ''} failed",
+            "each one's reason is in trials.csv and search.html; fix the config and start "
+            "a new search, or, when the cause was passing, `loom search --resume` it with "
+            "more --trials",
+        )
 
 
 def open_study(search_dir: Path, record: SearchRecord) -> optuna.Study:

@@ -30,6 +30,7 @@ from torchloom.search.checking import (
 )
 from torchloom.search.record import SearchRecord, read_record
 from torchloom.search.settings import grid_size, read_settings
+from torchloom.search.storage_urls import has_password, hide_password, same_storage
 from torchloom.search.study import config_digest, create_study, journal_url, load_study
 
 
@@ -96,7 +97,7 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
     record = SearchRecord(
         name=name,
         study=request.study or name,
-        storage=request.storage or journal_url(),
+        storage=journal_url(),
         monitor=monitor,
         mode=mode,
         trials=trials,
@@ -106,10 +107,11 @@ def prepare_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
         space="space.yml" if request.space is not None else None,
         digest=config_digest(config_text, space_text),
     )
+    record.give_storage(request.storage or journal_url())  # search.json keeps no password
     if not record.storage_in_folder():
         # A shared storage: its study is created, or checked to be this search's, before any
         # folder; an unreachable database or another search's study leaves nothing behind.
-        create_study(record.storage, record.study, _identity(record))
+        create_study(record.storage_url(), record.study, _identity(record))
     search_dir = create_run_folder(Path(request.expdir or "runs").expanduser() / "searches", name)
     (search_dir / "config.yaml").write_text(config_text, encoding="utf-8")
     if request.space is not None:
@@ -131,7 +133,6 @@ KEPT_ON_RESUME = {
     "sampler": "--sampler",
     "pruner": "--pruner",
     "seed": "--seed",
-    "storage": "--storage",
     "study": "--study",
     "monitor": "--monitor",
     "mode": "--mode",
@@ -142,7 +143,8 @@ KEPT_ON_RESUME = {
 
 
 def check_kept_on_resume(request: SearchRequest) -> None:
-    """What a resumed search keeps from its start is not given again."""
+    """What a resumed search keeps from its start is not given again (--storage: only to give
+    its password again, resume_search)."""
     for key, option in KEPT_ON_RESUME.items():
         if getattr(request, key) is not None:
             raise ConfigError.at(
@@ -196,6 +198,8 @@ def resume_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
     check_budget(request.trials, request.timeout)
     search_dir = Path(request.resume).expanduser()
     record = read_record(search_dir)
+    if request.storage is not None:
+        _give_password_again(record, request.storage)
     # The study must still exist, and still be this search's (not deleted and made again).
     load_study(record.storage_url(search_dir), record.study, None, None, record.study_identity())
     if request.trials is not None:
@@ -204,6 +208,21 @@ def resume_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
         record.settings = {**record.settings, "timeout": request.timeout}
     record.save(search_dir)
     return search_dir, record
+
+
+def _give_password_again(record: SearchRecord, storage: str) -> None:
+    """--storage on a resume: the search's own storage, with the password its folder does not
+    keep; any other storage is refused (a resumed search keeps its study where it is)."""
+    if not same_storage(storage, record.storage):
+        raise ConfigError.at(
+            "command line",
+            "--storage",
+            f"names another storage than this search's ({hide_password(record.storage)}): "
+            "a resumed search keeps its storage",
+            "give --storage only to give the password of the search's own database, or drop it",
+        )
+    if has_password(storage):
+        record.storage_with_password = storage
 
 
 def monitor_of(

@@ -12,7 +12,8 @@ worker's trial on a machine that dies stays running until a worker on that machi
 from __future__ import annotations
 
 from torchloom.errors import ConfigError
-from torchloom.search.study import GRPC, _hide_password, open_storage
+from torchloom.search.storage_urls import ACCEPTED_FORMS, GRPC, grpc_host, hide_password
+from torchloom.search.study import open_storage
 
 
 def serve(url: str, host: str, port: int) -> int:
@@ -32,7 +33,10 @@ def serve(url: str, host: str, port: int) -> int:
     # SQLite, which locks no row, its trials' state changes one at a time (served_storage.py).
     if not 0 < port < 65536:  # -1 or 0 "served" on an address no worker could reach
         raise ConfigError.at("command line", "--port", f"must be from 1 to 65535, got {port}")
-    storage = served_storage(open_storage(url, "DATABASE_URL"))
+    storage = served_storage(open_storage(url, "DATABASE_URL", ACCEPTED_FORMS))
+    # `--host ::1` could not listen, and `--host '[::1]'` printed an address its workers
+    # could not use: gRPC's HOST:PORT and a worker's grpc:// URL take IPv6 in brackets.
+    host = grpc_host(host)
     try:
         server = make_server(storage, host, port)
         server.start()
@@ -40,7 +44,7 @@ def serve(url: str, host: str, port: int) -> int:
         raise ConfigError.at(
             "command line", f"{host}:{port}", f"cannot listen there: {error}"
         ) from error
-    print(f"search server: {_hide_password(url)} on {GRPC}{host}:{port}", flush=True)
+    print(f"search server: {hide_password(url)} on {GRPC}{host}:{port}", flush=True)
     print(f"workers: loom search CONFIG --storage {GRPC}{host}:{port}; Ctrl-C stops", flush=True)
     try:
         server.wait_for_termination()

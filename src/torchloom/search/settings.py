@@ -21,6 +21,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,25 +157,88 @@ def _component(key: str, raw: Any, kinds: Mapping[str, str], where: str) -> dict
             f"pip install 'torchloom[search]' (or pip install {package})",
         )
     cls = component_class(key, spec["type"])
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    for name in spec:
-        if name != "type" and name not in accepted:
+    parameters = inspect.signature(cls.__init__).parameters
+    accepted = [p for p in parameters if p != "self"]
+    for name, value in spec.items():
+        if name == "type":
+            continue
+        if name not in accepted:
             raise ConfigError.at(
                 where,
                 f"search setting '{key}.{name}'",
                 f"is no argument of {cls.__name__}",
                 did_you_mean(name, accepted) or f"it takes {', '.join(accepted)}",
             )
+        if key == "sampler":
+            problem = _argument_problem(name, value, parameters[name].annotation)
+            if problem:
+                raise ConfigError.at(where, f"search setting '{key}.{name}'", problem)
     # Built once here, so that a missing or wrong argument is refused before the search
-    # folder is made: torchloom's own and every pruner (Optuna's take numbers alone). Optuna's
-    # samplers are built by each worker (the grid's space is given then; no other needs an
-    # argument).
-    if key == "pruner" or ":" in kinds[spec["type"]]:
-        try:
-            cls(**{name: value for name, value in spec.items() if name != "type"})
-        except (ValueError, TypeError) as error:
-            raise ConfigError.at(where, f"search setting '{key}'", str(error)) from error
+    # folder is made: a sampler's own checks otherwise ran in each worker, which failed
+    # every trial ("its values could not be drawn") or the first after the folder was made.
+    arguments = {name: value for name, value in spec.items() if name != "type"}
+    if cls.__name__ == "GridSampler":  # its space comes from the search's (make_sampler)
+        arguments.setdefault("search_space", {"a parameter": [0]})
+    try:
+        with warnings.catch_warnings():  # QMC's and GP's "experimental", said by Optuna
+            warnings.simplefilter("ignore")
+            cls(**arguments)
+    except (ValueError, TypeError) as error:
+        raise ConfigError.at(where, f"search setting '{key}'", str(error)) from error
     return spec
+
+
+# Bounds of the samplers' size-like arguments, each allocated or looped over at every trial:
+# TPE's n_ei_candidates of 2,000,000,000 asked 15 GB of each trial. No search needs more.
+MAX_SAMPLER_SIZES = {
+    "n_ei_candidates": 10_000,  # TPE's candidates drawn per parameter (default 24)
+    "population_size": 10_000,  # NSGA-II's generation, the evolution sampler's population
+    "sample_size": 10_000,  # the evolution sampler's tournament
+    "popsize": 10_000,  # CMA-ES's generation
+    "inc_popsize": 16,  # the factor of CMA-ES's generation at each restart
+    "n_startup_trials": 1_000_000,  # random trials first: more than any search runs
+}
+# Lower bounds of numeric arguments that the samplers take on trust (a negative sigma0 was
+# accepted, a negative n_startup_trials meant none).
+MIN_SAMPLER_VALUES = {"n_ei_candidates": 1, "n_startup_trials": 0, "seed": 0}
+POSITIVE_SAMPLER_VALUES = ("sigma0", "prior_weight")
+# What a config can give for the type an argument is annotated with (its first word).
+CONFIG_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+    "dict": (Mapping,),
+    "Mapping": (Mapping,),
+}
+
+
+def _argument_problem(name: str, value: Any, annotation: Any) -> str:
+    """Why a config's `value` cannot be the sampler's argument `name` ('' when it can): its
+    type against the constructor's annotation (a string: Optuna's modules postpone them),
+    then the bounds above."""
+    kinds = [part.strip().split("[")[0] for part in str(annotation).split("|")]
+    if value is None and "None" in kinds:
+        return ""
+    wanted = [kind for kind in kinds if kind in CONFIG_TYPES]
+    if not wanted:
+        return f"takes a Python object ({annotation}), which a config cannot give"
+    fits = [kind for kind in wanted if isinstance(value, CONFIG_TYPES[kind])]
+    if not fits or (isinstance(value, bool) and "bool" not in fits):
+        return f"must be {' or '.join(wanted)}, got {value!r}"
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            return f"must be finite, got {value!r}"
+        if name in MAX_SAMPLER_SIZES and value > MAX_SAMPLER_SIZES[name]:
+            limit = MAX_SAMPLER_SIZES[name]
+            return f"must be at most {limit:,} (MAX_SAMPLER_SIZES), got {value!r}"
+        if name in MIN_SAMPLER_VALUES and value < MIN_SAMPLER_VALUES[name]:
+            return f"must be at least {MIN_SAMPLER_VALUES[name]}, got {value!r}"
+        if name == "seed" and value >= 2**32:  # NumPy's seeds
+            return f"must be below 2**32, got {value!r}"
+        if name in POSITIVE_SAMPLER_VALUES and value <= 0:
+            return f"must be above 0, got {value!r}"
+    return ""
 
 
 def component_class(key: str, name: str) -> Any:

@@ -12,17 +12,25 @@ database race (optuna#1092).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
-from torchloom.errors import ConfigError, LoomError
+from torchloom.errors import ConfigError, LoomError, shown_briefly
 from torchloom.search.settings import PRUNERS, SearchSettings, component_class
 from torchloom.search.space import SearchSpace
+from torchloom.search.storage_urls import (
+    GRPC,
+    STORAGE_FORMS,
+    grpc_address,
+    has_password,
+    hide_password,
+    hide_passwords_in,
+    with_installed_driver,
+)
 from torchloom.signals import stops_held
 
 if TYPE_CHECKING:
@@ -57,27 +65,19 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 
-def with_installed_driver(url: str) -> str:
-    """A `postgresql://` URL, which names no driver, with the one installed: SQLAlchemy 2.1
-    reads it as psycopg 3's, and torchloom installs psycopg2 (psycopg2-binary), so the URL
-    every PostgreSQL guide writes failed with "needs a driver"."""
-    scheme, separator, rest = url.partition("://")
-    if scheme != "postgresql" or not separator:
-        return url
-    if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2"):
-        return f"postgresql+psycopg2://{rest}"
-    return url
-
-
-def open_storage(url: str, given_as: str = "--storage") -> optuna.storages.BaseStorage:
+def open_storage(
+    url: str, given_as: str = "--storage", accepted: str = STORAGE_FORMS
+) -> optuna.storages.BaseStorage:
     """`journal:PATH` or an SQLAlchemy URL; an unreachable database is a StorageUnreachable
-    naming the host, not a SQLAlchemy traceback; `given_as`: how the user gave the URL."""
+    naming the host, not a SQLAlchemy traceback; `given_as`: how the user gave the URL;
+    `accepted`: the forms it may take, named when it is none of them."""
     from optuna.storages.journal import JournalFileBackend, JournalStorage
 
     quiet_optuna()
     if url.startswith("journal:"):
+        path = url[len("journal:") :]
         try:
-            return JournalStorage(JournalFileBackend(url[len("journal:") :]))
+            return JournalStorage(JournalFileBackend(path))
         except OSError as error:
             raise StorageUnreachable.at(
                 given_as,
@@ -85,13 +85,25 @@ def open_storage(url: str, given_as: str = "--storage") -> optuna.storages.BaseS
                 f"cannot open the journal file: {error.strerror or error}",
                 "check that its folder exists and this user may write there",
             ) from error
+        except Exception as error:  # a received file: whatever its replay raises
+            # Optuna replays the whole journal as it opens it and trusts every line: a
+            # damaged or foreign file raised JSONDecodeError, AssertionError, KeyError, ...
+            raise StorageUnreachable.at(
+                path,
+                "journal",
+                "is not an Optuna journal (damaged?): cannot replay it: "
+                + shown_briefly(error, 120),
+                "restore the search folder's study.journal from a copy; --storage journal:FILE "
+                "names an Optuna journal or a new file",
+            ) from error
     if url.startswith(GRPC):
         return _grpc_proxy(url)
     from optuna.storages import RDBStorage
+    from sqlalchemy.exc import ArgumentError
 
+    given, shown = url, hide_password(url)
     url = with_installed_driver(url)
     parts = urlsplit(url)
-    where = f"{parts.hostname or 'localhost'}:{parts.port or 'default port'}"
     last: Exception | None = None
     for attempt in range(3):  # several machines creating the tables at once: one wins
         try:
@@ -103,9 +115,13 @@ def open_storage(url: str, given_as: str = "--storage") -> optuna.storages.BaseS
         except ImportError as error:
             raise StorageUnreachable.at(
                 given_as,
-                _hide_password(url),
+                shown,
                 f"needs a driver: {error}",
                 "pip install 'torchloom[search]' (psycopg2-binary for PostgreSQL)",
+            ) from error
+        except ArgumentError as error:  # no dialect of that name (foo://, file://), no URL
+            raise StorageUnreachable.at(
+                given_as, shown, "is not a database URL", f"give {accepted}"
             ) from error
         except Exception as error:  # sqlalchemy.exc.OperationalError and friends
             last = error
@@ -114,41 +130,38 @@ def open_storage(url: str, given_as: str = "--storage") -> optuna.storages.BaseS
             if not any(text in str(error) for text in _CREATED_BY_ANOTHER):
                 break
             time.sleep(0.5 * (attempt + 1))
-    message = str(last).strip().splitlines()[0] if last else "?"
+    # A driver may quote the URL it was given (SQLAlchemy's parse errors do).
+    message = hide_passwords_in(str(last).strip().splitlines()[0] if last else "?", given)
     if parts.scheme.startswith("sqlite"):
         raise StorageUnreachable.at(
             given_as,
-            url,
+            shown,
             f"cannot open the SQLite database: {message}",
             "check that its folder exists and this user may write there",
         ) from last
+    hint = "check that the server runs and accepts this user from this machine"
+    if not has_password(given):
+        # A search folder keeps no password (storage_urls.py): a resume must be given it.
+        hint += (
+            "; a password it asks for goes in the URL, or in PGPASSWORD or ~/.pgpass for "
+            "PostgreSQL (a search folder keeps none: `loom search --resume DIR --storage URL` "
+            "gives it again)"
+        )
     raise StorageUnreachable.at(
-        given_as,
-        _hide_password(url),
-        f"cannot open the database on {where}: {message}",
-        "check that the server runs and accepts this user from this machine",
+        given_as, shown, f"cannot open the database on {_where(parts)}: {message}", hint
     ) from last
 
 
-_CREATED_BY_ANOTHER = ("already exists", "UNIQUE constraint failed: alembic_version")
-
-
-GRPC = "grpc://"
-GRPC_PORT = 13000  # Optuna's default
-
-
-def grpc_address(url: str) -> tuple[str, int]:
-    """(host, port) of `grpc://HOST[:PORT]`."""
-    parts = urlsplit(url)
+def _where(parts: SplitResult) -> str:
+    """HOST:PORT of a database URL, as a message names it."""
     try:
-        port = parts.port or GRPC_PORT
-    except ValueError as error:
-        raise ConfigError.at("--storage", url, f"has no valid port: {error}") from error
-    if not parts.hostname or parts.path not in ("", "/"):
-        raise ConfigError.at(
-            "--storage", url, "must be grpc://HOST:PORT", "e.g. grpc://db.lab:13000"
-        )
-    return parts.hostname, port
+        port = parts.port
+    except ValueError:  # a port that is no number: SQLAlchemy's message says so
+        port = None
+    return f"{parts.hostname or 'localhost'}:{port or 'default port'}"
+
+
+_CREATED_BY_ANOTHER = ("already exists", "UNIQUE constraint failed: alembic_version")
 
 
 def _grpc_proxy(url: str) -> optuna.storages.BaseStorage:
@@ -174,13 +187,6 @@ def _grpc_proxy(url: str) -> optuna.storages.BaseStorage:
             "start one there: loom search-server DATABASE_URL --host HOST --port PORT",
         ) from error
     return proxy
-
-
-def _hide_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url
 
 
 def make_sampler(
@@ -317,7 +323,7 @@ def check_identity(url: str, name: str, found: Any, wanted: Mapping[str, str] | 
             return
         differs = "belongs to another search: " + "; ".join(changed)
     raise ConfigError.at(
-        _hide_password(url),
+        hide_password(url),
         f"study '{name}'",
         differs,
         "give a new search a study of its own (--study NAME); a search folder whose own "
@@ -351,7 +357,7 @@ def load_study(
     database = _sqlite_file(url)
     if database is not None and not database.is_file():  # opening one would make it
         raise ConfigError.at(
-            _hide_password(url),
+            hide_password(url),
             f"study '{name}'",
             "cannot be loaded: the SQLite file does not exist",
             "give the database the study was created in",
@@ -361,7 +367,7 @@ def load_study(
         study = optuna.load_study(storage=storage, study_name=name, sampler=sampler, pruner=pruner)
     except KeyError:
         raise ConfigError.at(
-            _hide_password(url),
+            hide_password(url),
             f"study '{name}'",
             "is not in this storage (deleted or renamed?)",
             "the study a search folder records (search.json) must still exist",
