@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -724,10 +725,12 @@ def test_a_search_folder_with_symbolic_links_is_not_written_into(tmp_path: Path)
         read_record(search)
 
 
-def test_the_lock_a_worker_holds_on_the_journal_is_no_link_to_refuse(tmp_path: Path) -> None:
+def test_the_lock_a_worker_holds_on_the_journal_is_no_link_to_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A journal's writer holds `study.journal.lock`, a link to the journal, for a moment: a
     `--workers 2` resume whose other worker was writing was refused, by chance. A link of that
-    name leading elsewhere is still refused."""
+    name leading elsewhere, a loop, and another `.lock` link are still refused."""
     from torchloom.errors import ConfigError
     from torchloom.search.record import SearchRecord, read_record
 
@@ -737,10 +740,22 @@ def test_the_lock_a_worker_holds_on_the_journal_is_no_link_to_refuse(tmp_path: P
     lock.symlink_to(tmp_path / "study.journal")  # as optuna's JournalFileSymlinkLock makes it
     assert read_record(tmp_path).storage == "journal:study.journal"
     lock.unlink()
-    lock.symlink_to("study.journal")  # relative
+    lock.symlink_to("study.journal")  # relative, as the kernel follows it
     read_record(tmp_path)
-    lock.unlink()
-    (tmp_path / "elsewhere").write_text("", encoding="utf-8")
-    lock.symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(ConfigError, match=r"holds symbolic links \(study.journal.lock\)"):
-        read_record(tmp_path)
+    (tmp_path / "deep").mkdir()
+    monkeypatch.chdir(tmp_path / "deep")  # "study.journal" from here is elsewhere: no matter
+    read_record(tmp_path)
+    outside = tmp_path.parent / f"{tmp_path.name}_outside"
+    outside.mkdir()
+    (outside / "study.journal").write_text("", encoding="utf-8")
+    hostile = {
+        "study.journal.lock": outside / "study.journal",  # the same name, outside
+        "x.lock": "x.lock",  # a loop: was a RuntimeError traceback
+        ".ask.lock": "study.journal",  # another lock's name
+    }
+    for name, target in hostile.items():
+        lock.unlink(missing_ok=True)
+        (tmp_path / name).symlink_to(target)
+        with pytest.raises(ConfigError, match=rf"holds symbolic links \({re.escape(name)}\)"):
+            read_record(tmp_path)
+        (tmp_path / name).unlink()

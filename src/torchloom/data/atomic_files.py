@@ -134,15 +134,19 @@ def sync_tree(folder: Path) -> None:
         sync_folder(Path(root))
 
 
-def refuse_links(folder: Path) -> None:
+def refuse_links(folder: Path, journal: str | None = None) -> None:
     """A run (or search) folder may come from someone else, and a copy (a tarball) keeps its
     symbolic links: a command that writes into the folder refuses one whose entries are links,
     which would have it write where they lead (`exports -> ../elsewhere`: the export landed
-    outside, and the command named the path inside)."""
+    outside, and the command named the path inside). `journal`: a search folder's Optuna
+    journal (its file name), whose writer holds `<journal>.lock`, a link to the journal, for a
+    moment at each write: that one link is no redirection (refused, it failed a `--workers 2`
+    resume whose other worker was writing, by chance)."""
+    lock = f"{journal}.lock" if journal else None
     links = sorted(
         entry.name
         for entry in Path(folder).iterdir()
-        if entry.is_symlink() and not _journal_lock(entry)
+        if entry.is_symlink() and not (entry.name == lock and _journal_lock(entry, journal))
     )
     if links:
         raise ConfigError.at(
@@ -154,17 +158,14 @@ def refuse_links(folder: Path) -> None:
         )
 
 
-def _journal_lock(entry: Path) -> bool:
-    """Whether `entry` is the lock of an Optuna journal beside it: `NAME.lock`, a link to
-    `NAME`, which a search's worker makes for a moment at each write (JournalFileBackend's
-    lock); nothing is written through it. (Refused, it failed a resume of `--workers 2` whose
-    other worker was writing, by chance.)"""
-    if entry.suffix != ".lock":
-        return False
-    try:
-        target = Path(os.readlink(entry))
-    except OSError:  # gone already: the write it locked has ended
+def _journal_lock(entry: Path, journal: str | None) -> bool:
+    """Whether the link `entry` leads to the regular file `journal` beside it, as the kernel
+    follows it (or is gone already: the write it locked has ended). Anything else, a loop
+    included, is a link to refuse."""
+    if not os.path.lexists(entry):
         return True
-    journal = entry.with_suffix("").resolve()
-    # Optuna links to the journal's path as it was given: relative to the working directory.
-    return journal in ((entry.parent / target).resolve(), target.resolve())
+    target = entry.parent / str(journal)
+    try:
+        return target.is_file() and not target.is_symlink() and os.path.samefile(entry, target)
+    except (OSError, RuntimeError):
+        return False

@@ -123,7 +123,10 @@ def read_record(search_dir: Path) -> SearchRecord:
             "give a folder that `loom search` made: <expdir>/searches/<name>/<date>",
         ) from error
     _check_in_folder(record, path)
-    refuse_links(Path(search_dir))  # trials/, trials.csv, search.html are written into it
+    journal = record.storage[len("journal:") :] if record.storage.startswith("journal:") else ""
+    # trials/, trials.csv, search.html are written into it; an in-folder journal is a name
+    in_folder = journal and not Path(journal).is_absolute()
+    refuse_links(Path(search_dir), journal if in_folder else None)
     return record
 
 
