@@ -265,9 +265,10 @@ def launch(
     if options.node_rank == 0:
         check_port_free(endpoint)
     try:
-        keeper = StoreKeeper(endpoint, options.nnodes, options.node_rank)
-    except RuntimeError as taken:  # the port taken since the check (torch's DistError)
-        raise _cannot_host(endpoint, first_line(taken)) from None
+        keeper = StoreKeeper(endpoint, options.nnodes, options.node_rank, run_id)
+    except RuntimeError as failed:  # torch's DistError: the port taken since the check, ...
+        reason = first_line(failed)
+        raise _cannot_host(endpoint, reason, "in use" in reason.lower()) from None
     # Of --rdzv-timeout, the part spent waiting for node 0's port: the rendezvous has the rest.
     waited = _wait_for_node_0(endpoint, options.rdzv_timeout) if options.node_rank else 0.0
     # The agent logs every worker's exit with a traceback; what failed is said by the caller
@@ -303,13 +304,18 @@ def launch(
             outcome["error"] = error
 
     thread = threading.Thread(target=agent, name="torchloom-elastic-agent", daemon=True)
-    with passed_on(handoff) as signals:
-        thread.start()
-        signals.wait_for(thread)
+    try:
+        with passed_on(handoff) as signals:
+            thread.start()
+            signals.wait_for(thread)
+    except BaseException:
+        keeper.close()
+        raise
     error = outcome.get("error")
     if error is None:
         keeper.succeeded()
         return dict(outcome["results"])
+    keeper.close()  # a launch that failed has nobody to wait for: its port is free again
     if signals.received:  # the workers stopped by a signal, one of them at once (a second)
         raise KeyboardInterrupt from error
     if isinstance(error, ChildFailedError):
@@ -361,14 +367,23 @@ def _node_0_silent(endpoint: str, timeout: int, reason: str) -> LaunchFailed:
 
 def check_port_free(endpoint: str) -> None:
     """Node 0 hosts the rendezvous: a port something else listens on would make it wait on a
-    stranger until the rendezvous times out, so it is refused at once."""
+    stranger until the rendezvous times out, so it is refused at once. A name with several
+    addresses (localhost: ::1 and 127.0.0.1) is this machine's if one of them binds."""
     try:
-        family, *_, address = socket.getaddrinfo(*host_and_port(endpoint))[0]
-        with socket.socket(family) as probe:
-            probe.bind(address)
+        addresses = socket.getaddrinfo(*host_and_port(endpoint), type=socket.SOCK_STREAM)
     except OSError as error:
-        taken = error.errno == errno.EADDRINUSE
-        raise _cannot_host(endpoint, error.strerror or str(error), taken) from None
+        raise _cannot_host(endpoint, error.strerror or str(error), False) from None
+    failures = []
+    for family, *_, address in addresses:
+        try:
+            with socket.socket(family) as probe:
+                probe.bind(address)
+            return
+        except OSError as error:
+            failures.append(error)
+    taken = any(error.errno == errno.EADDRINUSE for error in failures)
+    first = next((e for e in failures if e.errno == errno.EADDRINUSE), failures[0])
+    raise _cannot_host(endpoint, first.strerror or str(first), taken) from None
 
 
 def _cannot_host(endpoint: str, reason: str, taken: bool = True) -> LaunchFailed:
