@@ -80,7 +80,7 @@ def test_a_damaged_journal_is_named_not_a_traceback(
         assert main([*command, "--trials", "2"] if "--resume" in command else command) == 2
         error = capsys.readouterr().err
         assert f"{journal.resolve()}: " in error, error
-        assert "is not an Optuna journal (damaged?)" in error and "from a copy" in error
+        assert "cannot be replayed by Optuna" in error and "from a copy" in error
         assert "Traceback" not in error
     after = {path: path.read_bytes() for path in search_dir.rglob("*") if path.is_file()}
     assert after == before  # nothing written over what the search had
@@ -94,7 +94,7 @@ def test_a_file_that_is_no_journal_is_refused_before_a_search_folder_is_made(
     command = ["search", str(config), "--trials", "1", "--expdir", str(runs), "--storage"]
     assert main([*command, f"journal:{config}"]) == 2
     error = capsys.readouterr().err
-    assert f"{config}: " in error and "is not an Optuna journal (damaged?)" in error, error
+    assert f"{config}: " in error and "cannot be replayed by Optuna" in error, error
     assert "Traceback" not in error and not runs.exists()
     assert config.read_text().startswith("default_configs:")  # left as it was
 
@@ -134,3 +134,35 @@ def test_a_search_whose_trials_all_failed_exits_with_status_2(
     capsys.readouterr()
     fresh = ["search", str(config), "--trials", "2", "--expdir", str(tmp_path / "again")]
     assert main([*fresh, "--timeout", "1e-9"]) == 0
+
+
+def test_a_search_that_may_still_complete_a_trial_has_not_failed(tmp_path: Path) -> None:
+    """A failed trial whose retry is queued (its process died, then the time limit passed),
+    or another machine's trial still running: the search exited 2, "no trial completed"."""
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    from torchloom.search.results import SearchFailed, SearchResults, check_some_trial_completed
+
+    def verdict(study: optuna.Study) -> bool:
+        try:
+            check_some_trial_completed(tmp_path, SearchResults(study, [], None, {}, ""))
+            return True
+        except SearchFailed:
+            return False
+
+    died = create_trial(
+        state=TrialState.FAIL, user_attrs={"retried": 1}, params={}, distributions={}
+    )
+    queued = optuna.create_study()
+    queued.add_trial(died)
+    queued.enqueue_trial({}, user_attrs={"retry_from": 0})
+    assert verdict(queued)
+    running = optuna.create_study()
+    running.add_trial(create_trial(state=TrialState.FAIL))
+    running.add_trial(create_trial(state=TrialState.RUNNING))
+    assert verdict(running)
+    failed = optuna.create_study()
+    failed.add_trial(died)  # retried: counted by its retry, which failed too
+    failed.add_trial(create_trial(state=TrialState.FAIL))
+    assert not verdict(failed)

@@ -60,10 +60,18 @@ class SearchFailed(LoomError):
 def check_some_trial_completed(search_dir: Path, results: SearchResults) -> None:
     """A search whose trials all failed has no result: `loom search` said "no trial
     completed" and exited 0. One that ran no trial (its time limit passed first) failed
-    nothing, and a pruned trial is the pruner's verdict, not a failure: those end well."""
-    states = [row["state"] for row in results.rows]
-    failed = states.count("fail")
-    if results.best is None and failed and "pruned" not in states:
+    nothing, and a pruned trial is the pruner's verdict, not a failure: those end well. So
+    does one whose study may still complete a trial: a retry queued (a trial whose process
+    died or was stopped, its time limit then passed), another machine's trial running."""
+    from optuna.trial import TrialState
+
+    trials = results.study.trials
+    pending = (TrialState.RUNNING, TrialState.WAITING, TrialState.PRUNED)
+    if results.best is not None or any(t.state in pending for t in trials):
+        return
+    # A trial retried (its retry exists) is counted by its retry.
+    failed = sum(t.state == TrialState.FAIL and not t.user_attrs.get("retried") for t in trials)
+    if failed:
         raise SearchFailed.at(
             str(search_dir),
             "search",

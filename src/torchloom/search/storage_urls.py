@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from torchloom.errors import ConfigError
@@ -39,11 +40,16 @@ def has_password(url: str) -> bool:
 
 
 def hide_passwords_in(text: str, url: str) -> str:
-    """`text` (a driver's message about `url`) with the URL's passwords replaced by ***: a
-    driver may quote what it was given."""
+    """`text` (a driver's message about `url`) with the URL's passwords replaced by ***
+    where the driver quotes what it was given: the URL, its user part, a `password=`
+    parameter or a quoted password. (Not every occurrence of the password's letters: a
+    short one turned "translate" into "tr***nsl***te", which told the password.)"""
+    text = text.replace(url, hide_password(url))
     for password in _passwords(url):
         for form in {password, unquote(password)}:
-            text = text.replace(form, HIDDEN)
+            for quoted in (f":{form}@", f"={form}", f"'{form}'", f'"{form}"'):
+                hidden = quoted.replace(form, HIDDEN)
+                text = text.replace(quoted, hidden)
     return text
 
 
@@ -103,10 +109,28 @@ def _is_password_key(key: str) -> bool:
     return unquote(key).strip().lower() == "password"
 
 
+# A database's port when its URL names none, by SQLAlchemy's backend name.
+DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306, "mssql": 1433}
+
+
 def same_storage(given: str, recorded: str) -> bool:
     """Whether the URL `given` names the storage a search folder `recorded` (its URL without
-    a password), whether or not either names the driver."""
-    return with_installed_driver(without_password(given)) == with_installed_driver(recorded)
+    a password): the same backend, user, host, port and database, whether or not either
+    names the driver or the default port, whatever their query options (sslmode, ...)."""
+    return _identity(given) == _identity(recorded)
+
+
+def _identity(url: str) -> tuple[Any, ...]:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parts = make_url(without_password(url))
+    except (ArgumentError, ValueError):  # a journal, a gRPC address: the text names it
+        return (url,)
+    backend = parts.get_backend_name()
+    port = parts.port or DEFAULT_PORTS.get(backend)
+    return backend, parts.username, (parts.host or "").lower(), port, parts.database
 
 
 def with_installed_driver(url: str) -> str:

@@ -91,10 +91,11 @@ def open_storage(
             raise StorageUnreachable.at(
                 path,
                 "journal",
-                "is not an Optuna journal (damaged?): cannot replay it: "
-                + shown_briefly(error, 120),
-                "restore the search folder's study.journal from a copy; --storage journal:FILE "
-                "names an Optuna journal or a new file",
+                f"cannot be replayed by Optuna {optuna_version()} (damaged, written by another "
+                f"Optuna version, or no Optuna journal): {shown_briefly(error, 120)}",
+                "open it with the Optuna version that wrote it, or restore the search folder's "
+                "study.journal from a copy; --storage journal:FILE names an Optuna journal or "
+                "a new file",
             ) from error
     if url.startswith(GRPC):
         return _grpc_proxy(url)
@@ -374,3 +375,9 @@ def load_study(
         ) from None
     check_identity(url, name, study.user_attrs.get(IDENTITY), identity)
     return study
+
+
+def optuna_version() -> str:
+    from importlib.metadata import version
+
+    return version("optuna")
