@@ -178,6 +178,15 @@ def test_a_database_password_is_never_kept_or_shown_and_a_resume_asks_for_it(
     assert _files_holding(search_dir, PASSWORD) == []
     with open(search_dir / "trials.csv") as handle:
         assert sum(1 for _ in handle) == 1 + 4
+    # A folder of an older torchloom, whose search.json kept the password: it resumes, says
+    # that the password is no longer kept, and keeps it no longer.
+    monkeypatch.delenv("PGPASSFILE")
+    record = json.loads((search_dir / "search.json").read_text())
+    (search_dir / "search.json").write_text(json.dumps({**record, "storage": password_url}))
+    assert main([*resume, "--trials", "5"]) == 0
+    error = capsys.readouterr().err
+    assert "no longer keeps the storage's password" in error and PASSWORD not in error
+    assert _files_holding(search_dir, PASSWORD) == []
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from torchloom.search.checking import (
     check_values,
     read_space,
 )
-from torchloom.search.record import SearchRecord, read_record
+from torchloom.search.record import RECORD, SearchRecord, read_record
 from torchloom.search.settings import grid_size, read_settings
 from torchloom.search.storage_urls import has_password, hide_password, same_storage
 from torchloom.search.study import config_digest, create_study, journal_url, load_study
@@ -206,6 +207,13 @@ def resume_search(request: SearchRequest) -> tuple[Path, SearchRecord]:
         record.trials = request.trials
     if request.timeout is not None:
         record.settings = {**record.settings, "timeout": request.timeout}
+    if request.storage is None and record.storage_with_password:
+        # An older torchloom's folder: its password used now, and no longer kept.
+        print(
+            f"{search_dir / RECORD} no longer keeps the storage's password: give it next time "
+            "with PGPASSWORD, ~/.pgpass or --storage",
+            file=sys.stderr,
+        )
     record.save(search_dir)
     return search_dir, record
 
