@@ -290,7 +290,6 @@ def launch(
         },
         max_restarts=options.max_restarts,
         start_method="spawn",
-        monitor_interval=0.5,
         # In the handoff folder, which the caller removes (by default the agent leaves an
         # empty torchelastic_* folder in /tmp at every launch).
         logs_specs=DefaultLogsSpecs(log_dir=str(handoff.folder / "logs")),
