@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import time
+
 import pydantic
 import pytest
 
@@ -72,3 +75,27 @@ def test_bad_options_are_errors_naming_the_key() -> None:
 def test_tokenizer_is_the_shared_callable() -> None:
     options = TokenizationOptions(mode="char_ngrams", ngram_range=(2, 2))
     assert Tokenizer(options)("Hi") == [" h", "hi", "i "]
+
+
+def test_a_pattern_that_backtracks_without_end_is_stopped_and_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`(a+)+$` on 30 a's and a b: Python's `re` ran for minutes (exponential in the length),
+    deaf to Ctrl-C; a config or a received export's sidecar.json can hold such a pattern.
+    The `regex` package ends that one at once, and stops any other at a time limit."""
+    from torchloom.zoo.text import tokenizer
+
+    monkeypatch.setattr(tokenizer, "TOKEN_PATTERN_SECONDS", 0.5)
+    started = time.monotonic()
+    nested = Tokenizer(TokenizationOptions(splitting="regex", token_pattern="(a+)+$"))
+    assert nested("a" * 30 + "b") == [] and nested("aaa") == re.findall("(a+)+$", "aaa")
+    either = Tokenizer(TokenizationOptions(splitting="regex", token_pattern="(a|aa)+$"))
+    with pytest.raises(ComponentError, match=r"took more than 0.5 s on one text of 41") as err:
+        either("a" * 40 + "b")
+    assert time.monotonic() - started < 5
+    assert "repeat inside a repeat" in str(err.value)
+    # The same tokens as `re` cuts, for the default pattern and the usual word pattern.
+    text = "Don't stop — «now», it's 5.5% (of 12)!"
+    for pattern in (r"\w+|[^\w\s]", r"(?u)\b\w\w+\b", r"\w+(?:'\w+)*"):
+        options = TokenizationOptions(splitting="regex", token_pattern=pattern)
+        assert Tokenizer(options)(text) == re.findall(pattern, text.lower())

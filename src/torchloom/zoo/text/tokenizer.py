@@ -8,12 +8,12 @@ them), so that both cut a text the same way when they are given the same options
 from __future__ import annotations
 
 import functools
-import re
 import sys
 import unicodedata
 from collections.abc import Sequence
 from typing import Literal
 
+import regex
 from pydantic import Field, field_validator
 
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams
@@ -24,6 +24,11 @@ from torchloom.zoo.text.vocabulary import EOS, PAD
 # Tokens that attach to the word before them / after them when words are joined back.
 _NO_SPACE_BEFORE = set(".,;:!?%)]}")
 _NO_SPACE_AFTER = set("([{")
+# The most a token_pattern may take on one text. A pattern of nested repeats (`(a+)+$`) takes
+# time exponential in a text's length on some texts, and a config or a received export's
+# sidecar.json is untrusted: Python's own `re` cannot be stopped, the `regex` package's
+# matching can.
+TOKEN_PATTERN_SECONDS = 2.0
 
 
 class TokenizationOptions(ComponentParams):
@@ -61,8 +66,8 @@ class TokenizationOptions(ComponentParams):
     @classmethod
     def _compiles(cls, pattern: str) -> str:
         try:
-            compiled = re.compile(pattern)
-        except re.error as error:
+            compiled = regex.compile(pattern)
+        except regex.error as error:
             raise ValueError(f"not a valid regular expression: {error}") from error
         if compiled.match(""):
             raise ValueError("the pattern matches the empty string, so tokens could be empty")
@@ -93,7 +98,7 @@ class Tokenizer:
 
     def __init__(self, options: TokenizationOptions) -> None:
         self.options = options
-        self._pattern = re.compile(options.token_pattern)
+        self._pattern = regex.compile(options.token_pattern)
 
     def normalize(self, text: str) -> str:
         if self.options.lowercase:
@@ -105,7 +110,16 @@ class Tokenizer:
     def words(self, text: str) -> list[str]:
         text = self.normalize(text)
         if self.options.splitting == "regex":
-            return self._pattern.findall(text)
+            try:
+                return list(self._pattern.findall(text, timeout=TOKEN_PATTERN_SECONDS))
+            except TimeoutError:
+                raise ComponentError.at(
+                    "",
+                    f"token_pattern {self.options.token_pattern!r}",
+                    f"took more than {TOKEN_PATTERN_SECONDS:g} s on one text of {len(text)} "
+                    "characters: it backtracks without end (nested repeats, as in (a+)+)",
+                    "write it without a repeat inside a repeat, e.g. \\w+ for (\\w+)+",
+                ) from None
         return text.split()
 
     def __call__(self, text: str) -> list[str]:
