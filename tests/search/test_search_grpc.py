@@ -36,12 +36,10 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture(scope="module")
-def grpc_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    database = tmp_path_factory.mktemp("grpc") / "studies.db"
-    port = _free_port()
+def search_server(storage: str, host: str, port: int) -> subprocess.Popen[str]:
+    """`loom search-server STORAGE --host HOST --port PORT`, its output in `stdout`."""
     command = [sys.executable, "-m", "torchloom.cli.main", "search-server"]
-    command += [f"sqlite:///{database}", "--host", "127.0.0.1", "--port", str(port)]
+    command += [storage, "--host", host, "--port", str(port)]
     server = subprocess.Popen(
         command,
         env={**os.environ, "PYTHONPATH": SOURCE},
@@ -49,6 +47,14 @@ def grpc_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stderr=subprocess.STDOUT,
         text=True,
     )
+    return server
+
+
+@pytest.fixture(scope="module")
+def grpc_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    database = tmp_path_factory.mktemp("grpc") / "studies.db"
+    port = _free_port()
+    server = search_server(f"sqlite:///{database}", "127.0.0.1", port)
     assert server.stdout is not None
     first = server.stdout.readline()  # the server says where it listens once it does
     assert first.startswith("search server: ") and f"grpc://127.0.0.1:{port}" in first, first
@@ -148,15 +154,7 @@ def test_a_server_on_ipv6_is_reachable_at_the_address_it_prints(tmp_path: Path, 
         port = _free_ipv6_port()
     except OSError:
         pytest.skip("this machine has no IPv6 loopback")
-    command = [sys.executable, "-m", "torchloom.cli.main", "search-server"]
-    command += [f"sqlite:///{tmp_path / 'studies.db'}", "--host", host, "--port", str(port)]
-    server = subprocess.Popen(
-        command,
-        env={**os.environ, "PYTHONPATH": SOURCE},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    server = search_server(f"sqlite:///{tmp_path / 'studies.db'}", host, port)
     assert server.stdout is not None
     try:
         first, second = server.stdout.readline(), server.stdout.readline()
