@@ -72,6 +72,14 @@ def available_memory() -> int | None:
     return min(found) if found else None
 
 
+def short_of_memory(need: int) -> int | None:
+    """The memory available when `need` bytes would take more than half of it (a check that
+    refuses what cannot fit before it is allocated leaves the rest to the run); None when it
+    fits, or when the machine does not say."""
+    available = available_memory()
+    return available if available is not None and need > available // 2 else None
+
+
 def out_of_host_memory(error: BaseException) -> bool:
     """Whether `error` is an allocation the host's memory refused: Python's MemoryError, or
     torch's CPU allocator, whose refusals are plain RuntimeErrors told apart only by their

@@ -207,7 +207,7 @@ def test_a_reservoir_larger_than_the_memory_available_is_a_config_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Measured on the first sample that arrives, before the fill takes the memory."""
-    monkeypatch.setattr("torchloom.data.reservoir.available_memory", lambda: 2000)
+    monkeypatch.setattr("torchloom.host_memory.available_memory", lambda: 2000)
     source = reservoir(Augmented(40), where="cfg.yml:7")
     try:
         with pytest.raises(ConfigError) as error:
@@ -341,7 +341,7 @@ def test_a_huge_reservoir_issues_a_few_jobs_before_its_memory_is_checked(
     """size 10^8 at a replacement rate of 1 queued 2 x 10^8 jobs before the first sample
     came, whose size the memory check needs: gigabytes and minutes, deaf to a stop. A few
     jobs go out first; the check counts the jobs kept in flight too."""
-    monkeypatch.setattr("torchloom.data.reservoir.available_memory", lambda: 8 * 2**30)
+    monkeypatch.setattr("torchloom.host_memory.available_memory", lambda: 8 * 2**30)
     source = reservoir(Augmented(40), size=10**8, replacement_rate=1.0, where="cfg.yml:7")
     try:
         with pytest.raises(ConfigError) as error:

@@ -395,7 +395,7 @@ def test_a_split_that_cannot_fit_in_memory_is_refused_before_it_is_drawn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A million images took 15.7 GiB, after hours of drawing, then a bare MemoryError."""
-    monkeypatch.setattr(sort_of_clevr, "available_memory", lambda: 2**30)
+    monkeypatch.setattr("torchloom.host_memory.available_memory", lambda: 2**30)
     with pytest.raises(ComponentError, match="use images <= 30828") as refused:
         task(tmp_path, images=50_000)  # 0.8 GiB of pixels, more than half of 1 GiB
     assert "50000 images of 75x75 pixels need about 0.8 GiB" in str(refused.value)

@@ -39,7 +39,7 @@ import torch
 from torchloom.data.process_start import worker_context
 from torchloom.data.reservoir_workers import POLL, derived_seed, stop_workers, work
 from torchloom.errors import ConfigError
-from torchloom.host_memory import available_memory
+from torchloom.host_memory import short_of_memory
 
 Sample = Any
 
@@ -174,8 +174,9 @@ class AsyncReservoir:
         at most: the training needs its own)."""
         # The slots, and the jobs kept in flight (queued, arrived, each with its bookkeeping).
         per_sample = sample_bytes + JOB_BYTES * self.prefetch // self.size
-        need, available = per_sample * self.size, available_memory()
-        if available is None or need <= available // 2:
+        need = per_sample * self.size
+        available = short_of_memory(need)
+        if available is None:
             return
         raise ConfigError.at(
             self.where,

@@ -36,7 +36,7 @@ from torchloom.config.schema import CODE_FIRST_KEY
 from torchloom.core.registry import import_object, refused_module
 from torchloom.engine.checkpoint import seed_everything
 from torchloom.errors import ConfigError, Problem, Where
-from torchloom.host_memory import available_memory
+from torchloom.host_memory import short_of_memory
 
 KEY = CODE_FIRST_KEY  # the top-level key of config.yaml holding the record
 MODULE_HINT = "then train again, or pass the module in code: torchloom.process(run_dir, module=...)"
@@ -267,8 +267,8 @@ def _check_weights_fit(
     tensors = [*probe.parameters(), *probe.buffers()]
     # A lazy layer's weights have no shape yet (its first batch gives it): not counted.
     need = sum(t.numel() * t.element_size() for t in tensors if not is_lazy(t))
-    available = available_memory()
-    if available is not None and need > available // 2:
+    available = short_of_memory(need)
+    if available is not None:
         raise ConfigError.at(
             place,
             f"module {path}",

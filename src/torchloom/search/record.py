@@ -57,12 +57,16 @@ class SearchRecord:
             return None
         return {"monitor": self.monitor, "direction": self.direction, "digest": self.digest}
 
+    def journal_in_folder(self) -> str | None:
+        """The path of the storage's journal in the search folder (relative), or None for a
+        storage elsewhere."""
+        if not self.storage.startswith("journal:"):
+            return None
+        journal = self.storage[len("journal:") :]
+        return None if Path(journal).is_absolute() else journal
+
     def storage_in_folder(self) -> bool:
-        """Whether the storage is a journal inside the search folder (a relative path)."""
-        return (
-            self.storage.startswith("journal:")
-            and not Path(self.storage[len("journal:") :]).is_absolute()
-        )
+        return self.journal_in_folder() is not None
 
     def storage_url(self, search_dir: Path | None = None) -> str:
         """The storage to open, its password included when this process was given one: a
@@ -123,10 +127,8 @@ def read_record(search_dir: Path) -> SearchRecord:
             "give a folder that `loom search` made: <expdir>/searches/<name>/<date>",
         ) from error
     _check_in_folder(record, path)
-    journal = record.storage[len("journal:") :] if record.storage.startswith("journal:") else ""
-    # trials/, trials.csv, search.html are written into it; an in-folder journal is a name
-    in_folder = journal and not Path(journal).is_absolute()
-    refuse_links(Path(search_dir), journal if in_folder else None)
+    # trials/, trials.csv, search.html are written into it (its journal: a plain name now)
+    refuse_links(Path(search_dir), record.journal_in_folder())
     return record
 
 
@@ -139,8 +141,8 @@ def _check_in_folder(record: SearchRecord, path: Path) -> None:
         "config": (record.config, ("config.yaml", "")),  # "": a code-first search's
         "space": (record.space, (None, "space.yml")),
     }
-    journal = record.storage[len("journal:") :] if record.storage.startswith("journal:") else None
-    if journal is not None and not Path(journal).is_absolute():
+    journal = record.journal_in_folder()
+    if journal is not None:
         # The folder's own journal: `study.journal`, or the plain file name given to
         # `--storage journal:NAME`, which the search made there.
         plain = Path(journal).name == journal and journal not in ("", ".", "..")

@@ -32,7 +32,7 @@ from torchloom.data.sort_of_clevr_scenes import (
     save_atomic,
 )
 from torchloom.errors import ComponentError, DataError
-from torchloom.host_memory import available_memory
+from torchloom.host_memory import short_of_memory
 
 LOGGER = logging.getLogger("torchloom.data")
 
@@ -169,8 +169,9 @@ class SortOfCLEVR(Task):
         p = self.params
         # uint8 pixels; per question three int8 arrays and their int64 tensors (prepare()).
         per_image = 3 * p.image_size**2 + self.per_image * 3 * (1 + 8)
-        need, available = p.images * per_image, available_memory()
-        if available is None or need <= available // 2:
+        need = p.images * per_image
+        available = short_of_memory(need)
+        if available is None:
             return
         raise ComponentError.at(
             context.where("images"),
