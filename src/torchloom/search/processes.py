@@ -263,7 +263,7 @@ def continue_worker(hook_factory: Any, index: int) -> int:
     search_dir, deadline, storage = told
     record = read_record(search_dir)
     if storage is not None:
-        record.storage_with_password = storage
+        record.give_storage(storage)
     try:
         work(
             search_dir,
