@@ -385,8 +385,24 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for round_ in range(args.rounds):
             names = list(sides) if round_ % 2 == 0 else list(reversed(sides))
             for name in names:
+                # Each side compiles as a process of its own would: dynamo keeps its compiled
+                # code per forward function, shared by every instance of a model class in
+                # the process, so without the reset a side reused the code (and the CUDA
+                # graphs' trees) of an earlier side's models, and a side with one host
+                # thread added entries beside them (TORCH_LOGS=recompiles showed both).
+                torch._dynamo.reset()
                 gc.collect()  # one side's garbage is not the next one's to collect
+                began = time.perf_counter()
                 rates[name].append(sides[name](args, mode))
+                # Each side as it ends, with its whole time: a round cut short by the
+                # session's limit still tells which side was slow (on 2026-11-28 one round of
+                # reduce-overhead outlasted 231 s, and no figure of it came back).
+                print(
+                    f"  compile {mode}, round {round_ + 1}, {name}: "
+                    f"{rates[name][-1]:,.0f} samples/s, {time.perf_counter() - began:.0f} s "
+                    "with compilation and warm-up",
+                    flush=True,
+                )
             print(
                 f"compile {mode}, round {round_ + 1}: "
                 + ", ".join(f"{name} {rates[name][-1]:,.0f} samples/s" for name in sides),
@@ -418,6 +434,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         reports = []
         for title, runner in (("torchloom", run_torchloom), ("hand-written", run_by_hand)):
             profile = StepProfile(device, f"{title}, compile {mode}")
+            torch._dynamo.reset()  # as before each side of the rounds
             runner(profiled, mode, profile)
             reports.append(profile.report())
         args.profile.write_text("\n".join(reports))
