@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 # the process, so without the reset a side reused the code (and the CUDA
                 # graphs' trees) of an earlier side's models, and a side with one host
                 # thread added entries beside them (TORCH_LOGS=recompiles showed both).
-                torch._dynamo.reset()
+                torch.compiler.reset()
                 gc.collect()  # one side's garbage is not the next one's to collect
                 began = time.perf_counter()
                 rates[name].append(sides[name](args, mode))
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         reports = []
         for title, runner in (("torchloom", run_torchloom), ("hand-written", run_by_hand)):
             profile = StepProfile(device, f"{title}, compile {mode}")
-            torch._dynamo.reset()  # as before each side of the rounds
+            torch.compiler.reset()  # as before each side of the rounds
             runner(profiled, mode, profile)
             reports.append(profile.report())
         args.profile.write_text("\n".join(reports))
