@@ -11,6 +11,8 @@ import logging
 import math
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -598,6 +600,28 @@ def test_deterministic_mode_sets_the_cublas_workspace_a_gpu_needs(
         assert "training.deterministic" in str(error.value)
     finally:
         set_deterministic(False)
+
+
+def test_a_run_without_deterministic_algorithms_does_not_import_the_compiler() -> None:
+    """torch.use_deterministic_algorithms imports torch._inductor (for its own flag), 2 s of a
+    7 s toy run on two cores: a run that leaves them off, as torch has them, skips the call;
+    turned on, then off again in the same process, both flags follow."""
+    script = """
+import sys, torch
+from torchloom.engine.checkpoint import set_deterministic
+set_deterministic(False)
+assert "torch._inductor" not in sys.modules, "imported the compiler"
+set_deterministic(True)
+import torch._inductor.config as inductor
+assert torch.are_deterministic_algorithms_enabled() and inductor.deterministic
+set_deterministic(False)
+assert not torch.are_deterministic_algorithms_enabled() and not inductor.deterministic
+assert not torch.backends.cudnn.deterministic and torch.backends.cudnn.benchmark
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_a_run_saved_with_more_gpus_restores_the_generators_of_those_here(

@@ -22,6 +22,7 @@ import random
 import re
 import shutil
 import signal
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -292,7 +293,15 @@ def set_deterministic(enabled: bool) -> None:
                 f"products on a GPU, and the environment sets it to {workspace!r}",
                 "unset it (torchloom then sets :4096:8) or set it to :4096:8",
             )
-    torch.use_deterministic_algorithms(enabled, warn_only=False)
+    # torch's call imports torch._inductor for the compiler's own flag: 2 s of a small run's 7
+    # on two cores. Left off, as torch starts, there is nothing to turn off.
+    inductor = sys.modules.get("torch._inductor.config")
+    if (
+        enabled
+        or torch.are_deterministic_algorithms_enabled()
+        or getattr(inductor, "deterministic", False)
+    ):
+        torch.use_deterministic_algorithms(enabled, warn_only=False)
     torch.backends.cudnn.benchmark = not enabled
     torch.backends.cudnn.deterministic = enabled
 
