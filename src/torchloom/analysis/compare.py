@@ -20,7 +20,6 @@ from torchloom.analysis.html_parts import escape, figure, line_plot, page, table
 from torchloom.analysis.run_reading import (
     SPLITS,
     Run,
-    curve,
     format_number,
     lower_is_better,
     plotted_statistics,
@@ -90,19 +89,18 @@ def summary_table(runs: Sequence[Run], labels: Sequence[str]) -> str:
 
 def history_overlays(runs: Sequence[Run], labels: Sequence[str]) -> list[tuple[str, bytes]]:
     """(split.statistic, PNG) with one line per run against the epoch."""
-    histories = [run.history() for run in runs]
+    histories = [run.history_curves("epoch") for run in runs]
     plots = []
     for split in ("training", "validation"):
         columns: set[str] = set()
         for history in histories:
-            for row in history.get(split, []):
-                columns |= set(row)
+            columns |= set(history.get(split, {}))
         for statistic in plotted_statistics(columns):
             series = [
-                (label, *curve(history.get(split, []), "epoch", statistic))
+                (label, *history[split][statistic])
                 for label, history in zip(labels, histories, strict=True)
+                if statistic in history.get(split, {})
             ]
-            series = [line for line in series if line[1]]
             if series:
                 name = f"{split}.{statistic}"
                 plots.append((name, line_plot(name, series, x_label="epoch", legend=True)))

@@ -8,13 +8,12 @@ rows and partial validation passes, x = episode); training and validation share 
 
 from __future__ import annotations
 
-import csv
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torchloom.analysis.curve_points import Curves, finite
 from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, drawn_at_end, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.engine.state import Hook
@@ -38,49 +37,29 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 Series = dict[str, dict[str, dict[str, tuple[list[float], list[float]]]]]
 
 
-def _number(text: Any) -> float | None:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
-
-
-def read_rows(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
-        return []
-    with open(path, newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
+def _plotted(column: str) -> bool:
+    return column not in NOT_PLOTTED and not column.endswith(SPREAD)
 
 
 def history_series(
     run_dir: Path, pending: Mapping[tuple[str, str], Mapping[str, Any]] | None = None
 ) -> Series:
-    """statistic -> panel -> section -> (x, y), from the CSV files plus `pending` rows (an
+    """statistic -> panel -> section -> (xs, ys), from the run's CSV files, each read a row at
+    a time into bounded curves (analysis/curve_points.py: a long run's every point until
+    there are thousands, then each stretch's lowest and highest), plus `pending` rows (an
     event's row that the engine writes to its file only after the hooks have seen it; a
     row whose episode the file already has is not added twice)."""
     series: Series = {}
     for (panel, section), file in SOURCES.items():
-        rows: list[Mapping[str, Any]] = list(read_rows(run_dir / file))
+        curves = Curves(X_AXIS[panel], _plotted).read(run_dir / file)
         extra = (pending or {}).get((panel, section))
-        if extra is not None and not any(
-            _number(r.get("episode")) == _number(extra.get("episode")) for r in rows[-1:]
+        last = curves.last_row
+        if extra is not None and not (
+            last is not None and finite(last.get("episode")) == finite(extra.get("episode"))
         ):
-            rows.append(extra)
-        x_key = X_AXIS[panel]
-        for row in rows:
-            x = _number(row.get(x_key))
-            if x is None:
-                continue
-            for key, text in row.items():
-                y = _number(text)
-                if y is None or key in NOT_PLOTTED or key.endswith(SPREAD):
-                    continue
-                xs, ys = (
-                    series.setdefault(key, {}).setdefault(panel, {}).setdefault(section, ([], []))
-                )
-                xs.append(x)
-                ys.append(y)
+            curves.add_row(extra)
+        for key, points in curves.points().items():
+            series.setdefault(key, {}).setdefault(panel, {})[section] = points
     return series
 
 

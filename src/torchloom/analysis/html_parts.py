@@ -15,7 +15,12 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchloom.analysis.run_reading import as_number, format_number, markdown_blocks, read_csv
+from torchloom.analysis.run_reading import (
+    as_number,
+    format_number,
+    markdown_blocks,
+    read_csv_head,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -139,6 +144,11 @@ def markdown_html(text: str) -> str:
     return "\n".join(parts)
 
 
+# Rows a table of the report shows at most: a report file of a long run, or of a folder received
+# from someone else, may hold millions.
+TABLE_ROWS = 1000
+
+
 def _cell(text: str) -> str:
     numeric = re.fullmatch(r"[-+]?(\d[\d,]*)?\.?\d+(e[-+]?\d+)?%?|nan|inf", text.lower())
     return f'<td class="num">{_inline(text)}</td>' if numeric else f"<td>{_inline(text)}</td>"
@@ -151,13 +161,18 @@ def _inline(text: str) -> str:
 
 
 def csv_table(path: Path, rows: Sequence[dict[str, str]] | None = None) -> str:
-    """A CSV file (or some of its rows) as a table, numbers formatted and right-aligned."""
-    rows = read_csv(path) if rows is None else rows
+    """A CSV file (its first TABLE_ROWS rows, saying so when it has more; or some of its
+    rows) as a table, numbers formatted and right-aligned."""
+    note = ""
+    if rows is None:
+        rows, total = read_csv_head(path, TABLE_ROWS)
+        if total > len(rows):
+            note = f"<p>the first {len(rows):,} of {total:,} rows of {escape(path.name)}</p>"
     if not rows:
         return f'<p class="absent">{escape(path.name)} is empty</p>'
     headers = list(rows[0])
     cells = [[_number_or_text(r.get(h) or "") for h in headers] for r in rows]
-    return table(headers, cells)
+    return note + table(headers, cells)
 
 
 def _number_or_text(text: str) -> float | str:

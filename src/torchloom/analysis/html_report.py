@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from torchloom.analysis.html_parts import (
+    TABLE_ROWS,
     csv_table,
     escape,
     figure,
@@ -27,10 +28,10 @@ from torchloom.analysis.html_parts import (
 )
 from torchloom.analysis.run_reading import (
     Run,
-    curve,
+    csv_rows,
     format_number,
     plotted_statistics,
-    read_csv,
+    read_csv_head,
     read_run,
 )
 from torchloom.analysis.skipped import read_skipped
@@ -43,13 +44,12 @@ BAD_STATUSES = ("diverged", "interrupted", "running", "dead", "failed", "error",
 def history_plots(run: Run, skip_lr: bool = False) -> list[tuple[str, bytes]]:
     """(statistic, PNG) per statistic: one line per split against the episode, and the
     training rows at the logging interval where there are any."""
-    history = run.history()
-    columns = {column for rows in history.values() for row in rows for column in row}
-    named_rows = [("training (interval)", run.interval_history()), *history.items()]
+    history = run.history_curves("episode")
+    columns = {column for curves in history.values() for column in curves}
+    named = [("training (interval)", run.interval_curves()), *history.items()]
     plots = []
     for statistic in plotted_statistics(columns - ({"lr"} if skip_lr else set())):
-        series = [(name, *curve(rows, "episode", statistic)) for name, rows in named_rows]
-        series = [line for line in series if line[1]]
+        series = [(name, *curves[statistic]) for name, curves in named if statistic in curves]
         if series:
             plots.append((statistic, line_plot(statistic, series)))
     return plots
@@ -136,9 +136,9 @@ def _classification(run: Run, files: _Files) -> list[str]:
         if "-report.md" in found:
             parts.append(_markdown_file(found["-report.md"]))
         if "-errors.csv" in found:
-            errors = read_csv(found["-errors.csv"])
-            parts.append(f"<p>{len(errors)} prediction errors (the first 20):</p>")
-            parts.append(csv_table(found["-errors.csv"], errors[:20]) if errors else "")
+            errors, total = read_csv_head(found["-errors.csv"], 20)
+            parts.append(f"<p>{total} prediction errors (the first 20):</p>")
+            parts.append(csv_table(found["-errors.csv"], errors) if errors else "")
     return parts
 
 
@@ -154,16 +154,21 @@ def _worst(files: _Files) -> list[str]:
 
 def _layers(files: _Files) -> list[str]:
     paths = files("layer_statistics.csv")
-    rows = read_csv(paths[0]) if paths else []
-    if not rows:
+    # Read a row at a time: a measurement every few steps of a long run is a long file.
+    last_row: dict[str, str] | None = None
+    by_layer: dict[str, dict[str, str]] = {}
+    for row in csv_rows(paths[0]) if paths else ():
+        last_row = row
+        name = next((row[h] for h in ("layer", "name", "module") if h in row), None)
+        if name is not None and (name in by_layer or len(by_layer) < TABLE_ROWS):
+            by_layer[name] = row
+    if last_row is None:
         return []
-    headers = list(rows[0])
-    key = next((h for h in ("layer", "name", "module") if h in headers), None)
-    if key is None:  # one column per layer statistic: the last row, one value per line
-        last = [{"column": k, "last value": v or ""} for k, v in rows[-1].items()]
+    if not by_layer:  # one column per layer statistic: the last row, one value per line
+        last = [{"column": k, "last value": v or ""} for k, v in last_row.items()]
         content = csv_table(paths[0], last)
     else:  # one row per layer and measurement: the last measurement of each layer
-        content = csv_table(paths[0], list({row.get(key, ""): row for row in rows}.values()))
+        content = csv_table(paths[0], list(by_layer.values()))
     return [f"<p>last measurement per layer, from {escape(paths[0].name)}</p>", content]
 
 

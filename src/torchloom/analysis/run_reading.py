@@ -15,12 +15,13 @@ import json
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from torchloom.analysis.curve_points import Points, read_curves
 from torchloom.analysis.summary_types import summary_problems
 from torchloom.engine.run_lock import Liveness, run_liveness
 from torchloom.errors import ConfigError, Problem
@@ -133,16 +134,17 @@ class Run:
             int(epoch) if isinstance(epoch, int) else None,
         )
 
-    def history(self) -> dict[str, list[dict[str, float]]]:
-        """Per-epoch statistics rows per split (training, validation; test: its one row)."""
+    def history_curves(self, x_column: str) -> dict[str, dict[str, Points]]:
+        """split -> statistic -> (xs, ys) against `x_column`, from the per-epoch rows
+        (training, validation; test: its one row), in bounded memory (curve_points.py)."""
         found = {}
         for split in SPLITS:
             for name in (f"{split}_epoch_statistics.csv", f"{split}_statistics.csv"):
                 if split != "test" and name == f"{split}_statistics.csv":
-                    continue  # interval rows: see interval_history()
-                rows = numeric_rows(read_csv(self.path / name))
-                if rows:
-                    found[split] = rows
+                    continue  # interval rows: see interval_curves()
+                curves = read_curves(self.path / name, x_column)
+                if curves:
+                    found[split] = curves
                     break
         return found
 
@@ -154,8 +156,8 @@ class Run:
         for path in sorted(self.path.glob("*statistics.csv")):
             try:
                 with open(path, newline="", encoding="utf-8") as handle:
-                    reader = csv.DictReader(handle)
-                    if "episode" not in (reader.fieldnames or []):
+                    reader = csv.reader(handle)  # rows as lists: a million in a second
+                    if "episode" not in next(reader, []):
                         found.append(f"{path.name}: has no episode column")
                         continue
                     for _ in reader:
@@ -166,9 +168,10 @@ class Run:
                 found.append(f"{path.name}: {error}")
         return found
 
-    def interval_history(self) -> list[dict[str, float]]:
-        """Training statistics at the logging interval (empty when none were logged)."""
-        return numeric_rows(read_csv(self.path / "training_statistics.csv"))
+    def interval_curves(self) -> dict[str, Points]:
+        """Training statistics at the logging interval against the episode ({} when none
+        were logged), in bounded memory."""
+        return read_curves(self.path / "training_statistics.csv", "episode")
 
     def reports(self, pattern: str) -> list[Path]:
         """Files under `reports/` matching a glob, sorted by name; [] when there are none."""
@@ -258,30 +261,32 @@ def as_number(value: Any) -> float | None:
     return None
 
 
-def read_csv(path: Path) -> list[dict[str, str]]:
-    """A CSV file as a list of dicts (no rows when the file is missing or unreadable)."""
+def csv_rows(path: Path) -> Iterator[dict[str, str]]:
+    """A CSV file's rows one at a time (none when the file is missing or unreadable; a
+    malformed row ends them): a file of any size read in the memory of one row."""
     if not path.is_file():
-        return []
+        return
     try:
         with open(path, newline="", encoding="utf-8", errors="replace") as handle:
-            return [dict(row) for row in csv.DictReader(handle)]
+            yield from csv.DictReader(handle)
     except (OSError, csv.Error):
-        return []
+        return
 
 
-def numeric_rows(rows: list[dict[str, str]]) -> list[dict[str, float]]:
-    """Rows with their numeric cells only."""
-    result = []
-    for row in rows:
-        numbers = {k: as_number(v) for k, v in row.items() if k}
-        result.append({k: v for k, v in numbers.items() if v is not None})
-    return result
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """A CSV file as a list of dicts (no rows when the file is missing or unreadable)."""
+    return list(csv_rows(path))
 
 
-def curve(rows: list[dict[str, float]], x: str, y: str) -> tuple[list[float], list[float]]:
-    """The (x, y) points of the rows that hold both columns, as two lists."""
-    points = [(row[x], row[y]) for row in rows if x in row and y in row]
-    return [p[0] for p in points], [p[1] for p in points]
+def read_csv_head(path: Path, limit: int) -> tuple[list[dict[str, str]], int]:
+    """The first `limit` rows of a CSV file and how many it has, in the memory of those."""
+    head: list[dict[str, str]] = []
+    total = 0
+    for row in csv_rows(path):
+        total += 1
+        if total <= limit:
+            head.append(row)
+    return head, total
 
 
 def lower_is_better(name: str, runs: Sequence[Run] = ()) -> bool:

@@ -1,0 +1,179 @@
+"""Curves read from a statistics CSV in bounded memory.
+
+A long run logs a row every few steps, and a run folder received from someone else may hold
+any file: reading a CSV of a million rows as dicts took 2.2 GB and 40 s (`loom report`, and
+the history plots after every epoch of a run), and a picture of it keeps a few thousand
+points' worth of pixels. The file is read row by row; each column's points go to an
+`Envelope`, which keeps every point while there are few and, beyond `MAX_BUCKETS` buckets,
+the lowest and the highest point of each bucket of consecutive rows, so a spike stays in the
+curve. Every point drawn is one of the file's. Imports no torch and no matplotlib.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+# Buckets an envelope keeps: up to twice as many points (a bucket's lowest and highest), a
+# few per pixel of the widest figure drawn.
+MAX_BUCKETS = 2000
+
+Points = tuple[list[float], list[float]]
+
+
+def finite(value: Any) -> float | None:
+    """A finite float from a CSV cell or a JSON value; None for anything else."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+class Envelope:
+    """The points of one curve, in the order added: all of them up to `limit` buckets; past
+    that, consecutive buckets merge in pairs (each keeps its lowest and its highest point),
+    so the rows per bucket double and memory stays within `limit` buckets."""
+
+    def __init__(self, limit: int = MAX_BUCKETS) -> None:
+        self.limit = limit
+        self.rows_per_bucket = 1
+        # One list per bucket: [rows, x of the lowest, lowest, x of the highest, highest].
+        self.buckets: list[list[float]] = []
+        # The curve's first and latest points are drawn whatever the buckets keep, so that it
+        # spans the run and ends on its last value.
+        self.first: tuple[float, float] | None = None
+        self.latest: tuple[float, float] | None = None
+
+    def add(self, x: float, y: float) -> None:
+        if self.first is None:
+            self.first = (x, y)
+        self.latest = (x, y)
+        self._add(x, y)
+
+    def _add(self, x: float, y: float) -> None:
+        last = self.buckets[-1] if self.buckets else None
+        if last is None or last[0] >= self.rows_per_bucket:
+            if len(self.buckets) == self.limit:
+                self._halve()
+                self._add(x, y)
+                return
+            self.buckets.append([1, x, y, x, y])
+            return
+        last[0] += 1
+        if y < last[2]:
+            last[1], last[2] = x, y
+        if y > last[4]:
+            last[3], last[4] = x, y
+
+    def _halve(self) -> None:
+        merged = []
+        for first, second in zip(self.buckets[::2], self.buckets[1::2], strict=False):
+            low = first if first[2] <= second[2] else second
+            high = first if first[4] >= second[4] else second
+            merged.append([first[0] + second[0], low[1], low[2], high[3], high[4]])
+        if len(self.buckets) % 2:
+            merged.append(self.buckets[-1])
+        self.buckets = merged
+        self.rows_per_bucket *= 2
+
+    def points(self) -> Points:
+        """(xs, ys): every point added, or the first, each bucket's lowest and highest and
+        the latest, in row order."""
+        kept: list[tuple[float, float]] = [] if self.first is None else [self.first]
+        for _, x_low, low, x_high, high in self.buckets:
+            kept += sorted({(x_low, low), (x_high, high)})  # in x order; one if they are one
+        if self.latest is not None:
+            kept.append(self.latest)
+        # The first and latest points are also their buckets' when the buckets keep all.
+        unique = [point for i, point in enumerate(kept) if i == 0 or point != kept[i - 1]]
+        return [x for x, _ in unique], [y for _, y in unique]
+
+
+def _finite_text(text: str) -> float | None:
+    """`finite` for a CSV cell, without its checks of other types (a call per cell)."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+class Curves:
+    """Envelopes by column (those `plotted` accepts) against one x column, fed a row at a
+    time; `last_row` is the last row read (the history plots add a row the engine has not
+    written yet only when it is not that one)."""
+
+    def __init__(self, x_column: str, plotted: Callable[[str], bool] = bool) -> None:
+        self.x_column, self.plotted = x_column, plotted
+        self.envelopes: dict[str, Envelope] = {}
+        self.last_row: Mapping[str, Any] | None = None
+
+    def _envelope(self, column: str) -> Envelope:
+        envelope = self.envelopes.get(column)
+        if envelope is None:  # made for a column's first finite value only
+            envelope = self.envelopes[column] = Envelope()
+        return envelope
+
+    def add_row(self, row: Mapping[str, Any]) -> None:
+        self.last_row = row
+        x = finite(row.get(self.x_column))
+        if x is None:
+            return
+        for key, value in row.items():
+            if not key or key == self.x_column or not self.plotted(key):
+                continue
+            y = finite(value)
+            if y is not None:
+                self._envelope(key).add(x, y)
+
+    def read(self, path: Path) -> Curves:
+        """Adds every row of a CSV file (nothing when it is missing or unreadable; a malformed
+        row ends the reading), a row at a time: a million rows in a few seconds."""
+        if not path.is_file():
+            return self
+        try:
+            with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+                self._read(csv.reader(handle))
+        except (OSError, csv.Error):
+            pass
+        return self
+
+    def _read(self, reader: Iterator[list[str]]) -> None:
+        header = next(reader, None)
+        if not header or self.x_column not in header:
+            return
+        at = header.index(self.x_column)
+        columns = [
+            (index, name)
+            for index, name in enumerate(header)
+            if name and index != at and self.plotted(name)
+        ]
+        row: list[str] = []
+        for row in reader:
+            if len(row) <= at:
+                continue
+            x = _finite_text(row[at])
+            if x is None:
+                continue
+            for index, name in columns:
+                if index < len(row):
+                    y = _finite_text(row[index])
+                    if y is not None:
+                        self._envelope(name).add(x, y)
+        if row:
+            self.last_row = dict(zip(header, row, strict=False))
+
+    def points(self) -> dict[str, Points]:
+        return {key: envelope.points() for key, envelope in self.envelopes.items()}
+
+
+def read_curves(path: Path, x_column: str) -> dict[str, Points]:
+    """Every numeric column of a CSV file against `x_column` (the columns with at least one
+    finite value), as (xs, ys) in bounded memory; {} when the file is missing or unreadable."""
+    return Curves(x_column).read(path).points()
