@@ -207,3 +207,31 @@ def test_check_imports_only_what_the_pipeline_needs() -> None:
     # (which building an optimizer imports; `loom check` only checks its arguments).
     report = _imports_of("check", str(MNIST_CONFIGS / "lenet5.yml"))
     assert report == {"status": 0, "heavy": ["torch"]}
+
+
+# A launched worker's fast exit (cli/train.py) with an exit handler registered before it, as
+# a user's plugin or coverage registers one.
+FAST_EXIT = textwrap.dedent(
+    """
+    import atexit, pathlib, sys
+    from torchloom.cli.train import _exit_at_once
+    atexit.register(pathlib.Path(sys.argv[1]).write_text, "ran")
+    atexit.register(_exit_at_once)
+    sys.exit(0)
+    """
+)
+
+
+def test_a_workers_fast_exit_runs_the_other_exit_handlers(tmp_path: Path) -> None:
+    """The fast exit skips the interpreter's teardown (2 s of a launch), not the exit
+    handlers registered before it (they take milliseconds)."""
+    marker = tmp_path / "handler"
+    done = subprocess.run(
+        [sys.executable, "-c", FAST_EXIT, str(marker)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "ran"
