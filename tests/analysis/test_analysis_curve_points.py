@@ -9,7 +9,7 @@ import random
 import tracemalloc
 from pathlib import Path
 
-from torchloom.analysis.curve_points import MAX_BUCKETS, Envelope, read_curves
+from torchloom.analysis.curve_points import MAX_BUCKETS, Curves, Envelope, read_curves
 from torchloom.analysis.history import draw_history, history_series
 from torchloom.analysis.html_report import history_plots, report_html
 from torchloom.analysis.plotting import png_data
@@ -92,6 +92,13 @@ def test_an_unreadable_or_missing_file_has_no_curves(tmp_path: Path) -> None:
     assert read_curves(tmp_path / "missing.csv", "episode") == {}
     (tmp_path / "nan.csv").write_text("episode,loss,name\n1,nan,a\n2,inf,b\n", encoding="utf-8")
     assert read_curves(tmp_path / "nan.csv", "episode") == {}
+    # The last row, which the history plots compare with the row not yet written, is the
+    # file's last row of data, blank lines after it or not.
+    (tmp_path / "blank.csv").write_text("episode,loss\n1,0.5\n3,0.25\n\n\n", encoding="utf-8")
+    assert Curves("episode").read(tmp_path / "blank.csv").last_row == {
+        "episode": "3",
+        "loss": "0.25",
+    }
 
 
 def test_the_report_shows_the_head_of_long_report_files(tmp_path: Path) -> None:

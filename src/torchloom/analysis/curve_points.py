@@ -154,8 +154,10 @@ class Curves:
             for index, name in enumerate(header)
             if name and index != at and self.plotted(name)
         ]
-        row: list[str] = []
+        last: list[str] = []
         for row in reader:
+            if row:  # a blank line is no row (as csv.DictReader has it)
+                last = row
             if len(row) <= at:
                 continue
             x = _finite_text(row[at])
@@ -166,8 +168,8 @@ class Curves:
                     y = _finite_text(row[index])
                     if y is not None:
                         self._envelope(name).add(x, y)
-        if row:
-            self.last_row = dict(zip(header, row, strict=False))
+        if last:
+            self.last_row = dict(zip(header, last, strict=False))
 
     def points(self) -> dict[str, Points]:
         return {key: envelope.points() for key, envelope in self.envelopes.items()}
