@@ -26,6 +26,7 @@ from torchloom.analysis.run_reading import (
     read_run,
 )
 from torchloom.config.dumping import flatten_config
+from torchloom.config.limits import MAX_FILE_BYTES
 from torchloom.config.yaml_reader import parse_config_text
 from torchloom.core.file_names import WORKER_FILES, file_name_problem
 from torchloom.data.atomic_files import write_text_atomic
@@ -119,8 +120,11 @@ def config_differences(runs: Sequence[Run]) -> list[list[str]]:
     """[key, value per run] for every config key whose value differs ('' where absent)."""
     flats = []
     for run in runs:
+        text, size = run.config_text()
         try:  # read within the config limits: a hand-edited file may hold anything
-            data = parse_config_text(run.config_text(), str(run.path / "config.yaml")).data
+            if size > MAX_FILE_BYTES:
+                raise ConfigError.at("", "config.yaml", f"has {size:,} bytes, more than a config")
+            data = parse_config_text(text, str(run.path / "config.yaml")).data
         except ConfigError as error:
             data = {"config.yaml": f"(cannot be read: {error.problems[0].message})"}
         flats.append(_flatten(data if isinstance(data, dict) else {"config.yaml": data}))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import os
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -102,8 +103,9 @@ def figure(data: bytes, caption: str, show_caption: bool = True) -> str:
 def png_file_figure(path: Path, caption: str | None = None) -> str:
     """A PNG file embedded with a caption; a note naming it when it is too big or no PNG."""
     try:
-        size = path.stat().st_size
-        data = path.read_bytes()[:8] if size > MAX_IMAGE_BYTES else path.read_bytes()
+        with open(path, "rb") as handle:  # a file too big to embed: only its signature
+            size = os.fstat(handle.fileno()).st_size
+            data = handle.read(8 if size > MAX_IMAGE_BYTES else size)
     except OSError as error:
         return f'<p class="absent">{escape(path.name)}: cannot be read ({escape(error)})</p>'
     problem = "not a PNG file" if not data.startswith(PNG_SIGNATURE) else ""

@@ -33,11 +33,15 @@ from torchloom.analysis.run_reading import (
     plotted_statistics,
     read_csv_head,
     read_run,
+    read_text_head,
 )
 from torchloom.analysis.skipped import read_skipped
+from torchloom.config.limits import MAX_FILE_BYTES
 from torchloom.data.atomic_files import write_text_atomic
 from torchloom.errors import ConfigError, Problem
 
+# A markdown report shown in the page, in bytes at most.
+MAX_MARKDOWN_BYTES = 1_000_000
 BAD_STATUSES = ("diverged", "interrupted", "running", "dead", "failed", "error", "unknown")
 
 
@@ -182,7 +186,17 @@ def _skipped(run: Run) -> list[str]:
 
 
 def _markdown_file(path: Path) -> str:
-    return markdown_html(path.read_text(encoding="utf-8", errors="replace"))
+    """A report's markdown as HTML: its first MAX_MARKDOWN_BYTES (the model summary of a
+    large model takes tens of kilobytes), saying so when the file is longer."""
+    try:
+        text, size = read_text_head(path, MAX_MARKDOWN_BYTES)
+    except OSError as error:
+        return f'<p class="absent">{escape(path.name)}: cannot be read ({escape(error)})</p>'
+    html = markdown_html(text)
+    if size > MAX_MARKDOWN_BYTES:
+        html += f'<p class="absent">{escape(path.name)}: the first {MAX_MARKDOWN_BYTES:,} of '
+        html += f"{size:,} bytes</p>"
+    return html
 
 
 def _section(anchor: str, title: str, parts: list[str]) -> str:
@@ -210,7 +224,9 @@ def report_html(run: Run) -> str:
     present = [(anchor, title, parts) for anchor, title, parts in built if any(parts)]
     absent = [t for a, t, parts in built if not any(parts) and a not in ("other", "skipped")]
     links = [("summary", "Summary"), *((a, t) for a, t, _ in present), ("config", "Config")]
-    config_text = run.config_text()
+    config_text, config_size = run.config_text()
+    if config_size > MAX_FILE_BYTES:
+        config_text += f"\n... (cut: config.yaml has {config_size:,} bytes, more than a config)"
     written = time.strftime("%Y-%m-%d %H:%M:%S")
     body = [
         f"<h1>Run report: {escape(run.pipeline)}</h1>",

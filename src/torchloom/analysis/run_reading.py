@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,9 @@ from torchloom.engine.run_lock import Liveness, run_liveness
 from torchloom.errors import ConfigError, Problem
 
 SPLITS = ("training", "validation", "test")
+# A run's summary.json holds its final statistics and settings: a few kilobytes, a few hundred
+# with thousands of statistics. `loom runs` reads every one under a folder.
+MAX_SUMMARY_BYTES = 16_000_000
 # Columns of the statistics CSVs that are counters, not statistics.
 COUNTERS = frozenset({"epoch", "episode"})
 _STAMP = re.compile(r"^(\d{4})(\d{2})(\d{2})_(\d{2})(\d{2})(\d{2})")
@@ -91,9 +95,19 @@ class Run:
     def date(self) -> str:
         return run_date(self.path)
 
-    def config_text(self) -> str:
+    def config_text(self) -> tuple[str, int]:
+        """config.yaml's text, at most what a config file may hold (MAX_FILE_BYTES), and the
+        file's size (the text is cut when it is larger); ("", 0) when there is none."""
+        # Here, not at the top: the config package brings OmegaConf, which `loom runs` skips.
+        from torchloom.config.limits import MAX_FILE_BYTES
+
         path = self.path / "config.yaml"
-        return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+        if not path.is_file():
+            return "", 0
+        try:
+            return read_text_head(path, MAX_FILE_BYTES)
+        except OSError:
+            return "", 0
 
     def final(self) -> dict[str, float]:
         """Final statistics as `section.name -> value` (numbers only)."""
@@ -196,6 +210,13 @@ def read_run(path: str | Path) -> Run:
             "has no summary.json: not a run folder (loom train writes <expdir>/<pipeline>/<date>/)",
         )
     try:
+        size = summary_path.stat().st_size
+        if size > MAX_SUMMARY_BYTES:
+            raise _not_a_run(
+                folder,
+                f"summary.json has {size:,} bytes, more than a run writes "
+                f"(at most {MAX_SUMMARY_BYTES:,} are read)",
+            )
         summary = json.loads(summary_path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as error:
         raise _not_a_run(folder, f"summary.json is not UTF-8 text: {error.reason}") from error
@@ -287,6 +308,15 @@ def read_csv_head(path: Path, limit: int) -> tuple[list[dict[str, str]], int]:
         if total <= limit:
             head.append(row)
     return head, total
+
+
+def read_text_head(path: Path, limit: int) -> tuple[str, int]:
+    """The first `limit` bytes of a file as text (bytes that are no UTF-8 replaced) and the
+    file's size: a file of a run folder from someone else may be of any size."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        data = handle.read(limit)
+    return data.decode("utf-8", errors="replace"), size
 
 
 def lower_is_better(name: str, runs: Sequence[Run] = ()) -> bool:

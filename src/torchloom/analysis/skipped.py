@@ -20,14 +20,17 @@ if TYPE_CHECKING:
     from torchloom.engine.state import RunView
 
 SKIPPED_FILE = "skipped.json"
+MAX_SKIPPED_BYTES = 1_000_000
 
 
 def read_skipped(run_dir: Path) -> dict[str, str]:
     """{item: why it did not run} of a run folder ({} when every item ran)."""
     path = run_dir / "reports" / SKIPPED_FILE
     try:
+        if path.stat().st_size > MAX_SKIPPED_BYTES:  # a line per analysis item, as written
+            return {}
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     if not isinstance(data, dict):
         return {}
