@@ -41,7 +41,7 @@ class Envelope:
     so the rows per bucket double and memory stays within `limit` buckets."""
 
     def __init__(self, limit: int = MAX_BUCKETS) -> None:
-        self.limit = limit
+        self.limit = max(limit, 1)
         self.rows_per_bucket = 1
         # One list per bucket: [rows, x of the lowest, lowest, x of the highest, highest].
         self.buckets: list[list[float]] = []
@@ -85,14 +85,16 @@ class Envelope:
     def points(self) -> Points:
         """(xs, ys): every point added, or the first, each bucket's lowest and highest and
         the latest, in row order."""
-        kept: list[tuple[float, float]] = [] if self.first is None else [self.first]
+        kept: list[tuple[float, float]] = []
         for _, x_low, low, x_high, high in self.buckets:
             kept += sorted({(x_low, low), (x_high, high)})  # in x order; one if they are one
-        if self.latest is not None:
+        # The first and latest points, unless their buckets kept them (as they keep every
+        # point while the rows per bucket are one).
+        if self.first is not None and kept[0] != self.first:
+            kept.insert(0, self.first)
+        if self.latest is not None and kept[-1] != self.latest:
             kept.append(self.latest)
-        # The first and latest points are also their buckets' when the buckets keep all.
-        unique = [point for i, point in enumerate(kept) if i == 0 or point != kept[i - 1]]
-        return [x for x, _ in unique], [y for _, y in unique]
+        return [x for x, _ in kept], [y for _, y in kept]
 
 
 def _finite_text(text: str) -> float | None:

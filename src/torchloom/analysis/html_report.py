@@ -161,11 +161,14 @@ def _layers(files: _Files) -> list[str]:
     # Read a row at a time: a measurement every few steps of a long run is a long file.
     last_row: dict[str, str] | None = None
     by_layer: dict[str, dict[str, str]] = {}
+    more = 0  # layers past the table's TABLE_ROWS
     for row in csv_rows(paths[0]) if paths else ():
         last_row = row
         name = next((row[h] for h in ("layer", "name", "module") if h in row), None)
         if name is not None and (name in by_layer or len(by_layer) < TABLE_ROWS):
             by_layer[name] = row
+        elif name is not None:
+            more += 1
     if last_row is None:
         return []
     if not by_layer:  # one column per layer statistic: the last row, one value per line
@@ -173,6 +176,9 @@ def _layers(files: _Files) -> list[str]:
         content = csv_table(paths[0], last)
     else:  # one row per layer and measurement: the last measurement of each layer
         content = csv_table(paths[0], list(by_layer.values()))
+        if more:
+            content += f'<p class="absent">the first {TABLE_ROWS:,} layers; {more:,} rows '
+            content += "of further layers not shown</p>"
     return [f"<p>last measurement per layer, from {escape(paths[0].name)}</p>", content]
 
 

@@ -294,11 +294,6 @@ def csv_rows(path: Path) -> Iterator[dict[str, str]]:
         return
 
 
-def read_csv(path: Path) -> list[dict[str, str]]:
-    """A CSV file as a list of dicts (no rows when the file is missing or unreadable)."""
-    return list(csv_rows(path))
-
-
 def read_csv_head(path: Path, limit: int) -> tuple[list[dict[str, str]], int]:
     """The first `limit` rows of a CSV file and how many it has, in the memory of those."""
     head: list[dict[str, str]] = []
