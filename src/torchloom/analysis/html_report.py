@@ -42,6 +42,7 @@ from torchloom.errors import ConfigError, Problem
 
 # A markdown report shown in the page, in bytes at most.
 MAX_MARKDOWN_BYTES = 1_000_000
+
 BAD_STATUSES = ("diverged", "interrupted", "running", "dead", "failed", "error", "unknown")
 
 
