@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 import random
-import tracemalloc
 from pathlib import Path
 
+from memory_peak import traced_peak
 from torchloom.analysis.curve_points import MAX_BUCKETS, Curves, Envelope, read_curves
 from torchloom.analysis.history import draw_history, history_series
 from torchloom.analysis.html_report import history_plots, report_html
@@ -66,13 +66,9 @@ def test_a_long_statistics_file_is_drawn_in_bounded_memory(tmp_path: Path) -> No
     million rows took 2.2 GB and 40 s of `loom report`); now a few MB, each curve at most
     twice MAX_BUCKETS points (and its first and last), the spike among them."""
     run = long_run(tmp_path, 40_000)
-    tracemalloc.start()
-    try:
+    with traced_peak() as peak:
         series = history_series(run)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 5e6, f"{peak / 1e6:.0f} MB"  # 28 MB before, 0.8 MB now
+    assert peak[0] < 5e6, f"{peak[0] / 1e6:.0f} MB"  # 28 MB before, 0.8 MB now
     xs, ys = series["loss"]["per interval"]["training"]
     assert 1000 < len(xs) <= 2 * MAX_BUCKETS + 2 and max(ys) == 9.0
     assert (xs[0], xs[-1]) == (1.0, 40_000.0)

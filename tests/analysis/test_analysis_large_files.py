@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import json
-import tracemalloc
 from pathlib import Path
 
 import pytest
 
+from memory_peak import traced_peak
 from torchloom.analysis.compare import config_differences
 from torchloom.analysis.html_parts import MAX_IMAGE_BYTES, png_file_figure
 from torchloom.analysis.html_report import report_html
@@ -29,14 +29,9 @@ def test_a_summary_larger_than_a_run_writes_is_refused_unread(tmp_path: Path) ->
     run = small_run(tmp_path)
     padding = " " * (MAX_SUMMARY_BYTES + 10)
     (run / "summary.json").write_text('{"status": "epoch_limit"' + padding + "}", "utf-8")
-    tracemalloc.start()
-    try:
-        with pytest.raises(ConfigError, match=r"summary.json has 16,000,035 bytes"):
-            read_run(run)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 1e6  # not read at all
+    with traced_peak() as peak, pytest.raises(ConfigError, match=r"16,000,035 bytes"):
+        read_run(run)
+    assert peak[0] < 1e6  # not read at all
     assert read_run_or_unreadable(run).status == "unreadable"  # `loom runs` lists it so
 
 
@@ -60,13 +55,9 @@ def test_long_report_files_are_shown_in_part(tmp_path: Path) -> None:
 def test_an_image_too_big_to_embed_is_not_read(tmp_path: Path) -> None:
     image = tmp_path / "big.png"
     image.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(MAX_IMAGE_BYTES + 1))
-    tracemalloc.start()
-    try:
+    with traced_peak() as peak:
         shown = png_file_figure(image)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert "too big to embed" in shown and peak < 1e6
+    assert "too big to embed" in shown and peak[0] < 1e6
 
 
 def test_a_skipped_list_larger_than_written_is_read_as_none(tmp_path: Path) -> None:

@@ -16,12 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torchloom.analysis.run_reading import (
-    as_number,
-    format_number,
-    markdown_blocks,
-    read_csv_head,
-)
+from torchloom.analysis.file_heads import read_csv_head
+from torchloom.analysis.run_reading import as_number, format_number, markdown_blocks
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

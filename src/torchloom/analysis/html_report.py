@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from torchloom.analysis.file_heads import csv_rows, read_csv_head, read_text_head
 from torchloom.analysis.html_parts import (
     TABLE_ROWS,
     csv_table,
@@ -26,15 +27,7 @@ from torchloom.analysis.html_parts import (
     png_file_figure,
     table,
 )
-from torchloom.analysis.run_reading import (
-    Run,
-    csv_rows,
-    format_number,
-    plotted_statistics,
-    read_csv_head,
-    read_run,
-    read_text_head,
-)
+from torchloom.analysis.run_reading import Run, format_number, plotted_statistics, read_run
 from torchloom.analysis.skipped import read_skipped
 from torchloom.config.limits import MAX_FILE_BYTES
 from torchloom.data.atomic_files import write_text_atomic
