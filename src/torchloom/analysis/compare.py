@@ -121,12 +121,13 @@ def config_differences(runs: Sequence[Run]) -> list[list[str]]:
     flats = []
     for run in runs:
         text, size = run.config_text()
-        try:  # read within the config limits: a hand-edited file may hold anything
-            if size > MAX_FILE_BYTES:
-                raise ConfigError.at("", "config.yaml", f"has {size:,} bytes, more than a config")
-            data = parse_config_text(text, str(run.path / "config.yaml")).data
-        except ConfigError as error:
-            data = {"config.yaml": f"(cannot be read: {error.problems[0].message})"}
+        if size > MAX_FILE_BYTES:  # the text is cut: not parsed as if it were whole
+            data = {"config.yaml": f"(cannot be read: has {size:,} bytes, more than a config)"}
+        else:
+            try:  # read within the config limits: a hand-edited file may hold anything
+                data = parse_config_text(text, str(run.path / "config.yaml")).data
+            except ConfigError as error:
+                data = {"config.yaml": f"(cannot be read: {error.problems[0].message})"}
         flats.append(_flatten(data if isinstance(data, dict) else {"config.yaml": data}))
     keys = sorted({key for flat in flats for key in flat})
     rows = []

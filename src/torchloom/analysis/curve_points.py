@@ -29,8 +29,16 @@ def finite(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     try:
-        number = float(value)
-    except (TypeError, ValueError):
+        return _finite_text(value)
+    except TypeError:  # None, a list, ...
+        return None
+
+
+def _finite_text(text: str) -> float | None:
+    """`finite` for a CSV cell, without its checks of other types (a call per cell)."""
+    try:
+        number = float(text)
+    except ValueError:
         return None
     return number if math.isfinite(number) else None
 
@@ -95,15 +103,6 @@ class Envelope:
         if self.latest is not None and kept[-1] != self.latest:
             kept.append(self.latest)
         return [x for x, _ in kept], [y for _, y in kept]
-
-
-def _finite_text(text: str) -> float | None:
-    """`finite` for a CSV cell, without its checks of other types (a call per cell)."""
-    try:
-        number = float(text)
-    except ValueError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 class Curves:
