@@ -30,10 +30,14 @@ from torchloom.engine.launch import free_port
 from torchloom.engine.run_lock import RunLock
 
 TESTS = Path(__file__).resolve().parents[1]
+# Every process these tests start inherits OWNER, so that `spawned_workers` finds this test
+# process's workers only: other tests may be launching workers at the same time (pytest-xdist).
+OWNER = f"TORCHLOOM_TEST_OWNER={os.getpid()}"
 ENV = {
     **os.environ,
     "PYTHONUNBUFFERED": "1",
     "PYTHONPATH": os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p),
+    "TORCHLOOM_TEST_OWNER": str(os.getpid()),
 }
 
 
@@ -353,11 +357,16 @@ def test_two_nodes_on_one_machine_write_one_run_folder(tmp_path: Path) -> None:
 
 
 def spawned_workers() -> set[int]:
-    """PIDs of live processes that multiprocessing's spawn started (launched workers)."""
+    """PIDs of live processes that multiprocessing's spawn started (launched workers) from a
+    command of this test process (their environment has OWNER)."""
     found = set()
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and b"spawn_main" in (entry / "cmdline").read_bytes():
+            if (
+                entry.name.isdigit()
+                and b"spawn_main" in (entry / "cmdline").read_bytes()
+                and OWNER.encode() in (entry / "environ").read_bytes().split(b"\0")
+            ):
                 found.add(int(entry.name))
         except OSError:
             continue
