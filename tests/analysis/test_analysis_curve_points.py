@@ -6,14 +6,24 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
+
 from memory_peak import traced_peak
-from torchloom.analysis.curve_points import MAX_BUCKETS, Curves, Envelope, read_curves
-from torchloom.analysis.history import draw_history, history_series
+from torchloom.analysis.curve_points import (
+    MAX_BUCKETS,
+    Curves,
+    Envelope,
+    FollowedCurves,
+    read_curves,
+)
+from torchloom.analysis.history import HistoryReader, draw_history, history_series
 from torchloom.analysis.html_report import history_plots, report_html
 from torchloom.analysis.plotting import png_data
 from torchloom.analysis.run_reading import read_run
+from torchloom.statistics.csv_log import CsvLog
 
 
 def test_an_envelope_keeps_every_point_while_there_are_few() -> None:
@@ -122,3 +132,67 @@ def test_the_report_shows_the_head_of_long_report_files(tmp_path: Path) -> None:
     layer_part = page[start : page.index("</table>", start)]
     assert all(cell.replace(",", "") in layer_part.replace(",", "") for cell in last)
     assert layer_part.count("<tr>") == 5  # the header and the four layers
+
+
+def test_a_growing_file_is_followed_a_row_once(tmp_path: Path) -> None:
+    """What the history plots read after each epoch: the rows added since, not the whole file
+    again; a line still being written waits; a file rewritten with a new column, or cut, is
+    read again from its start; at every step the same curves as the file read whole."""
+    path = tmp_path / "training_statistics.csv"
+    log = CsvLog(path)
+    followed = FollowedCurves(path, "episode")
+    fed: list[int] = []
+    feed = Curves.feed
+
+    def counted(self: Curves, reader: Iterable[list[str]]) -> None:
+        rows = list(reader)
+        fed.append(len(rows))
+        feed(self, rows)
+
+    def same_as_whole() -> None:
+        curves = followed.update()
+        whole = Curves("episode").read(path)
+        assert curves.points() == whole.points() and curves.last_row == whole.last_row
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Curves, "feed", counted)
+        assert followed.update().points() == {}  # no file yet
+        for episode in range(1, 41):
+            log.write({"episode": episode, "loss": 1.0 / episode})
+            if episode % 10 == 0:
+                fed.clear()
+                same_as_whole()
+                assert fed[0] == 10  # the 10 rows written since, not the 10 * k of the file
+        with open(path, "a", encoding="utf-8") as out:
+            out.write("41,0.0")  # half a row: the engine is writing it
+        fed.clear()
+        assert followed.update().points()["loss"][0][-1] == 40.0 and fed == [0]
+        with open(path, "a", encoding="utf-8") as out:
+            out.write("25\r\n")
+        assert followed.update().points()["loss"][1][-1] == 0.025
+        log.write({"episode": 42, "loss": 0.5, "accuracy": 0.75})  # a new column: rewritten
+        same_as_whole()
+        assert followed.curves.points()["accuracy"] == ([42.0], [0.75])
+        CsvLog(path, keep_until_episode=20)  # cut back, as a resume does
+        same_as_whole()
+        assert followed.curves.points()["loss"][0][-1] == 20.0
+    path.unlink()
+    assert followed.update().points() == {}
+
+
+def test_the_history_of_a_run_is_read_as_it_grows(tmp_path: Path) -> None:
+    """HistoryReader (the history hook's) against history_series (a whole read), with a
+    pending row, epoch after epoch."""
+    reader = HistoryReader(tmp_path)
+    epochs = CsvLog(tmp_path / "training_epoch_statistics.csv")
+    intervals = CsvLog(tmp_path / "training_statistics.csv")
+    for epoch in range(1, 6):
+        for step in range(1, 4):
+            episode = 3 * (epoch - 1) + step
+            intervals.write({"epoch": epoch, "episode": episode, "loss": 1.0 / episode})
+        row = {"epoch": epoch, "episode": 3 * epoch, "loss": 1.0 / epoch}
+        pending = {("per epoch", "training"): row}
+        assert reader.series(pending) == history_series(tmp_path, pending)
+        epochs.write(row)
+        assert reader.series(pending) == history_series(tmp_path, pending)  # not twice
+    assert reader.series()["loss"]["per epoch"]["training"][0] == [1.0, 2.0, 3.0, 4.0, 5.0]

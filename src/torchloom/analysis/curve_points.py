@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 # Buckets an envelope keeps: up to twice as many points (a bucket's lowest and highest), a
 # few per pixel of the widest figure drawn.
@@ -114,24 +114,17 @@ class Curves:
         self.x_column, self.plotted = x_column, plotted
         self.envelopes: dict[str, Envelope] = {}
         self.last_row: Mapping[str, Any] | None = None
+        self.header: list[str] = []
+        # (index, name) of the plotted columns, and the x column's index; None until a
+        # header with the x column is read.
+        self._columns: list[tuple[int, str]] | None = None
+        self._at = 0
 
     def _envelope(self, column: str) -> Envelope:
         envelope = self.envelopes.get(column)
         if envelope is None:  # made for a column's first finite value only
             envelope = self.envelopes[column] = Envelope()
         return envelope
-
-    def add_row(self, row: Mapping[str, Any]) -> None:
-        self.last_row = row
-        x = finite(row.get(self.x_column))
-        if x is None:
-            return
-        for key, value in row.items():
-            if not key or key == self.x_column or not self.plotted(key):
-                continue
-            y = finite(value)
-            if y is not None:
-                self._envelope(key).add(x, y)
 
     def read(self, path: Path) -> Curves:
         """Adds every row of a CSV file (nothing when it is missing or unreadable; a malformed
@@ -140,21 +133,30 @@ class Curves:
             return self
         try:
             with open(path, newline="", encoding="utf-8", errors="replace") as handle:
-                self._read(csv.reader(handle))
+                reader = csv.reader(handle)
+                self.start(next(reader, None))
+                self.feed(reader)
         except (OSError, csv.Error):
             pass
         return self
 
-    def _read(self, reader: Iterator[list[str]]) -> None:
-        header = next(reader, None)
-        if not header or self.x_column not in header:
+    def start(self, header: list[str] | None) -> None:
+        """Takes the file's header row: rows fed from now on are read by its columns (none,
+        when it has no x column)."""
+        self.header, self._columns = list(header or []), None
+        if self.x_column in self.header:
+            self._at = self.header.index(self.x_column)
+            self._columns = [
+                (index, name)
+                for index, name in enumerate(self.header)
+                if name and index != self._at and self.plotted(name)
+            ]
+
+    def feed(self, reader: Iterable[list[str]]) -> None:
+        """Adds the rows of `reader` (csv.reader's lists, after the header given to `start`)."""
+        if self._columns is None:
             return
-        at = header.index(self.x_column)
-        columns = [
-            (index, name)
-            for index, name in enumerate(header)
-            if name and index != at and self.plotted(name)
-        ]
+        columns, at = self._columns, self._at
         last: list[str] = []
         for row in reader:
             if row:  # a blank line is no row (as csv.DictReader has it)
@@ -170,10 +172,84 @@ class Curves:
                     if y is not None:
                         self._envelope(name).add(x, y)
         if last:
-            self.last_row = dict(zip(header, last, strict=False))
+            self.last_row = dict(zip(self.header, last, strict=False))
 
-    def points(self) -> dict[str, Points]:
-        return {key: envelope.points() for key, envelope in self.envelopes.items()}
+    def points(self, extra: Mapping[str, Any] | None = None) -> dict[str, Points]:
+        """(xs, ys) by column; `extra`, a row that is not kept (one the engine has not written
+        yet), is drawn as each of its columns' latest point."""
+        points = {key: envelope.points() for key, envelope in self.envelopes.items()}
+        x = None if extra is None else finite(extra.get(self.x_column))
+        if extra is None or x is None:
+            return points
+        for key, value in extra.items():
+            if not key or key == self.x_column or not self.plotted(key):
+                continue
+            y = finite(value)
+            if y is not None:
+                xs, ys = points.setdefault(key, ([], []))
+                xs.append(x)
+                ys.append(y)
+        return points
+
+
+class FollowedCurves:
+    """The curves of a CSV file that grows by appended rows (a run's statistics, drawn after
+    each epoch while the run writes them): each `update` reads only the complete rows
+    written since the last one, so a long run's plots cost the new rows, not the whole file
+    again. A file that was replaced (the engine rewrites it when a statistic is new) or cut
+    is read again from its start; after a malformed row nothing more is read from it."""
+
+    def __init__(self, path: Path, x_column: str, plotted: Callable[[str], bool] = bool) -> None:
+        self.path, self.x_column, self.plotted = path, x_column, plotted
+        self._restart(None)
+
+    def _restart(self, identity: tuple[int, int] | None) -> None:
+        self.curves = Curves(self.x_column, self.plotted)
+        self.identity = identity  # (device, inode) of the file read
+        self.offset = 0  # bytes read, up to the end of the last complete line
+        self.head = b""  # the header line read
+        self.stopped = False
+
+    def update(self) -> Curves:
+        try:
+            status = self.path.stat()
+        except OSError:
+            self._restart(None)  # gone: no curves
+            return self.curves
+        identity = (status.st_dev, status.st_ino)
+        if identity != self.identity or status.st_size < self.offset:
+            self._restart(identity)
+        if self.stopped or status.st_size == self.offset:
+            return self.curves
+        try:
+            with open(self.path, "rb") as handle:
+                # Another header: a file replaced since (its inode number may be reused).
+                if self.offset and handle.read(len(self.head)) != self.head:
+                    self._restart(identity)
+                handle.seek(self.offset)
+                reader = csv.reader(self._complete_lines(handle))
+                if self.offset == 0:
+                    header = next(reader, None)
+                    if header is None:
+                        return self.curves  # not even a whole header line yet
+                    self.curves.start(header)
+                    handle.seek(0)
+                    self.head = handle.read(self.offset)
+                    handle.seek(self.offset)
+                self.curves.feed(reader)
+        except (OSError, csv.Error):
+            self.stopped = True
+        return self.curves
+
+    def _complete_lines(self, handle: BinaryIO) -> Iterator[str]:
+        """The lines from the handle's position that end with a newline, counted into
+        `offset` as csv.reader takes them (a line still being written waits for the next
+        update)."""
+        for line in handle:
+            if not line.endswith(b"\n"):
+                return
+            self.offset += len(line)
+            yield line.decode("utf-8", errors="replace")
 
 
 def read_curves(path: Path, x_column: str) -> dict[str, Points]:

@@ -1,9 +1,10 @@
 """History curves: one PNG per statistic in `reports/history/<statistic>.png`.
 
-Drawn from the run folder's CSV files, so the hook keeps nothing in memory and a resumed run
-draws its whole history. A statistic gets a panel per epoch (training and validation epoch
-rows, x = epoch) and, where interval rows have it, a panel per logging interval (training
-rows and partial validation passes, x = episode); training and validation share a panel.
+Drawn from the run folder's CSV files, followed as the run appends to them (the hook keeps
+each curve's bounded envelope, not the rows), so a resumed run draws its whole history. A
+statistic gets a panel per epoch (training and validation epoch rows, x = epoch) and, where
+interval rows have it, a panel per logging interval (training rows and partial validation
+passes, x = episode); training and validation share a panel.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchloom.analysis.curve_points import Curves, finite
+from torchloom.analysis.curve_points import FollowedCurves, finite
 from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, drawn_at_end, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.engine.state import Hook
@@ -41,26 +42,38 @@ def _plotted(column: str) -> bool:
     return column not in NOT_PLOTTED and not column.endswith(SPREAD)
 
 
+class HistoryReader:
+    """The history curves of one run folder, its CSV files followed as they grow
+    (analysis/curve_points.py: each read takes the rows added since the last; a long run's
+    every point until there are thousands, then each stretch's lowest and highest)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.files = {
+            source: FollowedCurves(run_dir / file, X_AXIS[source[0]], _plotted)
+            for source, file in SOURCES.items()
+        }
+
+    def series(self, pending: Mapping[tuple[str, str], Mapping[str, Any]] | None = None) -> Series:
+        """statistic -> panel -> section -> (xs, ys), plus the `pending` rows (an event's row
+        that the engine writes to its file only after the hooks have seen it; a row whose
+        episode the file already has is not added twice)."""
+        series: Series = {}
+        for (panel, section), followed in self.files.items():
+            curves = followed.update()
+            extra = (pending or {}).get((panel, section))
+            last = curves.last_row
+            if extra and last and finite(last.get("episode")) == finite(extra.get("episode")):
+                extra = None  # written already
+            for key, points in curves.points(extra).items():
+                series.setdefault(key, {}).setdefault(panel, {})[section] = points
+        return series
+
+
 def history_series(
     run_dir: Path, pending: Mapping[tuple[str, str], Mapping[str, Any]] | None = None
 ) -> Series:
-    """statistic -> panel -> section -> (xs, ys), from the run's CSV files, each read a row at
-    a time into bounded curves (analysis/curve_points.py: a long run's every point until
-    there are thousands, then each stretch's lowest and highest), plus `pending` rows (an
-    event's row that the engine writes to its file only after the hooks have seen it; a
-    row whose episode the file already has is not added twice)."""
-    series: Series = {}
-    for (panel, section), file in SOURCES.items():
-        curves = Curves(X_AXIS[panel], _plotted).read(run_dir / file)
-        extra = (pending or {}).get((panel, section))
-        last = curves.last_row
-        if extra is not None and not (
-            last is not None and finite(last.get("episode")) == finite(extra.get("episode"))
-        ):
-            curves.add_row(extra)
-        for key, points in curves.points().items():
-            series.setdefault(key, {}).setdefault(panel, {})[section] = points
-    return series
+    """The run's history curves read once (`HistoryReader` follows them during a run)."""
+    return HistoryReader(run_dir).series(pending)
 
 
 def draw_statistic(path: Path, statistic: str, panels: Mapping[str, Any]) -> None:
@@ -82,12 +95,15 @@ def draw_history(
     run_dir: Path,
     pending: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
     drawn: dict[str, Any] | None = None,
+    reader: HistoryReader | None = None,
 ) -> list[Path]:
     """(Re)draw the PNG of every statistic whose curves differ from `drawn` (statistic ->
-    the curves drawn last, updated here; None: draw all). Returns the files written."""
+    the curves drawn last, updated here; None: draw all), read by `reader` (one made for
+    the call when None). Returns the files written."""
     folder = run_dir / "reports" / "history"
     written = []
-    for statistic, panels in sorted(history_series(run_dir, pending).items()):
+    series = (reader or HistoryReader(run_dir)).series(pending)
+    for statistic, panels in sorted(series.items()):
         if drawn is not None and drawn.get(statistic) == panels:
             continue  # reading the CSV files is cheap, drawing is not
         path = folder / f"{_UNSAFE.sub('-', statistic)}.png"
@@ -110,9 +126,11 @@ class HistoryPlots(Hook):
         self.budget = budget if budget is not None else PlotBudget()
         self.config = config
         self.drawn: dict[str, Any] = {}
+        self.reader: HistoryReader | None = None  # the run folder's, made before training
 
     def before_train(self, run: RunView) -> None:
         self.budget.start()  # the plotting budget counts the run's time from its start
+        self.reader = HistoryReader(run.run_dir)
 
     def after_training_epoch(self, run: RunView, values: dict[str, Any]) -> None:
         validation_follows = not run.online and run.validation_data is not None
@@ -138,4 +156,4 @@ class HistoryPlots(Hook):
         budget = self.budget
         if force or budget.due("history"):
             with budget.timed("history"):
-                draw_history(run.run_dir, pending, self.drawn)
+                draw_history(run.run_dir, pending, self.drawn, self.reader)
