@@ -41,6 +41,13 @@ ENV = {
 }
 
 
+# The minimal preset with its items off: no analysis hook.
+NO_ANALYSIS = {
+    "preset": "minimal",
+    **dict.fromkeys(("history", "learning_rate", "architecture"), False),
+}
+
+
 def toy_config(
     folder: Path,
     epochs: int = 2,
@@ -53,9 +60,10 @@ def toy_config(
     """44 samples in global batches of 8: the last batch has 4, cut 2 + 2. No dropout, so one
     process and two compute the same steps. `strategy`: training.distributed.strategy;
     `training`: more training keys; `analysis`: the section (PER_SAMPLE for the tests of the
-    per-sample reports; the minimal preset spares the others its figures); `extra`: more
-    pipeline components. The training samples have ids (worst samples), the others not
-    (errors numbered by position in the pass)."""
+    reports under DDP; by default none under DDP, which spares each launch a second of
+    figures, and the minimal preset's history plots with a `strategy`, drawn by rank 0 while
+    the others wait); `extra`: more pipeline components. The training samples have ids
+    (worst samples), the others not (errors numbered by position in the pass)."""
     config: dict[str, Any] = {
         "name": "toy",
         "training": {
@@ -92,7 +100,9 @@ def toy_config(
             },
             **extra,
         },
-        "analysis": {"preset": "minimal"} if analysis is None else analysis,
+        "analysis": analysis
+        if analysis is not None
+        else (NO_ANALYSIS if strategy is None else {"preset": "minimal"}),
     }
     if strategy is not None:
         config["training"]["distributed"] = {"strategy": strategy}
