@@ -65,7 +65,8 @@ typecheck: $(STAMP)
 
 # One pytest-xdist worker per core, each with one torch thread (tests/conftest.py): run one
 # after another, the tests kept 1.2 of 2 cores busy, waiting on the processes they start.
-# A test file stays on one worker, so that its module fixtures run once.
+# A test file stays on one worker, so that its module fixtures run once (a session fixture
+# runs once per worker that needs it).
 unit: $(STAMP) debian-data debian-browser debian-postgres
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=25
 

@@ -176,6 +176,14 @@ def test_a_growing_file_is_followed_a_row_once(tmp_path: Path) -> None:
         CsvLog(path, keep_until_episode=20)  # cut back, as a resume does
         same_as_whole()
         assert followed.curves.points()["loss"][0][-1] == 20.0
+        # Deleted and written again with the same header (a new file may get the old one's
+        # inode number): not read on from the old offset.
+        path.unlink()
+        log = CsvLog(path)
+        for episode in range(100, 130):
+            log.write({"episode": episode, "loss": 2.0, "accuracy": 0.5})
+        same_as_whole()
+        assert followed.curves.points()["loss"][0][0] == 100.0
     path.unlink()
     assert followed.update().points() == {}
 
@@ -190,9 +198,17 @@ def test_the_history_of_a_run_is_read_as_it_grows(tmp_path: Path) -> None:
         for step in range(1, 4):
             episode = 3 * (epoch - 1) + step
             intervals.write({"epoch": epoch, "episode": episode, "loss": 1.0 / episode})
-        row = {"epoch": epoch, "episode": 3 * epoch, "loss": 1.0 / epoch}
+        row = {"epoch": epoch, "episode": 3 * epoch, "loss": 0.5**epoch}  # exact in the file
         pending = {("per epoch", "training"): row}
-        assert reader.series(pending) == history_series(tmp_path, pending)
+        expected = (
+            [float(e) for e in range(1, epoch + 1)],
+            [0.5**e for e in range(1, epoch + 1)],
+        )
+        series = reader.series(pending)
+        assert series == history_series(tmp_path, pending)
+        assert series["loss"]["per epoch"]["training"] == expected  # the pending row last
         epochs.write(row)
-        assert reader.series(pending) == history_series(tmp_path, pending)  # not twice
-    assert reader.series()["loss"]["per epoch"]["training"][0] == [1.0, 2.0, 3.0, 4.0, 5.0]
+        series = reader.series(pending)
+        assert series == history_series(tmp_path, pending)
+        assert series["loss"]["per epoch"]["training"] == expected  # not twice
+    assert reader.series()["loss"]["per interval"]["training"][0] == list(range(1, 16))

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import pytest
 import torch
 from e2e_helpers import LOOM, only_run, summary
 
+from torchloom.analysis.schema import PRESETS
 from torchloom.analysis.skipped import read_skipped
 from torchloom.cli.main import main
 from torchloom.config import dump_config
@@ -42,10 +42,7 @@ ENV = {
 
 
 # The minimal preset with its items off: no analysis hook.
-NO_ANALYSIS = {
-    "preset": "minimal",
-    **dict.fromkeys(("history", "learning_rate", "architecture"), False),
-}
+NO_ANALYSIS = {"preset": "minimal", **dict.fromkeys(PRESETS["minimal"], False)}
 
 
 def toy_config(
@@ -60,9 +57,9 @@ def toy_config(
     """44 samples in global batches of 8: the last batch has 4, cut 2 + 2. No dropout, so one
     process and two compute the same steps. `strategy`: training.distributed.strategy;
     `training`: more training keys; `analysis`: the section (PER_SAMPLE for the tests of the
-    reports under DDP; by default none under DDP, which spares each launch a second of
-    figures, and the minimal preset's history plots with a `strategy`, drawn by rank 0 while
-    the others wait); `extra`: more pipeline components. The training samples have ids
+    reports under DDP; by default none without a `strategy`, which spares each run a second
+    of figures, and with one the minimal preset's history plots, drawn by rank 0 while the
+    others wait); `extra`: more pipeline components. The training samples have ids
     (worst samples), the others not (errors numbered by position in the pass)."""
     config: dict[str, Any] = {
         "name": "toy",
@@ -120,9 +117,13 @@ PER_SAMPLE = {
 }
 
 
-def loom(*args: str, timeout: int = 240) -> subprocess.CompletedProcess[str]:
+def loom(
+    *args: str, timeout: int = 240, tmpdir: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`loom ARGS`; `tmpdir`: its TMPDIR (the machine's /tmp is other tests' too)."""
+    env = ENV if tmpdir is None else {**ENV, "TMPDIR": str(tmpdir)}
     return subprocess.run(
-        [*LOOM, *args], capture_output=True, text=True, env=ENV, timeout=timeout, check=False
+        [*LOOM, *args], capture_output=True, text=True, env=env, timeout=timeout, check=False
     )
 
 
@@ -158,7 +159,8 @@ def test_rank_shards_together_are_the_global_batches() -> None:
 
 
 def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) -> None:
-    elastic_folders = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     done = loom(
         "train",
         str(toy_config(tmp_path, analysis=PER_SAMPLE)),
@@ -171,11 +173,12 @@ def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) 
         # they had to pickle the task, which holds a lambda).
         "training.dataloader.num_workers=1",
         "validation.dataloader.num_workers=1",
+        tmpdir=temporary,
     )
     assert done.returncode == 0, done.stderr
     assert "status: epoch_limit" in done.stdout and "Traceback" not in done.stderr
     # The elastic agent's log folders go with the launch (by default it leaves one in /tmp).
-    assert set(Path(tempfile.gettempdir()).glob("torchelastic_*")) <= elastic_folders
+    assert not list(temporary.glob("torchelastic_*"))
     run = only_run(tmp_path / "runs")  # one run folder, written by rank 0
     assert_close(weights(one_process), weights(run))
     two, one = summary(run)["final"], summary(one_process)["final"]
@@ -556,6 +559,7 @@ def test_ctrl_c_stops_every_process_and_the_run_resumes_exactly(tmp_path: Path) 
     expdir = tmp_path / "stopped"
     process = in_a_session_until_saved([*LOOM, "train", str(config), *flags], expdir)
     try:
+        assert len(spawned_workers() - before) == 2  # the check below sees what it looks for
         stopped = time.monotonic()
         os.killpg(process.pid, signal.SIGINT)  # mid-epoch: 6 steps an epoch, saved at each
         out, err = process.communicate(timeout=90)
@@ -694,6 +698,7 @@ def test_torchrun_runs_torchloom_as_a_module(tmp_path: Path) -> None:
     an active exception") after a finished run, in about one launch in four here; a worker
     now ends with os._exit once everything is written (engine/distributed.py)."""
     config = str(toy_config(tmp_path, epochs=1))
+    (tmp_path / "tmp").mkdir()  # torchrun leaves its log folders in TMPDIR
     for attempt in range(3):
         done = subprocess.run(
             [
@@ -713,7 +718,7 @@ def test_torchrun_runs_torchloom_as_a_module(tmp_path: Path) -> None:
             ],
             capture_output=True,
             text=True,
-            env=ENV,
+            env={**ENV, "TMPDIR": str(tmp_path / "tmp")},
             timeout=240,
             check=False,
         )

@@ -22,6 +22,8 @@ from typing import Any, BinaryIO
 MAX_BUCKETS = 2000
 
 Points = tuple[list[float], list[float]]
+# The end of the last line a followed file was read to, compared at the next read.
+TAIL_BYTES = 256
 
 
 def finite(value: Any) -> float | None:
@@ -158,21 +160,23 @@ class Curves:
             return
         columns, at = self._columns, self._at
         last: list[str] = []
-        for row in reader:
-            if row:  # a blank line is no row (as csv.DictReader has it)
-                last = row
-            if len(row) <= at:
-                continue
-            x = _finite_text(row[at])
-            if x is None:
-                continue
-            for index, name in columns:
-                if index < len(row):
-                    y = _finite_text(row[index])
-                    if y is not None:
-                        self._envelope(name).add(x, y)
-        if last:
-            self.last_row = dict(zip(self.header, last, strict=False))
+        try:
+            for row in reader:
+                if row:  # a blank line is no row (as csv.DictReader has it)
+                    last = row
+                if len(row) <= at:
+                    continue
+                x = _finite_text(row[at])
+                if x is None:
+                    continue
+                for index, name in columns:
+                    if index < len(row):
+                        y = _finite_text(row[index])
+                        if y is not None:
+                            self._envelope(name).add(x, y)
+        finally:  # also before a malformed row: the last row added
+            if last:
+                self.last_row = dict(zip(self.header, last, strict=False))
 
     def points(self, extra: Mapping[str, Any] | None = None) -> dict[str, Points]:
         """(xs, ys) by column; `extra`, a row that is not kept (one the engine has not written
@@ -208,6 +212,7 @@ class FollowedCurves:
         self.identity = identity  # (device, inode) of the file read
         self.offset = 0  # bytes read, up to the end of the last complete line
         self.head = b""  # the header line read
+        self.tail = b""  # the end of the last line read, just before `offset`
         self.stopped = False
 
     def update(self) -> Curves:
@@ -223,8 +228,7 @@ class FollowedCurves:
             return self.curves
         try:
             with open(self.path, "rb") as handle:
-                # Another header: a file replaced since (its inode number may be reused).
-                if self.offset and handle.read(len(self.head)) != self.head:
+                if self.offset and not self._same_file(handle):
                     self._restart(identity)
                 handle.seek(self.offset)
                 reader = csv.reader(self._complete_lines(handle))
@@ -241,6 +245,15 @@ class FollowedCurves:
             self.stopped = True
         return self.curves
 
+    def _same_file(self, handle: BinaryIO) -> bool:
+        """Whether the file still begins with the header read and holds the last line read
+        where it was: else it was replaced or rewritten since (a new file may get the
+        inode number of a deleted one)."""
+        if handle.read(len(self.head)) != self.head:
+            return False
+        handle.seek(self.offset - len(self.tail))
+        return handle.read(len(self.tail)) == self.tail
+
     def _complete_lines(self, handle: BinaryIO) -> Iterator[str]:
         """The lines from the handle's position that end with a newline, counted into
         `offset` as csv.reader takes them (a line still being written waits for the next
@@ -249,6 +262,7 @@ class FollowedCurves:
             if not line.endswith(b"\n"):
                 return
             self.offset += len(line)
+            self.tail = line[-TAIL_BYTES:]
             yield line.decode("utf-8", errors="replace")
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from torchloom.analysis.curve_points import FollowedCurves, finite
+from torchloom.analysis.curve_points import Curves, FollowedCurves, finite
 from torchloom.analysis.plotting import CURVE_MARGINS, PlotBudget, drawn_at_end, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.engine.state import Hook
@@ -42,6 +42,9 @@ def _plotted(column: str) -> bool:
     return column not in NOT_PLOTTED and not column.endswith(SPREAD)
 
 
+Pending = Mapping[tuple[str, str], Mapping[str, Any]]
+
+
 class HistoryReader:
     """The history curves of one run folder, its CSV files followed as they grow
     (analysis/curve_points.py: each read takes the rows added since the last; a long run's
@@ -53,27 +56,32 @@ class HistoryReader:
             for source, file in SOURCES.items()
         }
 
-    def series(self, pending: Mapping[tuple[str, str], Mapping[str, Any]] | None = None) -> Series:
-        """statistic -> panel -> section -> (xs, ys), plus the `pending` rows (an event's row
-        that the engine writes to its file only after the hooks have seen it; a row whose
-        episode the file already has is not added twice)."""
-        series: Series = {}
-        for (panel, section), followed in self.files.items():
-            curves = followed.update()
-            extra = (pending or {}).get((panel, section))
-            last = curves.last_row
-            if extra and last and finite(last.get("episode")) == finite(extra.get("episode")):
-                extra = None  # written already
-            for key, points in curves.points(extra).items():
-                series.setdefault(key, {}).setdefault(panel, {})[section] = points
-        return series
+    def series(self, pending: Pending | None = None) -> Series:
+        """`history_series` from the rows read so far (a line still being written waits)."""
+        return _series({source: file.update() for source, file in self.files.items()}, pending)
 
 
-def history_series(
-    run_dir: Path, pending: Mapping[tuple[str, str], Mapping[str, Any]] | None = None
-) -> Series:
-    """The run's history curves read once (`HistoryReader` follows them during a run)."""
-    return HistoryReader(run_dir).series(pending)
+def history_series(run_dir: Path, pending: Pending | None = None) -> Series:
+    """statistic -> panel -> section -> (xs, ys), each file read whole, plus the `pending`
+    rows (an event's row that the engine writes to its file only after the hooks have seen
+    it; a row whose episode the file already has is not added twice)."""
+    curves = {
+        source: Curves(X_AXIS[source[0]], _plotted).read(run_dir / file)
+        for source, file in SOURCES.items()
+    }
+    return _series(curves, pending)
+
+
+def _series(curves: Mapping[tuple[str, str], Curves], pending: Pending | None) -> Series:
+    series: Series = {}
+    for (panel, section), read in curves.items():
+        extra = (pending or {}).get((panel, section))
+        last = read.last_row
+        if extra and last and finite(last.get("episode")) == finite(extra.get("episode")):
+            extra = None  # written already
+        for key, points in read.points(extra).items():
+            series.setdefault(key, {}).setdefault(panel, {})[section] = points
+    return series
 
 
 def draw_statistic(path: Path, statistic: str, panels: Mapping[str, Any]) -> None:
@@ -93,16 +101,16 @@ def draw_statistic(path: Path, statistic: str, panels: Mapping[str, Any]) -> Non
 
 def draw_history(
     run_dir: Path,
-    pending: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
+    pending: Pending | None = None,
     drawn: dict[str, Any] | None = None,
     reader: HistoryReader | None = None,
 ) -> list[Path]:
     """(Re)draw the PNG of every statistic whose curves differ from `drawn` (statistic ->
-    the curves drawn last, updated here; None: draw all), read by `reader` (one made for
-    the call when None). Returns the files written."""
+    the curves drawn last, updated here; None: draw all), read by `reader` (each file read
+    whole when None). Returns the files written."""
     folder = run_dir / "reports" / "history"
     written = []
-    series = (reader or HistoryReader(run_dir)).series(pending)
+    series = reader.series(pending) if reader else history_series(run_dir, pending)
     for statistic, panels in sorted(series.items()):
         if drawn is not None and drawn.get(statistic) == panels:
             continue  # reading the CSV files is cheap, drawing is not
@@ -150,7 +158,7 @@ class HistoryPlots(Hook):
     def _draw(
         self,
         run: RunView,
-        pending: Mapping[tuple[str, str], Mapping[str, Any]] | None,
+        pending: Pending | None,
         force: bool,
     ) -> None:
         budget = self.budget
