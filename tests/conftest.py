@@ -1,6 +1,6 @@
 """Shared test set-up: the toy components in tests/toy_components.py are importable as
 `toy_components:Class`, exactly as a third-party component would be named in a config; the
-`one_thread`, `file_size_limit` and `read_only_folder` fixtures."""
+`file_size_limit` and `read_only_folder` fixtures; one torch thread in every test process."""
 
 from __future__ import annotations
 
@@ -29,19 +29,6 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 # run alone does the same, so that it computes what it computes in the suite.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
-
-
-@pytest.fixture
-def one_thread() -> Iterator[None]:
-    """One intra-op thread for the test: small models on a shared two-core machine only wait
-    on a second thread, and one thread makes the floating-point sums, so a training run, the
-    same on every machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @pytest.fixture

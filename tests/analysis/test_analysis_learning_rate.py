@@ -227,9 +227,7 @@ def test_a_group_at_rate_zero_stays_frozen_through_the_ramp() -> None:
     assert _ramp_ratios([0.0, 0.0]) == [1.0, 1.0]
 
 
-def test_training_at_the_suggested_rate_beats_chance(
-    tmp_path: Path, mnist: Path, one_thread: None
-) -> None:
+def test_training_at_the_suggested_rate_beats_chance(tmp_path: Path, mnist: Path) -> None:
     """The issue's check: the default ramp's suggestion, used for one epoch, trains. The old
     rule (steepest fall of a lagging average) suggested rates past divergence for these seeds:
     0.35, 10 and 2.3, where one epoch ends at chance (10%)."""

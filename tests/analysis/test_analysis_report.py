@@ -338,3 +338,32 @@ def test_a_statistics_file_that_cannot_be_read_is_named_not_left_out(
     assert "cannot be read" in page and "validation_epoch_statistics.csv: not UTF-8" in page
     assert main(["report", str(run_copy)]) == 0
     assert "not shown, cannot be read: validation_epoch_statistics.csv" in capsys.readouterr().out
+
+
+def test_loom_report_reads_each_statistics_file_once_to_check_it(
+    run_copy: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page's check that each statistics CSV can be read, then the command's, read every
+    file whole twice, besides the reading of its curves (once): three times for a long run's
+    hundreds of megabytes. The curves are drawn from the files here (no history pictures)."""
+    import builtins
+    from collections import Counter
+
+    from torchloom.cli.main import main
+
+    shutil.rmtree(run_copy / "reports" / "history")
+    opened: Counter[str] = Counter()
+    real_open = builtins.open
+
+    def counting_open(file: object, *args: object, **kwargs: object) -> object:
+        if str(file).endswith("statistics.csv"):
+            opened[Path(str(file)).name] += 1
+        return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(builtins, "open", counting_open)
+    assert main(["report", str(run_copy)]) == 0
+    assert "written:" in capsys.readouterr().out
+    files = {p.name for p in run_copy.glob("*statistics.csv")}
+    assert set(opened) == files and len(files) >= 4
+    # once for the check, once for the curves of the page
+    assert max(opened.values()) == 2, opened

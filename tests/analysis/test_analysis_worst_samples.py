@@ -72,15 +72,9 @@ def train(
         hooks=list(hooks),
         hook_factory=build_hooks if analysis else None,
     )
-    threads = torch.get_num_threads()
-    # One thread: a model this small only waits on the others (more so on a busy machine).
-    torch.set_num_threads(1)
-    try:
-        loop = prepare_training(config, list(overrides), options)
-        assert isinstance(loop, TrainingLoop)
-        loop.run()
-    finally:
-        torch.set_num_threads(threads)
+    loop = prepare_training(config, list(overrides), options)
+    assert isinstance(loop, TrainingLoop)
+    loop.run()
     return loop.view
 
 

@@ -1,8 +1,8 @@
 """Shared helpers of the `loom` command-line tests: run the CLI in-process, write configs.
 
-Most tests call `torchloom.cli.main.main(argv)` in-process (it returns the exit status) and read
-what it printed through pytest's `capsys`; only the few checks that need a real process (its
-exit status, its imports, an uncaught traceback) start one.
+Most tests call `run_loom` (tests/in_process_loom.py: `torchloom.cli.main.main(argv)` in this
+process, what it printed read through pytest's `capsys`); only the few checks that need a real
+process (its exit status, its imports, an uncaught traceback) start one.
 """
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-from torchloom.cli.main import main
+from in_process_loom import Result as Result
+from in_process_loom import run_loom as run_loom
 
 REPO = Path(__file__).resolve().parents[2]
 MNIST_CONFIGS = REPO / "src" / "torchloom" / "configs" / "mnist"
@@ -33,24 +31,6 @@ pipeline:
   accuracy: {type: AccuracyStatistics}
 """
 GOOD_CONFIG = INCLUDE_DEFAULTS + GOOD_PIPELINE
-
-
-@dataclass
-class Result:
-    status: int
-    out: str
-    err: str
-
-
-def run_loom(capsys: pytest.CaptureFixture[str], *argv: str) -> Result:
-    """`loom ARGV...` in this process: its exit status and what it printed."""
-    capsys.readouterr()  # drop anything printed before
-    try:
-        status = main(list(argv))
-    except SystemExit as exit_:  # argparse's own errors (usage) and --help
-        status = exit_.code if isinstance(exit_.code, int) else 1
-    captured = capsys.readouterr()
-    return Result(status, captured.out, captured.err)
 
 
 def write_config(folder: Path, text: str, name: str = "bad.yml") -> Path:

@@ -31,7 +31,7 @@ def tiny_mnist(folder: Path) -> Path:
     return path
 
 
-def test_run_log_says_where_each_split_came_from(tmp_path: Path, one_thread: None) -> None:
+def test_run_log_says_where_each_split_came_from(tmp_path: Path) -> None:
     # The case: a folder that does not exist, and download false. A packaged copy is
     # not a download, so the folder is created and filled from it: the log must say so.
     data = tmp_path / "nonexistent" / "mnist"

@@ -1,7 +1,8 @@
 """`loom quantize --mode qat` fine-tunes through the engine, so a fine-tuning stopped by a
 signal or killed is continued with `--resume` and ends as the same fine-tuning left alone
 would: the same checkpoints, bit for bit, and the same int8 figures. The stopped runs are real
-`loom quantize` processes."""
+`loom quantize` processes; the reference, the resumes and the refusals run the same command in
+the test's process."""
 
 from __future__ import annotations
 
@@ -46,11 +47,6 @@ def fine_tuning_runs(run: Path) -> list[Path]:
     return sorted((run / "quantized" / "qat_training").glob("*/*"))
 
 
-def loom(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([*LOOM, *args], capture_output=True, text=True, env=env, timeout=timeout)
-
-
 def components(path: Path) -> dict[str, dict[str, torch.Tensor]]:
     return dict(torch.load(path, weights_only=True)["components"])
 
@@ -82,15 +78,18 @@ def logged_episode(run: Path) -> int:
 @pytest.fixture(scope="module")
 def reference(lenet_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = saving_copy(lenet_run, tmp_path_factory.mktemp("reference"))
-    done = loom("quantize", str(run), *QAT)
-    assert done.returncode == 0, done.stderr
+    assert main(["quantize", str(run), *QAT]) == 0
     return run
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stop_signal", [signal.SIGKILL, signal.SIGINT], ids=["sigkill", "ctrl-c"])
 def test_a_stopped_fine_tuning_resumes_to_the_uninterrupted_result(
-    lenet_run: Path, reference: Path, tmp_path: Path, stop_signal: signal.Signals
+    lenet_run: Path,
+    reference: Path,
+    tmp_path: Path,
+    stop_signal: signal.Signals,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     run = saving_copy(lenet_run, tmp_path)
     process = subprocess.Popen(
@@ -122,10 +121,10 @@ def test_a_stopped_fine_tuning_resumes_to_the_uninterrupted_result(
     assert stopped.get("episodes", 0) < 48
 
     # `loom train --resume` cannot rebuild the fake-quantized pipeline: it names the command.
-    refused = loom("train", "--resume", str(training))
-    assert refused.returncode == 2 and command in refused.stderr
-    resumed = loom("quantize", str(run), *QAT, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
+    capsys.readouterr()
+    assert main(["train", "--resume", str(training)]) == 2
+    assert command in capsys.readouterr().err
+    assert main(["quantize", str(run), *QAT, "--resume"]) == 0
     assert fine_tuning_runs(run) == [training]  # continued, not started again
     summary = json.loads((training / "summary.json").read_text(encoding="utf-8"))
     assert summary["status"] == "epoch_limit" and summary["episodes"] == 48

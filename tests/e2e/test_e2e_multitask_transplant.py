@@ -21,9 +21,6 @@ TRAIN_ENCODER = CONFIGS / "transplant" / "mnist_train_encoder.yml"
 TRANSPLANT = CONFIGS / "transplant" / "mnist_transplant_encoder.yml"
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def short_run(data: Path, train: int = 2048) -> list[str]:
     """One epoch on a subset of the training images; a smaller validation set, no test."""
     return [

@@ -97,8 +97,10 @@ def test_compiled_models_train_and_save_eager_checkpoints(
     )
 
 
+# Not into CUDA graphs: dynamo's eager backend, where `true` (Inductor, which the test above
+# trains) took 25 s of CPU here to generate and build the same decision's C++ kernels.
 @pytest.mark.parametrize(
-    ("compile_setting", "marked"), [("{backend: cudagraphs}", True), ("true", False)]
+    ("compile_setting", "marked"), [("{backend: cudagraphs}", True), ("{backend: eager}", False)]
 )
 def test_models_compiled_into_cuda_graphs_begin_a_step_at_each_forward(
     tmp_path: Path,

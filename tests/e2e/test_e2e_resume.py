@@ -1,5 +1,6 @@
 """Exact resume: a run killed mid-epoch (SIGKILL) or stopped with Ctrl-C, then resumed, ends
-bit-identical to the same run left alone. All runs are real `loom train` processes."""
+bit-identical to the same run left alone. The runs stopped, and the reference, are real `loom
+train` processes; the resumes and the refusals run the same command in the test's process."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ from e2e_helpers import (
     summary,
     weights,
 )
+
+import torchloom
+from in_process_loom import run_loom as loom_here
 
 OVERRIDES = [
     "training.task.subset=2048",  # 64 batches per epoch
@@ -86,8 +90,7 @@ def test_stopped_and_resumed_run_is_bit_identical(
         assert stopped["status"] == "interrupted"
     assert stopped.get("episodes", 0) < 192
 
-    resumed = run_loom("train", "--resume", str(run), "--quiet")
-    assert resumed.returncode == 0, resumed.stderr
+    torchloom.train(resume=run)
     assert summary(run)["status"] == "epoch_limit" and summary(run)["episodes"] == 192
     assert_bit_identical(weights(reference), weights(run))
     # The statistics files are exactly those of the uninterrupted run, row for row.
@@ -99,19 +102,21 @@ def test_stopped_and_resumed_run_is_bit_identical(
     )
 
 
-def test_resume_refuses_overrides_and_missing_runs(tmp_path: Path, reference: Path) -> None:
-    done = run_loom("train", "--resume", str(reference), "training.optimizer.lr=1")
-    assert done.returncode == 2 and "training.optimizer.lr (0.001 -> 1)" in done.stderr
-    assert "start a new run" in done.stderr and "Traceback" not in done.stderr
-    done = run_loom("train", "--resume", str(tmp_path / "nowhere"))
-    assert done.returncode == 2 and "last.pt" in done.stderr and "Traceback" not in done.stderr
+def test_resume_refuses_overrides_and_missing_runs(
+    tmp_path: Path, reference: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = loom_here(capsys, "train", "--resume", str(reference), "training.optimizer.lr=1")
+    assert done.status == 2 and "training.optimizer.lr (0.001 -> 1)" in done.err
+    assert "start a new run" in done.err and "Traceback" not in done.err
+    done = loom_here(capsys, "train", "--resume", str(tmp_path / "nowhere"))
+    assert done.status == 2 and "last.pt" in done.err and "Traceback" not in done.err
     # A config file given with --resume was read as an override ("expected KEY=VALUE").
-    done = run_loom("train", "--resume", str(reference), str(reference / "config.yaml"))
-    assert done.returncode == 2 and "give no config file" in done.stderr
+    done = loom_here(capsys, "train", "--resume", str(reference), str(reference / "config.yaml"))
+    assert done.status == 2 and "give no config file" in done.err
 
 
 def test_a_resume_may_not_change_what_follows_a_limit_through_an_interpolation(
-    reference: Path,
+    reference: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """lenet5.yml's cosine schedule ends with the run (`T_max: ${...epoch_limit}`). config.yaml
     holds the resolved value (T_max: 3), so raising epoch_limit on resume was accepted and
@@ -119,12 +124,12 @@ def test_a_resume_may_not_change_what_follows_a_limit_through_an_interpolation(
     the interpolation is refused, naming the key (the run's config as written is kept in its
     checkpoints for this)."""
     before = (reference / "summary.json").read_text()
-    done = run_loom(
-        "train", "--resume", str(reference), "training.terminal_conditions.epoch_limit=4"
+    done = loom_here(
+        capsys, "train", "--resume", str(reference), "training.terminal_conditions.epoch_limit=4"
     )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "training.scheduler.T_max (3 -> 4)" in done.stderr and "Traceback" not in done.stderr
-    assert "interpolation" in done.stderr
+    assert done.status == 2, done.out + done.err
+    assert "training.scheduler.T_max (3 -> 4)" in done.err and "Traceback" not in done.err
+    assert "interpolation" in done.err
     assert (reference / "summary.json").read_text() == before
 
 

@@ -47,7 +47,6 @@ def train_one(config: str, overrides: list[str], expdir: str) -> dict[str, float
 
 
 @pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
 def test_relation_network_beats_mlp_on_relational_questions(tmp_path: Path) -> None:
     reduced = benchmark()
     common = [

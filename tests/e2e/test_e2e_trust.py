@@ -1,6 +1,7 @@
 """How real `loom train` processes end and resume at the edges: killed after the epoch's last,
 partial batch was saved; stopped with SIGTERM during the final test pass; two trainers on one
-run folder; a disk that fills up; read-only folders."""
+run folder; a disk that fills up; read-only folders. The runs stopped are real processes; the
+reference, the resumes and the refusals run the same command in the test's process."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_helpers import LOOM, assert_bit_identical, only_run, summary, weights
+from e2e_helpers import LOOM, assert_bit_identical, summary, weights
 
+import torchloom
+from in_process_loom import run_loom as loom_here
 from torchloom.config import dump_config
 from torchloom.engine.checkpoint import load_checkpoint
 from torchloom.engine.run_lock import run_liveness
@@ -70,12 +73,6 @@ def toy_config(
     return path
 
 
-def loom(*args: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*LOOM, *args], capture_output=True, text=True, env=ENV, timeout=timeout, check=False
-    )
-
-
 def start(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [*LOOM, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV
@@ -98,9 +95,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("reference")
     # The pipeline of the stopped runs, never held (no marker file).
     config = toy_config(folder, held=folder / "never", checkpoint_interval=3)
-    done = loom("train", str(config), "--expdir", str(folder / "runs"), "--quiet")
-    assert done.returncode == 0, done.stderr
-    return only_run(folder / "runs")
+    return torchloom.train(config, expdir=str(folder / "runs")).run_dir
 
 
 def test_killed_during_validation_after_saving_the_last_partial_batch(
@@ -120,8 +115,7 @@ def test_killed_during_validation_after_saving_the_last_partial_batch(
     saved = load_checkpoint(run / "checkpoints" / "last.pt")["progress"]
     assert (saved["epoch"], saved["batch_in_epoch"]) == (0, 3), "killed too late to test"
     assert summary(run)["status"] == "running" and not run_liveness(run).alive
-    resumed = loom("train", "--resume", str(run), "--quiet")
-    assert resumed.returncode == 0, resumed.stderr
+    torchloom.train(resume=run)
     assert summary(run)["status"] == "epoch_limit" and summary(run)["episodes"] == 6
     assert_bit_identical(weights(reference), weights(run))
     for name in ("training_epoch_statistics.csv", "validation_epoch_statistics.csv"):
@@ -146,8 +140,7 @@ def test_sigterm_during_validation_stops_like_ctrl_c_and_resumes_bit_identically
     assert "Traceback" not in stderr
     stopped = summary(run)
     assert stopped["status"] == "interrupted" and stopped["episodes"] < 6
-    resumed = loom("train", "--resume", str(run), "--quiet")
-    assert resumed.returncode == 0, resumed.stderr
+    torchloom.train(resume=run)
     assert summary(run)["status"] == "epoch_limit" and summary(run)["episodes"] == 6
     assert_bit_identical(weights(reference), weights(run))
 
@@ -202,8 +195,7 @@ def test_sigterm_during_the_final_test_pass_is_an_interruption(tmp_path: Path) -
     stopped = summary(run)
     assert stopped["status"] == "interrupted" and "final test pass" in stopped["reason"]
     assert "test" not in stopped["final"] and not (run / "test_statistics.csv").exists()
-    resumed = loom("train", "--resume", str(run), "--quiet")
-    assert resumed.returncode == 0, resumed.stderr
+    torchloom.train(resume=run)
     ended = summary(run)
     assert ended["status"] == "epoch_limit" and ended["episodes"] == 6
     assert ended["final"]["test"]["samples"] == 32 and "loss" in ended["final"]["test"]
@@ -234,7 +226,9 @@ def test_an_interrupt_turned_into_another_error_is_still_an_interruption(
     assert "Traceback" not in stderr
 
 
-def test_a_second_trainer_on_a_running_run_is_refused_naming_the_first(tmp_path: Path) -> None:
+def test_a_second_trainer_on_a_running_run_is_refused_naming_the_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     expdir = tmp_path / "runs"
     config = toy_config(tmp_path, terminal_conditions={"epoch_limit": 100})  # ~40 s
     first = start("train", str(config), "--expdir", str(expdir), "--quiet")
@@ -242,10 +236,10 @@ def test_a_second_trainer_on_a_running_run_is_refused_naming_the_first(tmp_path:
         run = wait_for_log(first, expdir, "validation:")
         liveness = run_liveness(run)
         assert liveness.alive and liveness.pid == first.pid
-        second = loom("train", "--resume", str(run), "--quiet")
-        assert second.returncode == 2, second.stderr
-        assert f"is in use by process {first.pid}" in second.stderr
-        assert "Traceback" not in second.stderr
+        second = loom_here(capsys, "train", "--resume", str(run), "--quiet")
+        assert second.status == 2, second.err
+        assert f"is in use by process {first.pid}" in second.err
+        assert "Traceback" not in second.err
     finally:
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=60)
@@ -305,24 +299,18 @@ def test_a_disk_that_fills_up_is_a_clear_error_and_keeps_the_checkpoint(
     assert not run_liveness(run).alive
 
 
-def test_read_only_folders_are_clear_errors(tmp_path: Path, small_disk: Path) -> None:
+def test_read_only_folders_are_clear_errors(
+    tmp_path: Path, small_disk: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     config = toy_config(tmp_path)
-    done = loom(
-        "train",
-        str(config),
-        "--expdir",
-        str(small_disk / "runs"),
-        "--quiet",
-        "training.terminal_conditions.epoch_limit=1",
-    )
-    assert done.returncode == 0, done.stderr
-    run = only_run(small_disk / "runs")
+    limit = "training.terminal_conditions.epoch_limit"
+    run = torchloom.train(config, [f"{limit}=1"], expdir=str(small_disk / "runs")).run_dir
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     before = (run / "checkpoints" / "last.pt").read_bytes()
-    resumed = loom("train", "--resume", str(run), "training.terminal_conditions.epoch_limit=2")
-    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
-    assert "Read-only file system" in resumed.stderr and str(run) in resumed.stderr
+    resumed = loom_here(capsys, "train", "--resume", str(run), f"{limit}=2")
+    assert resumed.status == 2 and "Traceback" not in resumed.err
+    assert "Read-only file system" in resumed.err and str(run) in resumed.err
     assert (run / "checkpoints" / "last.pt").read_bytes() == before
-    fresh = loom("train", str(config), "--expdir", str(small_disk / "elsewhere"), "--quiet")
-    assert fresh.returncode == 2 and "Traceback" not in fresh.stderr
-    assert "Read-only file system" in fresh.stderr and "elsewhere" in fresh.stderr
+    fresh = loom_here(capsys, "train", str(config), "--expdir", str(small_disk / "elsewhere"))
+    assert fresh.status == 2 and "Traceback" not in fresh.err
+    assert "Read-only file system" in fresh.err and "elsewhere" in fresh.err

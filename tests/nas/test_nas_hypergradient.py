@@ -25,7 +25,7 @@ XI = 0.05
 
 
 @pytest.fixture
-def problem(one_thread: None) -> Iterator[tuple[DartsNetwork, dict[str, torch.Tensor], ...]]:
+def problem() -> Iterator[tuple[DartsNetwork, dict[str, torch.Tensor], ...]]:
     torch.manual_seed(0)
     net = DartsNetwork.create(cells=3, channels=4, steps=2, multiplier=2, globals=GLOBALS)
     assert isinstance(net, DartsNetwork)
@@ -138,7 +138,7 @@ def _references(net, train, val, alphas, ours):  # type: ignore[no-untyped-def]
     "rates", [[0.5] * 4, [0.5, 0.5, 0.1, 0.2]], ids=["one-rate", "param-groups"]
 )
 def test_second_order_gradient_on_a_smooth_problem_at_the_papers_step(
-    one_thread: None, rates: list[float]
+    rates: list[float],
 ) -> None:
     """A softmax(alpha)-weighted mixture of tanh layers: smooth, so the paper's epsilon gives
     the hypergradient to a small relative error; with a learning rate per weight tensor (the

@@ -64,7 +64,7 @@ def two_machines_search(
     have seen a trial still running) and how many trial run folders each machine made."""
     search = "search:\n  training.optimizer.lr: {loguniform: [1.0e-4, 1.0e-2]}\n"
     config = tiny_config(folder, data, search)
-    env = {**os.environ, "PYTHONPATH": SOURCE, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": SOURCE}
     machines = [folder / f"machine{index}" for index in range(2)]
     processes = [
         subprocess.Popen(

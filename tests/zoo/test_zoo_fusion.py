@@ -28,9 +28,6 @@ from torchloom.zoo.models.question_driven_attention import QuestionDrivenAttenti
 SIZES = {"image_features_size": 6, "question_features_size": 4}
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def assert_matches(value: torch.Tensor, spec: StreamSpec, known: dict[int, int]) -> None:
     """Shape and dtype against a spec; `known` gives the sizes of free (-1) dimensions."""
     assert spec.dims is not None and spec.dtypes is not None

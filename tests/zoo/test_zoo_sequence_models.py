@@ -34,9 +34,6 @@ CELLS = ["LSTM", "GRU", "RNN_TANH", "RNN_RELU"]
 VOCABULARY = 8  # <PAD>=0, <EOS>=1, <UNK>=2, words 3..7
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 def rnn(**params: object) -> RecurrentNeuralNetwork:
     model = RecurrentNeuralNetwork.create(globals={"input_size": 5, "prediction_size": 3}, **params)
     assert isinstance(model, RecurrentNeuralNetwork)

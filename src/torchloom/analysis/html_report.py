@@ -112,7 +112,7 @@ def _history(run: Run, files: _Files) -> list[str]:
     if not pngs or stale:
         plots = history_plots(run, skip_lr=bool(lr))
         parts = [figure(data, name, show_caption=False) for name, data in plots]
-    unreadable = [f"<li>{escape(problem)}</li>" for problem in run.unreadable_statistics()]
+    unreadable = [f"<li>{escape(problem)}</li>" for problem in run.unreadable_statistics]
     if unreadable:
         notice = "<p>Not shown: these statistics files cannot be read.</p>"
         parts = [notice, "<ul>" + "".join(unreadable) + "</ul>", *parts]
@@ -242,9 +242,10 @@ def report_html(run: Run) -> str:
     return page(f"{run.pipeline} - {run.path.name}", body)
 
 
-def write_report(run_dir: str | Path) -> Path:
-    """Write `RUN_DIR/report.html` and return its path."""
-    run = read_run(run_dir)
+def write_report(run_dir: str | Path | Run) -> Path:
+    """Write `RUN_DIR/report.html` (of a run folder, or of a `Run` already read) and return
+    its path."""
+    run = run_dir if isinstance(run_dir, Run) else read_run(run_dir)
     output = run.path / "report.html"
     try:
         write_text_atomic(output, report_html(run))

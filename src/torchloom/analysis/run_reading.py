@@ -162,10 +162,12 @@ class Run:
                     break
         return found
 
+    @cached_property
     def unreadable_statistics(self) -> list[str]:
         """`NAME: why` for each statistics CSV of the run that exists but cannot be read as
         one (not UTF-8 text, no episode column, a malformed row): its curves are missing
-        from the pages, which must say so rather than show the others as the whole run."""
+        from the pages, which must say so rather than show the others as the whole run.
+        Read once per `Run` (the page and the command both say it; a file may be large)."""
         found = []
         for path in sorted(self.path.glob("*statistics.csv")):
             try:

@@ -21,7 +21,8 @@ def run(args: argparse.Namespace) -> int:
             results = write_results(Path(run_dir), record)
             print(f"written: {write_page(Path(run_dir), record, results)}")
         else:
-            print(f"written: {write_report(run_dir)}")
-            for problem in read_run(run_dir).unreadable_statistics():
+            run_folder = read_run(run_dir)
+            print(f"written: {write_report(run_folder)}")
+            for problem in run_folder.unreadable_statistics:
                 print(f"  not shown, cannot be read: {problem}")
     return 0
