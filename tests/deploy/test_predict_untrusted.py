@@ -126,3 +126,28 @@ def test_an_input_that_is_not_a_regular_file_is_named_so(
         err = capsys.readouterr().err
         assert f"input '{given}': is not a regular file" in err, err
         assert "does not exist" not in err
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        # Python's JSON parser recursed past its limit: RecursionError, a traceback (exit 1)
+        ("[" * 100_000 + "]" * 100_000, "is nested too deeply to be a record torchloom wrote"),
+        # read whole, whatever its size
+        ('{"labels": "' + " " * 16_000_000 + '"}', "has 16,000,014 bytes, more than"),
+    ],
+    ids=["nested", "too-large"],
+)
+def test_a_sidecar_that_is_no_record_of_torchloom_is_named_not_a_traceback(
+    onnx_folder: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    reason: str,
+) -> None:
+    folder = export_copy(onnx_folder, tmp_path)
+    (folder / "sidecar.json").write_text(content, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["predict", str(folder), str(digit_png(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert f"'{folder / 'sidecar.json'}': {reason}" in err and "Traceback" not in err, err

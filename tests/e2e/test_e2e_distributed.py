@@ -1,7 +1,8 @@
 """Several processes training one run (CPU, gloo, real `loom train` processes through the
 elastic launcher): the same result as one process with the same global batch, one run folder,
 resume across world sizes, an elastic restart after a worker dies, two "nodes" on this
-machine, and clear errors for what cannot start."""
+machine, and clear errors for what cannot start. The one-process runs they are compared
+with, and one-process resumes, run in the test's process (`train_here`, `resume_here`)."""
 
 from __future__ import annotations
 
@@ -823,7 +824,8 @@ def harder_config(folder: Path, strategy: str) -> Path:
 def test_fsdp_resumes_with_another_number_of_processes(tmp_path: Path) -> None:
     """2 -> 1 and 1 -> 2 processes, from a save in the middle of an accumulation window: the
     shards (weights, Adam's states, the window's gradients) are read at another world size,
-    and the run ends with the weights of an uninterrupted one-process DDP-strategy run."""
+    and the run ends with the weights of an uninterrupted one-process DDP-strategy run. The
+    one-process parts run in the test's process (no process group: DCP in-process)."""
     (tmp_path / "reference").mkdir()
     reference = harder_config(tmp_path / "reference", "ddp")
     expected = weights(train_here(reference, tmp_path / "reference" / "runs"))
@@ -835,10 +837,8 @@ def test_fsdp_resumes_with_another_number_of_processes(tmp_path: Path) -> None:
         if first == "1":
             run = train_here(config, expdir, f"+{limit}=3")
         else:
-            started = loom(
-                "train", str(config), "--expdir", str(expdir), "--quiet", "--nproc", first,
-                f"+{limit}=3",
-            )  # fmt: skip
+            launch = ["--expdir", str(expdir), "--quiet", "--nproc", first]
+            started = loom("train", str(config), *launch, f"+{limit}=3")
             assert started.returncode == 0, started.stderr
             run = only_run(expdir)
         saved = torch.load(run / "checkpoints" / "last.pt", weights_only=True)["sharded"]

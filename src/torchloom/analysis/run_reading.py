@@ -11,7 +11,6 @@ stays fast.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 import time
@@ -24,13 +23,14 @@ from typing import Any
 from torchloom.analysis.curve_points import Points, read_curves
 from torchloom.analysis.file_heads import read_text_head
 from torchloom.analysis.summary_types import summary_problems
+from torchloom.data.json_files import MAX_RECORD_BYTES, UnreadableJson, read_json
 from torchloom.engine.run_lock import Liveness, run_liveness
 from torchloom.errors import ConfigError, Problem
 
 SPLITS = ("training", "validation", "test")
 # A run's summary.json holds its final statistics and settings: a few kilobytes, a few hundred
 # with thousands of statistics. `loom runs` reads every one under a folder.
-MAX_SUMMARY_BYTES = 16_000_000
+MAX_SUMMARY_BYTES = MAX_RECORD_BYTES
 # Columns of the statistics CSVs that are counters, not statistics.
 COUNTERS = frozenset({"epoch", "episode"})
 _STAMP = re.compile(r"^(\d{4})(\d{2})(\d{2})_(\d{2})(\d{2})(\d{2})")
@@ -212,22 +212,9 @@ def read_run(path: str | Path) -> Run:
             "has no summary.json: not a run folder (loom train writes <expdir>/<pipeline>/<date>/)",
         )
     try:
-        size = summary_path.stat().st_size
-        if size > MAX_SUMMARY_BYTES:
-            raise _not_a_run(
-                folder,
-                f"summary.json has {size:,} bytes, more than a run writes "
-                f"(at most {MAX_SUMMARY_BYTES:,} are read)",
-            )
-        summary = json.loads(summary_path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as error:
-        raise _not_a_run(folder, f"summary.json is not UTF-8 text: {error.reason}") from error
-    except ValueError as error:
-        raise _not_a_run(folder, f"summary.json is not valid JSON: {error}") from error
-    except RecursionError as error:
-        raise _not_a_run(folder, "summary.json is nested too deeply to be a summary") from error
-    except OSError as error:
-        raise _not_a_run(folder, f"summary.json cannot be read: {error}") from error
+        summary = read_json(summary_path, MAX_SUMMARY_BYTES)
+    except UnreadableJson as error:
+        raise _not_a_run(folder, f"summary.json {error}") from error
     if not isinstance(summary, dict):
         raise _not_a_run(folder, "summary.json is not a JSON object")
     wrong = summary_problems(summary)

@@ -9,7 +9,6 @@ Runtime. A received export is untrusted input: its sidecar is checked before it 
 
 from __future__ import annotations
 
-import json
 import re
 import stat
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from torchloom.data.json_files import UnreadableJson, read_json
 from torchloom.deploy.image_recipe import image_recipe_problem, image_tensor
 from torchloom.errors import DeployError, LoomError
 
@@ -45,9 +45,11 @@ def read_sidecar(export_dir: Path) -> dict[str, Any]:
             "RUN_DIR/exports/onnx",
         )
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise DeployError.at("", f"'{path}'", f"cannot be read: {error}") from error
+        record = read_json(path)
+    except UnreadableJson as error:
+        raise DeployError.at(
+            "", f"'{path}'", str(error), "export the run again (loom export)"
+        ) from error
     if not isinstance(record, dict) or "preprocessing" not in record:
         raise DeployError.at("", f"'{path}'", "is not a sidecar of `loom export`")
     recipe, inputs = record["preprocessing"], record.get("inputs")

@@ -5,7 +5,6 @@ or overridden out of shape, is a DeployError naming the file and the component (
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import torch
 
 from torchloom.core.pipeline import Pipeline
+from torchloom.data.json_files import UnreadableJson, read_json
 from torchloom.deploy.eager_dynamic import load_savable_state, savable_state
 from torchloom.deploy.quantizer import (
     Plan,
@@ -38,9 +38,9 @@ def quantized_backend(folder: str | Path) -> str:
     it): what `quantized_engine(...)` must be set to around every call."""
     path = Path(folder).expanduser() / "quantization_report.json"
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise DeployError.at("", f"'{path}'", f"cannot be read: {error}", _AGAIN) from error
+        report = read_json(path)
+    except UnreadableJson as error:
+        raise DeployError.at("", f"'{path}'", str(error), _AGAIN) from error
     options = report.get("options") if isinstance(report, dict) else None
     backend = options.get("backend") if isinstance(options, dict) else None
     if not isinstance(backend, str):

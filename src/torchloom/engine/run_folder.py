@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from torchloom.data.atomic_files import write_text_atomic
+from torchloom.data.json_files import UnreadableJson, read_json
 from torchloom.errors import ConfigError, LoomError, StorageError
 from torchloom.run_names import folder_part, run_name_problem, run_tag_problem, shown
 
@@ -106,8 +107,8 @@ def read_started_by(run_dir: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        record = read_json(path)
+    except UnreadableJson:
         return {}
     return record if isinstance(record, dict) else {}
 
@@ -282,7 +283,7 @@ def write_running(run_dir: Path, name: str) -> None:
 def read_summary(run_dir: Path) -> dict[str, Any]:
     """A run folder's summary.json, or {} when it is missing or unreadable."""
     try:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        summary = read_json(run_dir / "summary.json")
+    except UnreadableJson:
         return {}
     return summary if isinstance(summary, dict) else {}

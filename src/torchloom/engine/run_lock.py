@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from torchloom.data.atomic_files import refuse_links
+from torchloom.data.json_files import UnreadableJson, read_json
 from torchloom.errors import ConfigError, StorageError
 
 LOCK_FILE = ".lock"
@@ -23,6 +24,8 @@ HEARTBEAT_SECONDS = 30.0  # the lock file's mtime is refreshed this often while 
 # A run on another host whose heartbeat is older than this is shown as dead: its process
 # cannot be asked, and a live one would have refreshed the file many times over.
 STALE_AFTER_SECONDS = 10 * HEARTBEAT_SECONDS
+# The record is a PID, a host name and a start time: a larger file is none of ours.
+MAX_LOCK_BYTES = 64_000
 
 
 class RunLock:
@@ -111,8 +114,8 @@ def _os_reason(error: OSError) -> str:
 
 def read_lock_record(path: Path) -> dict[str, Any]:
     try:
-        record = json.loads(path.read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError):
+        record = read_json(path, MAX_LOCK_BYTES)
+    except UnreadableJson:  # none, one being written (empty), a damaged one
         return {}
     return record if isinstance(record, dict) else {}
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from torchloom.data.atomic_files import refuse_links, write_text_atomic
+from torchloom.data.json_files import read_json
 from torchloom.errors import ConfigError
 from torchloom.search.settings import SearchSettings
 from torchloom.search.storage_urls import has_password, without_password
@@ -112,7 +113,7 @@ def is_search_dir(path: Path) -> bool:
 def read_record(search_dir: Path) -> SearchRecord:
     path = Path(search_dir) / RECORD
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)
         record = SearchRecord(**data)
         if not isinstance(record.storage, str):
             raise TypeError(f"its storage is {record.storage!r}, not a URL")
