@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from torchloom.data.atomic_files import write_text_atomic
+from torchloom.data.json_files import UnreadableJson, read_json
 
 if TYPE_CHECKING:
     from torchloom.engine.state import RunView
@@ -27,10 +28,8 @@ def read_skipped(run_dir: Path) -> dict[str, str]:
     """{item: why it did not run} of a run folder ({} when every item ran)."""
     path = run_dir / "reports" / SKIPPED_FILE
     try:
-        if path.stat().st_size > MAX_SKIPPED_BYTES:  # a line per analysis item, as written
-            return {}
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        data = read_json(path, MAX_SKIPPED_BYTES)  # a line per analysis item, as written
+    except UnreadableJson:
         return {}
     if not isinstance(data, dict):
         return {}
