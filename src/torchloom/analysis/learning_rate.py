@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from torchloom.analysis.curve_points import read_curves
 from torchloom.analysis.plotting import CURVE_MARGINS, drawn_at_end, figure, save_png
 from torchloom.analysis.schema import AnalysisConfig
 from torchloom.engine.state import Hook
@@ -53,15 +54,15 @@ class LearningRateRecorder(Hook):
     def after_train(self, run: RunView, summary: dict[str, Any]) -> None:
         if self.csv is None or not self.csv.path.is_file() or not drawn_at_end(summary):
             return
-        rows = self.csv.rows()
+        # In bounded memory, every spike kept: a row per logging interval (curve_points.py).
+        curves = read_curves(self.csv.path, "episode")
         labels = group_labels(run)
         fig = figure(6.4, 4.0, CURVE_MARGINS)
         ax = fig.add_subplot()
-        episodes = [int(float(r["episode"])) for r in rows]
         for index, label in enumerate(labels):
-            rates = [float(r.get(f"lr_group_{index}") or "nan") for r in rows]
+            episodes, rates = curves.get(f"lr_group_{index}", ([], []))
             ax.plot(episodes, rates, label=f"group {index}: {label}")
-        rates = [float(v) for r in rows for k, v in r.items() if k.startswith("lr_") and v]
+        rates = [y for name, (_, ys) in curves.items() if name.startswith("lr_") for y in ys]
         if rates and min(rates) > 0 and max(rates) > 10 * min(rates):
             ax.set_yscale("log")
         ax.set(xlabel="episode", ylabel="learning rate", title="learning rate")

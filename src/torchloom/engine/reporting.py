@@ -136,11 +136,10 @@ class Reporter:
 
     def _write_back(self, episode: int) -> None:
         for file, log in self.csv.items():
-            for row in log.rows():
-                if _number(row.get("episode")) == episode:
-                    numbers = {key: _number(value) for key, value in row.items()}
-                    kept = {key: value for key, value in numbers.items() if value is not None}
-                    self._scalars(file, kept, episode)
+            for row in log.rows(episode):
+                numbers = {key: _number(value) for key, value in row.items()}
+                kept = {key: value for key, value in numbers.items() if value is not None}
+                self._scalars(file, kept, episode)
 
     def row_counts(self) -> dict[str, int]:
         """Rows in each CSV file now: a checkpoint records them (see CsvLog)."""
