@@ -26,8 +26,9 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 # `make test` runs one pytest-xdist worker per core: each works with one torch thread, and so
 # do the processes its tests start, or the workers' threads take turns on the cores. A test
-# run alone does the same, so that it computes what it computes in the suite.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+# run alone does the same, so that it computes what it computes in the suite, whatever the
+# environment says: tests compare runs in their own process with runs in processes they start.
+os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 

@@ -347,6 +347,7 @@ def test_loom_report_reads_each_statistics_file_once_to_check_it(
     file whole twice, besides the reading of its curves (once): three times for a long run's
     hundreds of megabytes. The curves are drawn from the files here (no history pictures)."""
     import builtins
+    import io
     from collections import Counter
 
     from torchloom.cli.main import main
@@ -361,6 +362,7 @@ def test_loom_report_reads_each_statistics_file_once_to_check_it(
         return real_open(file, *args, **kwargs)  # type: ignore[call-overload]
 
     monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(io, "open", counting_open)  # pathlib's read_text and open
     assert main(["report", str(run_copy)]) == 0
     assert "written:" in capsys.readouterr().out
     files = {p.name for p in run_copy.glob("*statistics.csv")}

@@ -10,11 +10,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from loom_cli_harness import run_loom
 
-from in_process_loom import run_loom
 from toy_runs import only_run, toy_config, train, write
 
 NESTED = "[" * 100_000 + "]" * 100_000
+STARTED_BY_DAMAGED = "has a started_by.json that cannot be read"
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +38,9 @@ def damaged_copy(trained: Path, tmp_path: Path, record: str) -> Path:
         ("summary.json", ["train", "--resume", "RUN"], 0, ""),
         ("summary.json", ["report", "RUN"], 2, "summary.json is nested too deeply"),
         # A record of the command that started the run, damaged: not `loom train`'s run.
-        ("started_by.json", ["train", "--resume", "RUN"], 2, "is a run `another command` started"),
-        ("started_by.json", ["process", "RUN"], 2, "is a run `another command` started"),
-        ("started_by.json", ["export", "RUN"], 2, "is a run `another command` started"),
+        ("started_by.json", ["train", "--resume", "RUN"], 2, STARTED_BY_DAMAGED),
+        ("started_by.json", ["process", "RUN"], 2, STARTED_BY_DAMAGED),
+        ("started_by.json", ["export", "RUN"], 2, STARTED_BY_DAMAGED),
         # The lock's record says who holds the run, when one does: none here.
         (".lock", ["export", "RUN"], 0, ""),
     ],

@@ -1,6 +1,7 @@
 """Exact resume: a run killed mid-epoch (SIGKILL) or stopped with Ctrl-C, then resumed, ends
 bit-identical to the same run left alone. The runs stopped, and the reference, are real `loom
-train` processes; the resumes and the refusals run the same command in the test's process."""
+train` processes; the resumes (`torchloom.train(resume=...)`, the engine `loom train --resume`
+runs) and the refusals (the CLI's `main()`) run in the test's process."""
 
 from __future__ import annotations
 

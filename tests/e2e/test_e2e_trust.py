@@ -1,7 +1,8 @@
 """How real `loom train` processes end and resume at the edges: killed after the epoch's last,
 partial batch was saved; stopped with SIGTERM during the final test pass; two trainers on one
 run folder; a disk that fills up; read-only folders. The runs stopped are real processes; the
-reference, the resumes and the refusals run the same command in the test's process."""
+reference and the resumes (`torchloom.train`, the engine `loom train` runs) and a refusal
+(the CLI's `main()`) run in the test's process."""
 
 from __future__ import annotations
 
@@ -71,6 +72,12 @@ def toy_config(
     path = folder / "toy.yml"
     path.write_text(dump_config(config), encoding="utf-8")
     return path
+
+
+def loom(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*LOOM, *args], capture_output=True, text=True, env=ENV, timeout=120, check=False
+    )
 
 
 def start(*args: str) -> subprocess.Popen[str]:
@@ -299,18 +306,18 @@ def test_a_disk_that_fills_up_is_a_clear_error_and_keeps_the_checkpoint(
     assert not run_liveness(run).alive
 
 
-def test_read_only_folders_are_clear_errors(
-    tmp_path: Path, small_disk: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_read_only_folders_are_clear_errors(tmp_path: Path, small_disk: Path) -> None:
+    """The refusals are real processes: what an interpreter prints as it exits (a log
+    handler flushing into the read-only folder) is part of what the user sees."""
     config = toy_config(tmp_path)
     limit = "training.terminal_conditions.epoch_limit"
     run = torchloom.train(config, [f"{limit}=1"], expdir=str(small_disk / "runs")).run_dir
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     before = (run / "checkpoints" / "last.pt").read_bytes()
-    resumed = loom_here(capsys, "train", "--resume", str(run), f"{limit}=2")
-    assert resumed.status == 2 and "Traceback" not in resumed.err
-    assert "Read-only file system" in resumed.err and str(run) in resumed.err
+    resumed = loom("train", "--resume", str(run), f"{limit}=2")
+    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
+    assert "Read-only file system" in resumed.stderr and str(run) in resumed.stderr
     assert (run / "checkpoints" / "last.pt").read_bytes() == before
-    fresh = loom_here(capsys, "train", str(config), "--expdir", str(small_disk / "elsewhere"))
-    assert fresh.status == 2 and "Traceback" not in fresh.err
-    assert "Read-only file system" in fresh.err and "elsewhere" in fresh.err
+    fresh = loom("train", str(config), "--expdir", str(small_disk / "elsewhere"), "--quiet")
+    assert fresh.returncode == 2 and "Traceback" not in fresh.stderr
+    assert "Read-only file system" in fresh.stderr and "elsewhere" in fresh.stderr

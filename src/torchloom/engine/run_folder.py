@@ -121,12 +121,21 @@ def started_by_another(run_dir: Path) -> tuple[str, str] | None:
     if started_by is None:
         return None
     source = started_by.get("source_run")
-    why = (
-        f"is a run `{started_by.get('by') or 'another command'}` started: "
-        f"{started_by.get('reason') or 'its config.yaml alone does not rebuild it'}"
-    )
+    why = started_by_reason(started_by, "its config.yaml alone does not rebuild it")
     where = f"its result is in {source}/quantized/ (loom process, loom predict of that run)"
     return why, where if source else "use the run it was made from"
+
+
+def started_by_reason(started_by: Mapping[str, Any], rebuild: str) -> str:
+    """Why a run another command started (its record `started_by`) is not `loom train`'s;
+    `rebuild`, unless the record gives a reason. A damaged record ({}) is said to be one."""
+    if not started_by:
+        return (
+            f"has a {STARTED_BY_FILE} that cannot be read (the record of a run another "
+            "command started, whose config.yaml alone may not rebuild it)"
+        )
+    by = started_by.get("by") or "another command"
+    return f"is a run `{by}` started: {started_by.get('reason') or rebuild}"
 
 
 def write_started_by(run_dir: Path, record: Mapping[str, Any]) -> None:

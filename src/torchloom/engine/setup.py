@@ -54,6 +54,7 @@ from torchloom.engine.run_folder import (
     RunResult,
     create_run_folder,
     read_started_by,
+    started_by_reason,
     write_artifacts,
 )
 from torchloom.engine.run_lock import NoLock, RunLock
@@ -129,8 +130,7 @@ def prepare_training(
         raise ConfigError.at(
             "command line",
             f"--resume {resume}",
-            f"is a run `{started_by.get('by') or 'another command'}` started: "
-            f"{started_by.get('reason') or 'its config.yaml alone does not rebuild its pipeline'}",
+            started_by_reason(started_by, "its config.yaml alone does not rebuild its pipeline"),
             f"continue it with `{started_by.get('command') or 'the command that started it'}`",
         )
     point = open_resume_point(folder, f"--resume {resume}")

@@ -8,12 +8,14 @@ ends the epoch), or, for a checkpoint without counts, to the rows up to its epis
 killed and resumed run has exactly the rows of an uninterrupted one.
 
 A long run's file may hold millions of rows: it is read and rewritten a row at a time, never
-held whole (reading a million rows as dicts took 7.8 s and 740 MB at each resume). A file
-that cannot be read as one (not UTF-8, a malformed row) is a StorageError naming it.
+held whole (reading a million rows as dicts took 7.8 s and 755 MB at each resume). A file
+that cannot be read as one (not UTF-8, a cell over csv's limit of 128 KiB, an episode that is
+no number) is a StorageError naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 from collections.abc import Callable, Iterator, Mapping
@@ -51,9 +53,25 @@ class _TakenLines:
         return text
 
 
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        handle.seek(0, 2)
+        if handle.tell() == 0:
+            return b""
+        handle.seek(-1, 2)
+        return handle.read(1)
+
+
+def _csv_line(cells: list[str]) -> str:
+    line = io.StringIO(newline="")
+    csv.writer(line).writerow(cells)
+    return line.getvalue()
+
+
 def _padded(text: str, missing: int) -> str:
-    """A row's text with `missing` empty cells added, ending with a line break (the last
-    line of a file may have none, and the next row is appended after it)."""
+    """A row's text with `missing` empty cells added, ending with a line break (a file
+    rewritten from one whose last line had none gets one, so that the next row appended
+    starts a line of its own)."""
     body = text.rstrip("\r\n")
     return body + "," * max(missing, 0) + (text[len(body) :] or "\r\n")
 
@@ -65,10 +83,15 @@ class CsvLog:
         self.path = path
         self.columns: list[str] = []
         self.count = 0  # data rows in the file
+        # Whether the next row must first end a last line that has no line break (a file
+        # left by a write that was cut short, when nothing is rewritten).
+        self._unended = False
+        self._headed = False  # the file's header line is there
         if not path.exists():
             return
         rows = self._scan()
         self.columns = next(rows, [])
+        self._headed = bool(self.columns)
         episode = self._episode_reader(self.columns)
 
         def keep(index: int, row: list[str]) -> bool:
@@ -82,16 +105,23 @@ class CsvLog:
             kept += keep(index, row)
         if kept != self.count:
             self._rewrite(self.columns, keep)
+        else:
+            self._unended = _last_byte(path) not in (b"", b"\n")
 
-    def _scan(self) -> Iterator[list[str]]:
-        """The file's rows as lists of cells, its header first (blank lines skipped)."""
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """The file opened and read inside the block: what goes wrong, a StorageError."""
         try:
-            with open(self.path, newline="", encoding="utf-8") as handle:
-                yield from (row for row in csv.reader(handle) if row)
+            yield
         except (UnicodeDecodeError, csv.Error) as error:
             raise self._damaged(str(error)) from error
         except OSError as error:
             raise StorageError.from_os(self.path, error, "cannot read it") from error
+
+    def _scan(self) -> Iterator[list[str]]:
+        """The file's rows as lists of cells, its header first (blank lines skipped)."""
+        with self._reading(), open(self.path, newline="", encoding="utf-8") as handle:
+            yield from (row for row in csv.reader(handle) if row)
 
     def _damaged(self, reason: str) -> StorageError:
         return StorageError.at(
@@ -110,7 +140,7 @@ class CsvLog:
             text = row[index] if index is not None and index < len(row) else ""
             try:
                 return int(float(text or 0))
-            except ValueError:
+            except (ValueError, OverflowError):  # "four", "inf"
                 raise self._damaged(f"a row's episode is {text!r}, not a number") from None
 
         return episode
@@ -118,38 +148,35 @@ class CsvLog:
     def _rewrite(
         self, header: list[str], keep: Callable[[int, list[str]], bool] | None = None
     ) -> None:
-        """The file again under `header` (rows padded to its width with empty cells), with
-        only the rows `keep` takes when given: each row's text copied as it was read, a row
-        at a time, through a temporary file."""
-        heading = io.StringIO(newline="")
-        csv.writer(heading).writerow(header)
-        pieces, count = [heading.getvalue()], 0
+        """The file again under `header` (the file's own, or with columns added: rows padded
+        with empty cells), with only the rows `keep` takes when given: a row at a time,
+        through a temporary file, each row's text copied as it was read (a row wider than the
+        file's header, whose extra cells belong to no column, is cut to its width)."""
+        width = len(self.columns)
+        pieces, count = [_csv_line(header)], 0
         with atomic_file(self.path) as handle:
             rows = self._rows_with_text()
             next(rows, None)
             for index, (row, text) in enumerate(rows):
                 if keep is None or keep(index, row):
-                    pieces.append(_padded(text, len(header) - len(row)))
+                    if len(row) > width:
+                        text = _csv_line(row[:width])
+                    pieces.append(_padded(text, len(header) - min(len(row), width)))
                     count += 1
                 if len(pieces) >= 10_000:
                     handle.write("".join(pieces).encode("utf-8"))
                     pieces.clear()
             handle.write("".join(pieces).encode("utf-8"))
-        self.columns, self.count = header, count
+        self.columns, self.count, self._headed = header, count, True
 
     def _rows_with_text(self) -> Iterator[tuple[list[str], str]]:
         """`_scan`'s rows, each with the text it was read from."""
-        try:
-            with open(self.path, newline="", encoding="utf-8") as handle:
-                lines = _TakenLines(handle)
-                for row in csv.reader(lines):
-                    text = lines.take()
-                    if row:
-                        yield row, text
-        except (UnicodeDecodeError, csv.Error) as error:
-            raise self._damaged(str(error)) from error
-        except OSError as error:
-            raise StorageError.from_os(self.path, error, "cannot read it") from error
+        with self._reading(), open(self.path, newline="", encoding="utf-8") as handle:
+            lines = _TakenLines(handle)
+            for row in csv.reader(lines):
+                text = lines.take()
+                if row:
+                    yield row, text
 
     def write(self, row: Mapping[str, Any]) -> None:
         row = {k: _format(v) for k, v in row.items()}
@@ -158,11 +185,16 @@ class CsvLog:
             self._rewrite(self.columns + new)
         elif new:
             self.columns += new
-        header = not self.path.exists()
+        # A file there but empty (or blank lines alone) has no header yet either.
+        header = not self._headed
         with open(self.path, "a", newline="", encoding="utf-8") as handle:
+            if self._unended:
+                handle.write("\r\n")
+                self._unended = False
             writer = csv.DictWriter(handle, self.columns, extrasaction="ignore")
             if header:
                 writer.writeheader()
+                self._headed = True
             writer.writerow(row)
         self.count += 1
 
