@@ -5,6 +5,7 @@ keep the promises of their specs."""
 
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -304,6 +305,25 @@ def test_a_run_folder_held_by_a_trainer_refuses_a_second(tmp_path: Path) -> None
     finally:
         held.release()
     assert train(None, tmp_path / "runs", resume=result.run_dir).status == "epoch_limit"
+
+
+def test_a_run_held_before_its_first_checkpoint_is_said_to_be_in_use(tmp_path: Path) -> None:
+    """A resume of a run whose trainer has not saved yet was told the folder has no
+    checkpoints, as if it were no run: it is one, in use by that process."""
+    result = train(write(tmp_path, toy_config()), tmp_path / "runs", StopAt(3))
+    run = result.run_dir
+    (run / "checkpoints").rename(tmp_path / "saved")  # as before the first save
+    held = RunLock(run).acquire()
+    try:
+        with pytest.raises(ConfigError) as raised:
+            start(None, tmp_path / "runs", resume=run)
+    finally:
+        held.release()
+    message = raised.value.format()
+    assert f"is in use by process {os.getpid()}" in message and "no checkpoints" not in message
+    assert "it has saved no checkpoint yet" in message
+    with pytest.raises(ConfigError, match="no checkpoints/"):  # held by none: not resumable
+        start(None, tmp_path / "runs", resume=run)
 
 
 # ---- checkpoints are checked --------------------------------------------------------------

@@ -59,15 +59,7 @@ class RunLock:
             except BlockingIOError:
                 if attempt == 19:
                     handle.close()
-                    holder = read_lock_record(self.path)
-                    raise ConfigError.at(
-                        "",
-                        f"run folder '{self.path.parent}'",
-                        f"is in use by process {holder.get('pid', '?')} on "
-                        f"{holder.get('host', '?')} (started "
-                        f"{_clock(holder.get('started'))})",
-                        "wait for it to end, or stop it (Ctrl-C saves last.pt)",
-                    ) from None
+                    raise in_use(self.path.parent) from None
                 time.sleep(0.05)
         record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         try:
@@ -100,6 +92,18 @@ class NoLock:
     """What a process other than rank 0 of several holds: rank 0 holds the folder's lock."""
 
     def release(self) -> None: ...
+
+
+def in_use(run_dir: Path, note: str = "") -> ConfigError:
+    """The error for a run folder another process holds, naming it from the lock's record."""
+    holder = read_lock_record(run_dir / LOCK_FILE)
+    return ConfigError.at(
+        "",
+        f"run folder '{run_dir}'",
+        f"is in use by process {holder.get('pid', '?')} on {holder.get('host', '?')} "
+        f"(started {_clock(holder.get('started'))}){note}",
+        "wait for it to end, or stop it (Ctrl-C saves last.pt)",
+    )
 
 
 def _clock(stamp: Any) -> str:

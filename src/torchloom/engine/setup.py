@@ -57,7 +57,7 @@ from torchloom.engine.run_folder import (
     started_by_reason,
     write_artifacts,
 )
-from torchloom.engine.run_lock import NoLock, RunLock
+from torchloom.engine.run_lock import NoLock, RunLock, in_use, run_liveness
 from torchloom.engine.state import Hooks, RunSetup, TrainOptions
 from torchloom.engine.step import (
     DivergenceGuard,
@@ -87,6 +87,9 @@ def open_resume_point(run_dir: Path, shown: str) -> ResumePoint:
     """Lock a run folder (before reading what a running process may write) and read its
     checkpoint; `shown` is how the user named it (`--resume X`, `fit(resume=X)`)."""
     if not (run_dir / "checkpoints").is_dir():
+        # A run whose trainer has not saved yet is in use, not a folder that is no run.
+        if run_dir.is_dir() and run_liveness(run_dir).alive:
+            raise in_use(run_dir, ": it has saved no checkpoint yet")
         why = "(it does not exist)" if not run_dir.exists() else "(no checkpoints/)"
         raise ConfigError.at(
             "command line",
