@@ -59,11 +59,7 @@ from torchloom.engine.run_folder import (
 )
 from torchloom.engine.run_lock import NoLock, RunLock, in_use, run_liveness
 from torchloom.engine.state import Hooks, RunSetup, TrainOptions
-from torchloom.engine.step import (
-    DivergenceGuard,
-    Precision,
-    compile_models,
-)
+from torchloom.engine.step import DivergenceGuard, Precision, compile_models
 from torchloom.engine.trainer import TrainingLoop
 from torchloom.engine.training_parts import build_training_parts
 from torchloom.errors import ConfigError, Problem, StorageError, WeightsError, Where
