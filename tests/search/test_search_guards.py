@@ -249,14 +249,16 @@ def test_no_worker_outlives_a_killed_loom_search(
     path = os.pathsep.join(p for p in (SOURCE, os.environ.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "torchloom.cli.main", "search", str(config)]
     command += ["--trials", "50", "--expdir", str(runs), "--workers", "2"]
-    process = subprocess.Popen(
-        command,
-        env={**os.environ, "PYTHONPATH": path},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        # as from a terminal: SIGHUP not ignored, even where this test runs under nohup
-        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
-    )
+    said = tmp_path / "stderr.txt"  # what the search printed, shown if it fails
+    with said.open("wb") as stderr:
+        process = subprocess.Popen(
+            command,
+            env={**os.environ, "PYTHONPATH": path},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            # as from a terminal: SIGHUP not ignored, even where this test runs under nohup
+            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL),
+        )
     workers: set[int] = set()
     deadline = time.time() + 180
     while time.time() < deadline and not workers:
@@ -268,7 +270,7 @@ def test_no_worker_outlives_a_killed_loom_search(
     process.send_signal(signum)
     code = process.wait(timeout=180)
     if signum == signal.SIGHUP:  # a closed terminal stops the search as Ctrl-C does
-        assert code == 130
+        assert code == 130, said.read_text(errors="replace")[-3000:]
     deadline = time.time() + 90
     while time.time() < deadline and any(_alive(pid) for pid in workers):
         time.sleep(0.5)

@@ -5,15 +5,81 @@ pickled, nothing copied until written), as a worker of a run started by torchrun
 process that the elastic launcher started is itself spawned, and its default start method is
 then `spawn`, which pickles the dataset into every worker: a task holds its build context's
 closures, which cannot be pickled (`loom train --nproc 2` with `num_workers: 1` died at its
-first batch), and a large in-memory dataset would be copied per worker."""
+first batch), and a large in-memory dataset would be copied per worker.
+
+A worker hands each batch's tensors to its parent as file descriptors, through a Unix socket
+that multiprocessing makes in a `pymp-XXXXXXXX` folder of the temporary folder. A socket's
+path has at most 107 bytes on Linux (103 on macOS): under a longer TMPDIR the worker's
+sending thread failed, printed a traceback, dropped the batch, and the run waited for it
+forever (a Slurm job's TMPDIR, or a test's, is often that deep). Python 3.14 falls back to
+/tmp for these sockets (cpython#132124); this does the same on the Pythons we support."""
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
+import os
+import sys
+import tempfile
 from typing import Any
+
+from torchloom.errors import Problem, StorageError
+
+# sun_path holds 108 bytes on Linux, 104 on macOS and the BSDs, a final NUL included.
+SOCKET_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
+# What multiprocessing adds to its base folder: its own folder, then the socket, each with 8
+# random characters (tempfile's names).
+SOCKET_FOLDER_NAME = "/pymp-XXXXXXXX"
+SOCKET_NAME = "/listener-XXXXXXXX"
+# Where the sockets go when the temporary folder's path is too long (as Python 3.14 does).
+SHORT_TEMPORARY_FOLDERS = ("/tmp", "/var/tmp")
 
 
 def worker_context() -> Any:
-    """The multiprocessing context sample-making workers start in."""
+    """The multiprocessing context sample-making workers start in, once this process's
+    socket folder is one whose sockets' paths fit (the workers inherit it)."""
+    socket_folder()
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+
+
+def socket_folder() -> str:
+    """The folder multiprocessing makes this process's sockets in (made now if not yet, under
+    the temporary folder or, where that path is too long, under /tmp); StorageError if
+    their paths would still be too long."""
+    given = tempfile.gettempdir()
+    base = next(
+        (
+            folder
+            for folder in (given, *SHORT_TEMPORARY_FOLDERS)
+            if _fits(folder + SOCKET_FOLDER_NAME)
+            and os.path.isdir(folder)
+            and os.access(folder, os.W_OK | os.X_OK)
+        ),
+        given,
+    )
+    chosen, tempfile.tempdir = tempfile.tempdir, base
+    try:  # made once per process, under tempfile's folder (this call's choice, if first)
+        folder = multiprocessing.util.get_temp_dir()
+    finally:
+        tempfile.tempdir = chosen
+    if not _fits(folder):
+        room = SOCKET_PATH_MAX - len(SOCKET_NAME + SOCKET_FOLDER_NAME)
+        raise StorageError(
+            [
+                Problem(
+                    "",
+                    f"multiprocessing's folder '{folder}'",
+                    "is too long for the sockets through which loader and reservoir workers "
+                    f"hand over batches (a socket's path has at most {SOCKET_PATH_MAX} bytes; "
+                    f"the temporary folder is '{given}')",
+                    f"set TMPDIR to a writable folder of at most {room} bytes, or "
+                    "num_workers: 0 and no reservoir workers",
+                )
+            ]
+        )
+    return folder
+
+
+def _fits(folder: str) -> bool:
+    return len(os.fsencode(folder + SOCKET_NAME)) <= SOCKET_PATH_MAX

@@ -19,7 +19,6 @@ import errno
 import json
 import logging
 import os
-import signal
 import socket
 import threading
 import time
@@ -31,7 +30,7 @@ from typing import Any
 
 from torchloom.config.interpolation import ascii_digits
 from torchloom.config_model import usable_cpus
-from torchloom.engine.launch_signals import passed_on
+from torchloom.engine.launch_signals import passed_on, stop_when_gone
 from torchloom.engine.launch_store import StoreKeeper, host_and_port
 from torchloom.errors import ConfigError, LoomError, first_line
 from torchloom.signals import set_parent_death_signal
@@ -138,10 +137,10 @@ class Handoff:
         os.setpgid(0, 0)
         # Undo the parent-death signal torch's spawn asks Linux for (SIGINT): Linux sends it
         # once per thread of the launcher that exits (the agent's, then the main one), and a
-        # second signal stops a run at once, before it saves. `_stop_when_gone` sends one.
+        # second signal stops a run at once, before it saves. `stop_when_gone` sends one.
         set_parent_death_signal(0)
         threading.Thread(
-            target=_stop_when_gone, args=(launcher,), name="torchloom-launcher-watch", daemon=True
+            target=stop_when_gone, args=(launcher,), name="torchloom-launcher-watch", daemon=True
         ).start()
         self._write(f"pid-{rank:04d}", str(os.getpid()))
 
@@ -194,14 +193,6 @@ class Handoff:
         partial = self.folder / f".{name}.{os.getpid()}"
         partial.write_text(text, encoding="utf-8")
         os.replace(partial, self.folder / name)  # whole or absent, for a reader polling it
-
-
-def _stop_when_gone(launcher: int) -> None:
-    """In a worker: one SIGTERM to itself once its launcher is gone (killed, SIGKILL
-    included), which saves last.pt and stops the run as Ctrl-C does."""
-    while os.getppid() == launcher:
-        time.sleep(0.5)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 # ---- launching ---------------------------------------------------------------------------

@@ -92,3 +92,22 @@ def passed_on(handoff: Handoff) -> Iterator[PassedOn]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+# For a worker whose launcher is gone to stop as asked (its step ended, last.pt saved): past
+# it, the worker is killed (see stop_when_gone).
+ORPHAN_GRACE_SECONDS = 120.0
+
+
+def stop_when_gone(launcher: int, grace: float = ORPHAN_GRACE_SECONDS) -> None:
+    """In a worker (a thread of its own): once its launcher (pid `launcher`) is gone, killed
+    with SIGKILL included, one SIGTERM to itself, which saves last.pt and stops the run as
+    Ctrl-C does; SIGKILL `grace` seconds later if it still runs. A run stops at the end of a
+    step, which a worker waiting for a batch that never comes (a loader worker's lost
+    batch) or for a peer inside a collective never reaches: such workers, and their loader
+    workers (whose parent-death signal is SIGKILL), outlived a killed command for good."""
+    while os.getppid() == launcher:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(grace)
+    os.kill(os.getpid(), signal.SIGKILL)
