@@ -14,14 +14,14 @@ import pytest
 
 from torchloom.data.process_start import SOCKET_PATH_MAX
 
-# A loader with one worker over a CPU tensor (its batches travel as file descriptors); a
-# DataLoader timeout, so that a dropped batch fails the test instead of hanging it.
+# The socket folder the worker context leaves this process with and, with "load", a loader
+# with one worker over a CPU tensor (its batches travel as file descriptors) with a timeout,
+# so that a lost batch fails the test instead of hanging it. Without it, torch stays out.
 LOADER = """
-import sys, torch
-from torch.utils.data import DataLoader
+import sys
 from torchloom.data import process_start
 from torchloom.errors import LoomError
-if sys.argv[1] == "no-short-folder":
+if "no-short-folder" in sys.argv:
     process_start.SHORT_TEMPORARY_FOLDERS = ("/nonexistent",)
 try:
     context = process_start.worker_context()
@@ -29,15 +29,18 @@ except LoomError as error:
     print(error)
     sys.exit(2)
 print(process_start.socket_folder())
-loader = DataLoader(torch.arange(6.0), batch_size=3, num_workers=1,
-                    multiprocessing_context=context, timeout=60)
-print([batch.tolist() for batch in loader])
+if "load" in sys.argv:
+    import torch
+    from torch.utils.data import DataLoader
+    loader = DataLoader(torch.arange(6.0), batch_size=3, num_workers=1,
+                        multiprocessing_context=context, timeout=60)
+    print([batch.tolist() for batch in loader])
 """
 
 
-def run_loader(tmpdir: Path, case: str = "") -> subprocess.CompletedProcess[str]:
+def run_loader(tmpdir: Path, *cases: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", LOADER, case],
+        [sys.executable, "-c", LOADER, *cases],
         env={**os.environ, "TMPDIR": str(tmpdir)},
         capture_output=True,
         text=True,
@@ -62,7 +65,7 @@ def test_a_loader_worker_under_a_temporary_folder_too_deep_for_sockets_delivers(
 
     with tempfile.TemporaryDirectory(dir="/tmp") as top:
         tmpdir = deep_folder(Path(top), SOCKET_PATH_MAX - 31)
-        done = run_loader(tmpdir)
+        done = run_loader(tmpdir, "load")
     assert done.returncode == 0, done.stderr
     folder, batches = done.stdout.splitlines()
     assert batches == "[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]"
@@ -72,8 +75,7 @@ def test_a_loader_worker_under_a_temporary_folder_too_deep_for_sockets_delivers(
 def test_a_temporary_folder_that_fits_keeps_the_sockets(tmp_path: Path) -> None:
     done = run_loader(tmp_path)
     assert done.returncode == 0, done.stderr
-    folder, batches = done.stdout.splitlines()
-    assert Path(folder).parent == tmp_path and batches.startswith("[[0.0, 1.0, 2.0]")
+    assert Path(done.stdout.strip()).parent == tmp_path
 
 
 def test_no_folder_short_enough_is_a_clear_error_before_any_worker_starts(

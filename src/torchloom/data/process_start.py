@@ -23,7 +23,7 @@ import sys
 import tempfile
 from typing import Any
 
-from torchloom.errors import Problem, StorageError
+from torchloom.errors import StorageError
 
 # sun_path holds 108 bytes on Linux, 104 on macOS and the BSDs, a final NUL included.
 SOCKET_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
@@ -65,18 +65,14 @@ def socket_folder() -> str:
         tempfile.tempdir = chosen
     if not _fits(folder):
         room = SOCKET_PATH_MAX - len(SOCKET_NAME + SOCKET_FOLDER_NAME)
-        raise StorageError(
-            [
-                Problem(
-                    "",
-                    f"multiprocessing's folder '{folder}'",
-                    "is too long for the sockets through which loader and reservoir workers "
-                    f"hand over batches (a socket's path has at most {SOCKET_PATH_MAX} bytes; "
-                    f"the temporary folder is '{given}')",
-                    f"set TMPDIR to a writable folder of at most {room} bytes, or "
-                    "num_workers: 0 and no reservoir workers",
-                )
-            ]
+        raise StorageError.at(
+            "",
+            f"multiprocessing's folder '{folder}'",
+            "is too long for the sockets through which loader and reservoir workers hand over "
+            f"batches (a socket's path has at most {SOCKET_PATH_MAX} bytes; the temporary "
+            f"folder is '{given}')",
+            f"set TMPDIR to a writable folder of at most {room} bytes, or num_workers: 0 and "
+            "no reservoir workers",
         )
     return folder
 
