@@ -15,7 +15,7 @@ from pydantic import Field
 
 from torchloom.core.component import Batch, BuildContext, Component, ComponentParams, Statistic
 from torchloom.core.streams import Dim, StreamSpec
-from torchloom.errors import ConfigError
+from torchloom.errors import ConfigError, DataError
 from toy_components import ToyLinear, ToyTask
 
 
@@ -336,3 +336,32 @@ class AllocatesAtBuild(Component):
 
     def forward(self, inputs: Batch) -> Batch:
         return {}
+
+
+class FailsInLoaderWorkers(ToyTask):
+    """A task whose samples cannot be read in a loader worker (a user error, as a truncated
+    file is); in the run's own process they can (the handshake's sample)."""
+
+    def __getitem__(self, index: int) -> Batch:
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            raise DataError.at("", f"sample {index}", "cannot be read: truncated file")
+        return super().__getitem__(index)
+
+
+class _HeldCamera(str):
+    """A label that holds something pickle cannot copy (an open device, a lock)."""
+
+    def __reduce__(self) -> Any:
+        raise TypeError("cannot pickle '_HeldCamera' object: it holds an open camera")
+
+
+class UnsendableSamples(ToyTask):
+    """A task whose samples' labels cannot be pickled: fine in the run's process, lost on
+    the way from a loader worker."""
+
+    def __getitem__(self, index: int) -> Batch:
+        sample = super().__getitem__(index)
+        sample["labels"] = _HeldCamera(sample["labels"])
+        return sample

@@ -8,6 +8,7 @@ This module imports nothing heavy so that config, core and the CLI can all depen
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_args
@@ -154,9 +155,22 @@ class LoomError(Exception):
 
     def __init__(self, problems: list[Problem] | str) -> None:
         if isinstance(problems, str):
-            problems = [Problem("", "error", problems)]
+            problems = [self._from_a_loader_worker(problems) or Problem("", "error", problems)]
         self.problems: list[Problem] = list(problems)
         super().__init__(self.format())
+
+    @classmethod
+    def _from_a_loader_worker(cls, text: str) -> Problem | None:
+        """The problem of an error of this class raised in a loader worker, from the text
+        torch builds it again from in the run's process ("Caught DataError in DataLoader
+        worker process 0.", the worker's traceback, then its message): the message, said
+        by that worker, not the traceback (None for any other text)."""
+        caught = re.match(r"Caught \w+ in DataLoader worker process (\d+)\.\n", text)
+        said = f"{cls.__module__}.{cls.__qualname__}: {cls.headline}: "
+        if caught is None or said not in text:
+            return None
+        message = text.rsplit(said, 1)[1].rstrip("\n")
+        return Problem("", f"loader worker {caught.group(1)}", message)
 
     @classmethod
     def at(cls: type[_E], where: str, subject: str, message: str, suggestion: str = "") -> _E:

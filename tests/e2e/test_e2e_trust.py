@@ -321,3 +321,27 @@ def test_read_only_folders_are_clear_errors(tmp_path: Path, small_disk: Path) ->
     fresh = loom("train", str(config), "--expdir", str(small_disk / "elsewhere"), "--quiet")
     assert fresh.returncode == 2 and "Traceback" not in fresh.stderr
     assert "Read-only file system" in fresh.stderr and "elsewhere" in fresh.stderr
+
+
+def test_a_batch_a_loader_worker_cannot_hand_over_is_a_clear_error_not_a_hang(
+    tmp_path: Path,
+) -> None:
+    """A sample pickle cannot copy: multiprocessing printed the error in the worker and
+    dropped the batch, and `loom train` waited for it for ever (a first Ctrl-C only asked
+    it to stop at a step's end, which never came). A real process: the command must end."""
+    config = toy_config(tmp_path, task={"type": "trust_components:UnsendableSamples"})
+    done = loom(
+        "train",
+        str(config),
+        "--expdir",
+        str(tmp_path / "runs"),
+        "--quiet",
+        "training.dataloader.num_workers=1",
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip() == (
+        "data error: loader worker 0: a batch: cannot be handed to the run: TypeError: "
+        "cannot pickle '_HeldCamera' object: it holds an open camera (every stream of a "
+        "sample must be one that pickle can copy, as tensors, numbers and strings are, to "
+        "leave a loader worker; or set num_workers: 0)"
+    )

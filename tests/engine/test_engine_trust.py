@@ -710,3 +710,24 @@ def test_a_full_disk_when_the_run_s_lock_is_written_is_a_storage_error(
     monkeypatch.setattr("torchloom.engine.run_lock.refuse_links", lambda folder: None)
     with pytest.raises(StorageError, match="cannot record the run's lock"):
         RunLock(tmp_path).acquire()
+
+
+def test_a_user_error_in_a_loader_worker_is_said_as_the_worker_said_it_and_stops_it(
+    tmp_path: Path,
+) -> None:
+    """torch builds a worker's error again from its traceback's text: the message was the
+    whole traceback, under 'error:'. And the error kept the loader's iterator, whose workers
+    (which leave stop signals to the run) outlived the run: `loom train` printed the error
+    and never exited (its interpreter waited for them)."""
+    import multiprocessing
+
+    config = toy_config()
+    config["training"]["task"]["type"] = "trust_components:FailsInLoaderWorkers"
+    config["training"]["dataloader"]["num_workers"] = 1
+    with pytest.raises(DataError) as raised:
+        train(write(tmp_path, config), tmp_path / "runs")
+    said = str(raised.value)
+    assert said.startswith("data error: loader worker 0: sample ") and "Traceback" not in said
+    assert said.endswith(": cannot be read: truncated file")
+    assert not multiprocessing.active_children()
+    assert summary(only_run(tmp_path / "runs"))["status"] == "failed"

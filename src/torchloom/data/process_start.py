@@ -12,18 +12,25 @@ that multiprocessing makes in a `pymp-XXXXXXXX` folder of the temporary folder. 
 path has at most 107 bytes on Linux (103 on macOS): under a longer TMPDIR the worker's
 sending thread failed, printed a traceback, dropped the batch, and the run waited for it
 forever (a Slurm job's TMPDIR, or a test's, is often that deep). Python 3.14 falls back to
-/tmp for these sockets (cpython#132124); this does the same on the Pythons we support."""
+/tmp for these sockets (cpython#132124); this does the same on the Pythons we support.
+
+Whatever else stops a worker's sending thread from sending a batch (a sample that cannot be
+pickled: a task's stream holding a lock, a file or a connection) made multiprocessing print
+the error and drop the batch, and the run waited for it for ever, deaf to a first Ctrl-C:
+the batch's place now carries a data error that says why (`LoaderQueue`)."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.queues
 import multiprocessing.util
 import os
 import sys
 import tempfile
 from typing import Any
 
-from torchloom.errors import StorageError
+from torchloom.errors import DataError, StorageError
 
 # sun_path holds 108 bytes on Linux, 104 on macOS and the BSDs, a final NUL included.
 SOCKET_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
@@ -37,10 +44,56 @@ SHORT_TEMPORARY_FOLDERS = ("/tmp", "/var/tmp")
 
 def worker_context() -> Any:
     """The multiprocessing context sample-making workers start in, once this process's
-    socket folder is one whose sockets' paths fit (the workers inherit it)."""
+    socket folder is one whose sockets' paths fit (the workers inherit it); its queues are
+    `LoaderQueue`s."""
     socket_folder()
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    base = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    return _CONTEXTS[base.get_start_method()]
+
+
+class LoaderQueue(multiprocessing.queues.Queue):
+    """A queue whose (index, batch) item, as torch's DataLoader workers put it, arrives as a
+    DataError for that index when the sending thread cannot send it. Through the hook
+    multiprocessing keeps for this (concurrent.futures overrides it too); any other item
+    is dropped with its error printed, as before."""
+
+    def _on_queue_feeder_error(self, e: Exception, obj: object) -> None:
+        from torch._utils import ExceptionWrapper  # what torch raises again in the run
+        from torch.utils.data import get_worker_info
+
+        batch = isinstance(obj, tuple) and len(obj) == 2 and type(obj[0]) is int
+        if not batch or isinstance(obj[1], ExceptionWrapper):  # type: ignore[index]
+            super()._on_queue_feeder_error(e, obj)  # type: ignore[misc]
+            return
+        worker = get_worker_info()
+        try:
+            raise DataError.at(
+                "",
+                "a batch",
+                f"cannot be handed to the run: {type(e).__name__}: {e}",
+                "every stream of a sample must be one that pickle can copy, as tensors, "
+                "numbers and strings are, to leave a loader worker; or set num_workers: 0",
+            ) from e
+        except DataError:  # torch's words, which LoomError reads back (errors.py)
+            where = f"in DataLoader worker process {worker.id if worker else 0}"
+            replacement = (obj[0], ExceptionWrapper(where=where))  # type: ignore[index]
+        with contextlib.suppress(ValueError):  # closed: the loader is gone, no one waits
+            self.put(replacement)
+
+
+def _with_loader_queues(base: Any) -> Any:
+    class Context(type(base)):  # type: ignore[misc]
+        def Queue(self, maxsize: int = 0) -> LoaderQueue:
+            return LoaderQueue(maxsize, ctx=self.get_context())
+
+    return Context()
+
+
+_CONTEXTS = {
+    method: _with_loader_queues(multiprocessing.get_context(method))
+    for method in multiprocessing.get_all_start_methods()
+}
 
 
 def socket_folder() -> str:

@@ -1,6 +1,7 @@
 """How an epoch's batches reach the training loop besides a DataLoader: drawn from an
-asynchronous reservoir (ReservoirEpoch), and ending early, without an error, when the
-loader fails while a stop signal is pending (StopAwareBatches)."""
+asynchronous reservoir (ReservoirEpoch), ending early, without an error, when the loader
+fails while a stop signal is pending (StopAwareBatches), and from a DataLoader whose workers
+stop with an epoch that ends by an error (WorkerBatches)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,34 @@ class ReservoirEpoch:
             if self.pin:
                 batch = {k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()}
             yield batch
+
+
+class WorkerBatches:
+    """A DataLoader's epoch whose loader workers are stopped when the epoch ends by an error
+    (one raised in a worker included). The error keeps the loader's iterator alive (its
+    traceback's frames hold it), so torch's own clean-up at the iterator's end never ran:
+    the workers, which leave stop signals to the run, outlived the run's end, and the
+    interpreter's exit waited for them for ever (the error printed, the command never
+    ended). A consumer that stops early (no error) keeps persistent workers for the next
+    epoch."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Batch]:
+        iterator = iter(self.loader)
+        try:
+            yield from iterator
+        except (Exception, KeyboardInterrupt):
+            # What the iterator's end runs (torch's `__del__`): its workers told to stop,
+            # joined, and killed after a grace.
+            stop = getattr(iterator, "_shutdown_workers", None)
+            if stop is not None:
+                stop()
+            raise
 
 
 class StopRequest(Protocol):

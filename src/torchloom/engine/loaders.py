@@ -21,7 +21,12 @@ from torchloom.data.rank_shard import RankShard
 from torchloom.data.reservoir import AsyncReservoir
 from torchloom.data.samplers import ResumableSampler, build_sampler
 from torchloom.engine.checkpoint import worker_init
-from torchloom.engine.epoch_batches import ReservoirEpoch, StopAwareBatches, StopRequest
+from torchloom.engine.epoch_batches import (
+    ReservoirEpoch,
+    StopAwareBatches,
+    StopRequest,
+    WorkerBatches,
+)
 from torchloom.errors import ConfigError, Problem, Where
 
 
@@ -270,7 +275,7 @@ class SectionLoader:
                 multiprocessing_context=worker_context() if self.config.num_workers else None,
                 generator=generator,
             )
-        return self._loader
+        return WorkerBatches(self._loader) if self.config.num_workers else self._loader
 
     def _collate_samples(self, samples: list[Any]) -> Batch:
         return self.collate(self.task.collate(samples))
