@@ -8,12 +8,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from live_processes import alive
 from torchloom.data.reservoir import AsyncReservoir, ReservoirError, ReservoirStopped
 from torchloom.data.reservoir_workers import sample_seed
 from torchloom.errors import ConfigError, DataError
@@ -49,14 +49,6 @@ def order_of(size: int) -> Any:
 
 def collate(samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     return {key: torch.stack([s[key] for s in samples]) for key in samples[0]}
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def reservoir(dataset: Any, **settings: Any) -> AsyncReservoir:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from e2e_helpers import LOOM, only_run, summary
 
+from live_processes import alive
 from torchloom.config import dump_config
 from torchloom.engine.checkpoint import load_checkpoint
 
@@ -69,13 +70,6 @@ def children(pid: int) -> set[int]:
         except OSError:
             continue
     return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def watched(

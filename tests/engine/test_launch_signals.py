@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from live_processes import alive
+
 # A worker that takes the stop but cannot act on it (its step never ends), watching its
 # launcher with a grace of one second.
 WORKER = """
@@ -32,14 +34,6 @@ time.sleep(600)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_worker_that_cannot_stop_is_killed_after_its_launcher_is_killed(
     tmp_path: Path,
@@ -57,10 +51,10 @@ def test_a_worker_that_cannot_stop_is_killed_after_its_launcher_is_killed(
         launcher.kill()  # kill -9: no chance to stop its worker
         launcher.wait()
         deadline = time.monotonic() + 30
-        while _alive(worker) and time.monotonic() < deadline:
+        while alive(worker) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _alive(worker), "the worker outlived its launcher"
+        assert not alive(worker), "the worker outlived its launcher"
         assert said.read_text().split() == ["watching", "asked", "to", "stop"]
     finally:
-        if _alive(worker):
+        if alive(worker):
             os.kill(worker, signal.SIGKILL)

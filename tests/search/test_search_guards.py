@@ -20,6 +20,7 @@ import pytest
 from search_helpers import search_study, tiny_config
 
 import torchloom
+from live_processes import alive
 from torchloom.api import TrainOptions
 from torchloom.cli.main import main
 from torchloom.search import processes, runner, worker
@@ -223,14 +224,6 @@ def test_the_search_fails_when_a_worker_does(
     assert told == [str(searched)] * len(codes)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize(
@@ -272,9 +265,9 @@ def test_no_worker_outlives_a_killed_loom_search(
     if signum == signal.SIGHUP:  # a closed terminal stops the search as Ctrl-C does
         assert code == 130, said.read_text(errors="replace")[-3000:]
     deadline = time.time() + 90
-    while time.time() < deadline and any(_alive(pid) for pid in workers):
+    while time.time() < deadline and any(alive(pid) for pid in workers):
         time.sleep(0.5)
-    left = [pid for pid in workers if _alive(pid)]
+    left = [pid for pid in workers if alive(pid)]
     for pid in left:  # not to leave them running after a failure either
         os.kill(pid, signal.SIGKILL)
     assert not left, f"workers {left} outlived loom search"

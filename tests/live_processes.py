@@ -1,0 +1,15 @@
+"""Whether a process still runs, as the tests of "no child outlives the command" ask it
+(Linux: /proc)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs: a zombie (exited, not yet waited for) or a dead task does not."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
