@@ -365,3 +365,18 @@ class UnsendableSamples(ToyTask):
         sample = super().__getitem__(index)
         sample["labels"] = _HeldCamera(sample["labels"])
         return sample
+
+
+class FailsInLoaderWorkersWithItsOwnError(ToyTask):
+    """A task whose worker raises an error of a class defined in a function, which pickle
+    cannot name: the worker's error itself could not be handed over."""
+
+    def __getitem__(self, index: int) -> Batch:
+        from torch.utils.data import get_worker_info
+
+        class ReaderCrashed(Exception):
+            pass
+
+        if get_worker_info() is not None:
+            raise ReaderCrashed(f"the reader of sample {index} crashed")
+        return super().__getitem__(index)

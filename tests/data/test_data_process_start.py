@@ -10,9 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from torchloom.data.process_start import SOCKET_PATH_MAX
+from torchloom.data.process_start import TEMPORARY_FOLDER_MAX
 
 # The socket folder the worker context leaves this process with and, with "load", a loader
 # with one worker over a CPU tensor (its batches travel as file descriptors) with a timeout,
@@ -57,14 +55,13 @@ def deep_folder(tmp_path: Path, length: int) -> Path:
     return tmp_path / name
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's socket path limit")
 def test_a_loader_worker_under_a_temporary_folder_too_deep_for_sockets_delivers() -> None:
-    # One byte too many for a socket under it (what pytest's 100th temporary folder made of
-    # the distributed tests' TMPDIR): the sockets go under /tmp, as Python 3.14 puts them.
+    # One byte too many for the sockets under it (what pytest's 100th temporary folder made
+    # of the distributed tests' TMPDIR): they go under /tmp, as Python 3.14 puts them.
     import tempfile
 
     with tempfile.TemporaryDirectory(dir="/tmp") as top:
-        tmpdir = deep_folder(Path(top), SOCKET_PATH_MAX - 31)
+        tmpdir = deep_folder(Path(top), TEMPORARY_FOLDER_MAX + 1)
         done = run_loader(tmpdir, "load")
     assert done.returncode == 0, done.stderr
     folder, batches = done.stdout.splitlines()
@@ -72,17 +69,21 @@ def test_a_loader_worker_under_a_temporary_folder_too_deep_for_sockets_delivers(
     assert Path(folder).parent == Path("/tmp") and "Traceback" not in done.stderr
 
 
-def test_a_temporary_folder_that_fits_keeps_the_sockets(tmp_path: Path) -> None:
-    done = run_loader(tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert Path(done.stdout.strip()).parent == tmp_path
+def test_a_temporary_folder_that_fits_keeps_the_sockets() -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:  # tmp_path may be too deep itself
+        tmpdir = deep_folder(Path(top), TEMPORARY_FOLDER_MAX)
+        done = run_loader(tmpdir)
+        assert done.returncode == 0, done.stderr
+        assert Path(done.stdout.strip()).parent == tmpdir
 
 
 def test_no_folder_short_enough_is_a_clear_error_before_any_worker_starts(
     tmp_path: Path,
 ) -> None:
-    done = run_loader(deep_folder(tmp_path, SOCKET_PATH_MAX + 20), "no-short-folder")
+    done = run_loader(deep_folder(tmp_path, TEMPORARY_FOLDER_MAX + 20), "no-short-folder")
     assert done.returncode == 2, done.stderr
     assert "storage error: multiprocessing's folder" in done.stdout
     assert "is too long for the sockets through which loader and reservoir workers" in done.stdout
-    assert "set TMPDIR to a writable folder of at most 75 bytes" in done.stdout
+    assert f"set TMPDIR to a writable folder of at most {TEMPORARY_FOLDER_MAX} bytes" in done.stdout

@@ -26,7 +26,7 @@ from torchloom.analysis.skipped import read_skipped
 from torchloom.cli.main import main
 from torchloom.config import dump_config
 from torchloom.config_model import usable_cpus
-from torchloom.data.process_start import SOCKET_PATH_MAX
+from torchloom.data.process_start import TEMPORARY_FOLDER_MAX
 from torchloom.data.rank_shard import RankShard
 from torchloom.data.samplers import build_sampler
 from torchloom.engine.checkpoint import load_checkpoint
@@ -175,7 +175,7 @@ def test_rank_shards_together_are_the_global_batches() -> None:
 def test_two_processes_train_what_one_trains(tmp_path: Path, one_process: Path) -> None:
     # A TMPDIR too deep for the loader workers' sockets, as pytest's 100th temporary folder
     # made it by one byte: their first batch was dropped and the run hung.
-    temporary = tmp_path / ("t" * max(3, SOCKET_PATH_MAX - 31 - len(str(tmp_path)) - 1))
+    temporary = tmp_path / ("t" * max(3, TEMPORARY_FOLDER_MAX - len(str(tmp_path))))
     temporary.mkdir()
     done = loom(
         "train",

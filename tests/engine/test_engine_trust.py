@@ -731,3 +731,13 @@ def test_a_user_error_in_a_loader_worker_is_said_as_the_worker_said_it_and_stops
     assert said.endswith(": cannot be read: truncated file")
     assert not multiprocessing.active_children()
     assert summary(only_run(tmp_path / "runs"))["status"] == "failed"
+
+
+def test_a_worker_error_that_cannot_be_pickled_still_reaches_the_run(tmp_path: Path) -> None:
+    """Its class defined in a function: multiprocessing dropped the worker's error, and the
+    run waited for the batch for ever. It arrives as a RuntimeError with the same text."""
+    config = toy_config()
+    config["training"]["task"]["type"] = "trust_components:FailsInLoaderWorkersWithItsOwnError"
+    config["training"]["dataloader"]["num_workers"] = 1
+    with pytest.raises(RuntimeError, match=r"ReaderCrashed: the reader of sample \d+ crashed"):
+        train(write(tmp_path, config), tmp_path / "runs")

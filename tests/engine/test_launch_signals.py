@@ -48,6 +48,7 @@ def test_a_worker_that_cannot_stop_is_killed_after_its_launcher_is_killed(
         deadline = time.monotonic() + 60
         while "watching" not in said.read_text() and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert "watching" in said.read_text(), "the worker never started watching"
         launcher.kill()  # kill -9: no chance to stop its worker
         launcher.wait()
         deadline = time.monotonic() + 30

@@ -22,6 +22,7 @@ the batch's place now carries a data error that says why (`LoaderQueue`)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import multiprocessing
 import multiprocessing.queues
 import multiprocessing.util
@@ -38,6 +39,8 @@ SOCKET_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
 # random characters (tempfile's names).
 SOCKET_FOLDER_NAME = "/pymp-XXXXXXXX"
 SOCKET_NAME = "/listener-XXXXXXXX"
+# The longest temporary folder (in bytes) whose sockets fit: 75 on Linux.
+TEMPORARY_FOLDER_MAX = SOCKET_PATH_MAX - len(SOCKET_FOLDER_NAME + SOCKET_NAME)
 # Where the sockets go when the temporary folder's path is too long (as Python 3.14 does).
 SHORT_TEMPORARY_FOLDERS = ("/tmp", "/var/tmp")
 
@@ -62,22 +65,34 @@ class LoaderQueue(multiprocessing.queues.Queue):
         from torch._utils import ExceptionWrapper  # what torch raises again in the run
         from torch.utils.data import get_worker_info
 
+        worker = get_worker_info()  # None outside a loader worker (the run's index queues)
         batch = isinstance(obj, tuple) and len(obj) == 2 and type(obj[0]) is int
-        if not batch or isinstance(obj[1], ExceptionWrapper):  # type: ignore[index]
+        if worker is None or not batch:
             super()._on_queue_feeder_error(e, obj)  # type: ignore[misc]
             return
-        worker = get_worker_info()
-        try:
-            raise DataError.at(
-                "",
-                "a batch",
-                f"cannot be handed to the run: {type(e).__name__}: {e}",
-                "every stream of a sample must be one that pickle can copy, as tensors, "
-                "numbers and strings are, to leave a loader worker; or set num_workers: 0",
-            ) from e
-        except DataError:  # torch's words, which LoomError reads back (errors.py)
-            where = f"in DataLoader worker process {worker.id if worker else 0}"
-            replacement = (obj[0], ExceptionWrapper(where=where))  # type: ignore[index]
+        index: int = obj[0]  # type: ignore[index]
+        data: Any = obj[1]  # type: ignore[index]
+        if isinstance(data, ExceptionWrapper):
+            # The worker's own error, of a class pickle cannot name (one defined in a
+            # function): the same text, as a RuntimeError.
+            if data.exc_type is RuntimeError:
+                super()._on_queue_feeder_error(e, obj)  # type: ignore[misc]
+                return
+            data = copy.copy(data)
+            data.exc_type = RuntimeError
+            replacement = (index, data)
+        else:
+            try:
+                raise DataError.at(
+                    "",
+                    "a batch",
+                    f"cannot be handed to the run: {type(e).__name__}: {e}",
+                    "every stream of a sample must be one that pickle can copy, as tensors, "
+                    "numbers and strings are, to leave a loader worker; or set num_workers: 0",
+                ) from e
+            except DataError:  # torch's words, which LoomError reads back (errors.py)
+                where = f"in DataLoader worker process {worker.id}"
+                replacement = (index, ExceptionWrapper(where=where))
         with contextlib.suppress(ValueError):  # closed: the loader is gone, no one waits
             self.put(replacement)
 
@@ -117,15 +132,14 @@ def socket_folder() -> str:
     finally:
         tempfile.tempdir = chosen
     if not _fits(folder):
-        room = SOCKET_PATH_MAX - len(SOCKET_NAME + SOCKET_FOLDER_NAME)
         raise StorageError.at(
             "",
             f"multiprocessing's folder '{folder}'",
             "is too long for the sockets through which loader and reservoir workers hand over "
             f"batches (a socket's path has at most {SOCKET_PATH_MAX} bytes; the temporary "
             f"folder is '{given}')",
-            f"set TMPDIR to a writable folder of at most {room} bytes, or num_workers: 0 and "
-            "no reservoir workers",
+            f"set TMPDIR to a writable folder of at most {TEMPORARY_FOLDER_MAX} bytes, or "
+            "num_workers: 0 and no reservoir workers",
         )
     return folder
 

@@ -58,15 +58,18 @@ class WorkerBatches:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Batch]:
-        iterator = iter(self.loader)
+        iterator = None
         try:
+            iterator = iter(self.loader)
             yield from iterator
         except (Exception, KeyboardInterrupt):
-            # What the iterator's end runs (torch's `__del__`): its workers told to stop,
-            # joined, and killed after a grace.
+            # What the iterator's end runs (torch's `__del__`): its workers told to stop and
+            # joined (each ends with the batch it makes: they ignore the SIGTERM torch adds).
             stop = getattr(iterator, "_shutdown_workers", None)
             if stop is not None:
                 stop()
+            if getattr(self.loader, "_iterator", None) is iterator:  # persistent workers
+                self.loader._iterator = None  # the next epoch starts new ones
             raise
 
 

@@ -94,9 +94,9 @@ def passed_on(handoff: Handoff) -> Iterator[PassedOn]:
             signal.signal(signum, handler)
 
 
-# For a worker whose launcher is gone to stop as asked (its step ended, last.pt saved): past
-# it, the worker is killed (see stop_when_gone).
-ORPHAN_GRACE_SECONDS = 120.0
+# For a worker whose launcher is gone to stop as asked (its step, or the validation pass it
+# was in, ended and last.pt saved): past it, the worker is killed (see stop_when_gone).
+ORPHAN_GRACE_SECONDS = 600.0
 
 
 def stop_when_gone(launcher: int, grace: float = ORPHAN_GRACE_SECONDS) -> None:
