@@ -380,3 +380,14 @@ class FailsInLoaderWorkersWithItsOwnError(ToyTask):
         if get_worker_info() is not None:
             raise ReaderCrashed(f"the reader of sample {index} crashed")
         return super().__getitem__(index)
+
+
+class StuckInLoaderWorkers(ToyTask):
+    """A task whose loader workers never finish a sample (a read that never returns)."""
+
+    def __getitem__(self, index: int) -> Batch:
+        from torch.utils.data import get_worker_info
+
+        if get_worker_info() is not None:
+            time.sleep(3600)
+        return super().__getitem__(index)

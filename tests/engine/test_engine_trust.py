@@ -6,6 +6,7 @@ keep the promises of their specs."""
 from __future__ import annotations
 
 import os
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -741,3 +742,32 @@ def test_a_worker_error_that_cannot_be_pickled_still_reaches_the_run(tmp_path: P
     config["training"]["dataloader"]["num_workers"] = 1
     with pytest.raises(RuntimeError, match=r"ReaderCrashed: the reader of sample \d+ crashed"):
         train(write(tmp_path, config), tmp_path / "runs")
+
+
+def test_a_second_ctrl_c_ends_a_run_whose_loader_worker_is_stuck_and_stops_the_worker(
+    tmp_path: Path,
+) -> None:
+    """The first Ctrl-C asks for a stop at a step's end, which a batch that never comes never
+    reaches; the second ends the run. The worker, which ignores SIGTERM, outlived it: the
+    interpreter's exit then waited for it for ever."""
+    import multiprocessing
+    import signal
+    import threading
+
+    config = toy_config()
+    config["training"]["task"]["type"] = "trust_components:StuckInLoaderWorkers"
+    config["training"]["dataloader"]["num_workers"] = 1
+
+    def press_ctrl_c_twice() -> None:
+        for _ in range(2):
+            time.sleep(3.0)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c_twice)
+    presser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(write(tmp_path, config), tmp_path / "runs")
+    finally:
+        presser.join()
+    assert not multiprocessing.active_children()

@@ -64,10 +64,15 @@ class WorkerBatches:
             yield from iterator
         except (Exception, KeyboardInterrupt):
             # What the iterator's end runs (torch's `__del__`): its workers told to stop and
-            # joined (each ends with the batch it makes: they ignore the SIGTERM torch adds).
+            # joined for a few seconds. torch then sends SIGTERM, which ours ignore (see
+            # worker_init): one stuck in a task's code (the second Ctrl-C's case) is killed.
             stop = getattr(iterator, "_shutdown_workers", None)
             if stop is not None:
                 stop()
+            for worker in getattr(iterator, "_workers", []):
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join()
             if getattr(self.loader, "_iterator", None) is iterator:  # persistent workers
                 self.loader._iterator = None  # the next epoch starts new ones
             raise
