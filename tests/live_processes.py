@@ -13,3 +13,14 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def children(pid: int) -> set[int]:
+    """The pids of `pid`'s children now (every thread's)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found |= {int(child) for child in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    return found

@@ -15,7 +15,7 @@ import pytest
 import torch
 from e2e_helpers import LOOM, only_run, summary
 
-from live_processes import alive
+from live_processes import alive, children
 from torchloom.config import dump_config
 from torchloom.engine.checkpoint import load_checkpoint
 
@@ -60,16 +60,6 @@ def reservoir_config(
     path = folder / "toy.yml"
     path.write_text(dump_config(config), encoding="utf-8")
     return path
-
-
-def children(pid: int) -> set[int]:
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found |= {int(c) for c in (task / "children").read_text().split()}
-        except OSError:
-            continue
-    return found
 
 
 def watched(

@@ -4,7 +4,6 @@ that crash or outlive `loom search`, a trial that another process finished first
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -20,7 +19,7 @@ import pytest
 from search_helpers import search_study, tiny_config
 
 import torchloom
-from live_processes import alive
+from live_processes import alive, children
 from torchloom.api import TrainOptions
 from torchloom.cli.main import main
 from torchloom.search import processes, runner, worker
@@ -255,11 +254,11 @@ def test_no_worker_outlives_a_killed_loom_search(
     workers: set[int] = set()
     deadline = time.time() + 180
     while time.time() < deadline and not workers:
-        workers = {int(p) for p in _children(process.pid)}
+        workers = children(process.pid)
         time.sleep(0.2)
     assert workers, "no worker started"
     time.sleep(after)
-    workers |= {int(p) for p in _children(process.pid)}
+    workers |= children(process.pid)
     process.send_signal(signum)
     code = process.wait(timeout=180)
     if signum == signal.SIGHUP:  # a closed terminal stops the search as Ctrl-C does
@@ -271,14 +270,6 @@ def test_no_worker_outlives_a_killed_loom_search(
     for pid in left:  # not to leave them running after a failure either
         os.kill(pid, signal.SIGKILL)
     assert not left, f"workers {left} outlived loom search"
-
-
-def _children(pid: int) -> list[str]:
-    found: list[str] = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            found += (task / "children").read_text().split()
-    return found
 
 
 def test_search_uses_the_public_training_api_not_engine_internals() -> None:
