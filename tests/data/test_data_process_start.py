@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from torchloom.data.process_start import TEMPORARY_FOLDER_MAX
@@ -58,8 +59,6 @@ def deep_folder(tmp_path: Path, length: int) -> Path:
 def test_a_loader_worker_under_a_temporary_folder_too_deep_for_sockets_delivers() -> None:
     # One byte too many for the sockets under it (what pytest's 100th temporary folder made
     # of the distributed tests' TMPDIR): they go under /tmp, as Python 3.14 puts them.
-    import tempfile
-
     with tempfile.TemporaryDirectory(dir="/tmp") as top:
         tmpdir = deep_folder(Path(top), TEMPORARY_FOLDER_MAX + 1)
         done = run_loader(tmpdir, "load")
@@ -70,8 +69,6 @@ def test_a_loader_worker_under_a_temporary_folder_too_deep_for_sockets_delivers(
 
 
 def test_a_temporary_folder_that_fits_keeps_the_sockets() -> None:
-    import tempfile
-
     with tempfile.TemporaryDirectory(dir="/tmp") as top:  # tmp_path may be too deep itself
         tmpdir = deep_folder(Path(top), TEMPORARY_FOLDER_MAX)
         done = run_loader(tmpdir)

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import multiprocessing
+import multiprocessing.context
 import multiprocessing.queues
 import multiprocessing.util
 import os
@@ -50,9 +52,9 @@ def worker_context() -> Any:
     socket folder is one whose sockets' paths fit (the workers inherit it); its queues are
     `LoaderQueue`s."""
     socket_folder()
-    methods = multiprocessing.get_all_start_methods()
-    base = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    return _CONTEXTS[base.get_start_method()]
+    if "fork" in multiprocessing.get_all_start_methods():
+        return ForkLoaderContext()
+    return SpawnLoaderContext()
 
 
 class LoaderQueue(multiprocessing.queues.Queue):
@@ -97,24 +99,29 @@ class LoaderQueue(multiprocessing.queues.Queue):
             self.put(replacement)
 
 
-def _with_loader_queues(base: Any) -> Any:
-    class Context(type(base)):  # type: ignore[misc]
-        def Queue(self, maxsize: int = 0) -> LoaderQueue:
-            return LoaderQueue(maxsize, ctx=self.get_context())
+class _LoaderQueues:
+    """A multiprocessing context whose queues are LoaderQueues (at module level: a DataLoader
+    that holds it can be pickled)."""
 
-    return Context()
-
-
-_CONTEXTS = {
-    method: _with_loader_queues(multiprocessing.get_context(method))
-    for method in multiprocessing.get_all_start_methods()
-}
+    def Queue(self, maxsize: int = 0) -> LoaderQueue:
+        return LoaderQueue(maxsize, ctx=self.get_context())  # type: ignore[attr-defined]
 
 
+class SpawnLoaderContext(_LoaderQueues, multiprocessing.context.SpawnContext):
+    pass
+
+
+if sys.platform != "win32":  # no fork there
+
+    class ForkLoaderContext(_LoaderQueues, multiprocessing.context.ForkContext):
+        pass
+
+
+@functools.cache
 def socket_folder() -> str:
     """The folder multiprocessing makes this process's sockets in (made now if not yet, under
     the temporary folder or, where that path is too long, under /tmp); StorageError if
-    their paths would still be too long."""
+    their paths would still be too long. Once a process: multiprocessing keeps its folder."""
     given = tempfile.gettempdir()
     base = next(
         (
